@@ -1,0 +1,42 @@
+"""replaystore: a disk-backed, out-of-core experience replay store for deep RL (zarr v3 on disk)."""
+
+from replaystore.assemble import Batch
+from replaystore.errors import (
+    ChunkChecksumError,
+    ConfigError,
+    CorruptStoreError,
+    FormatVersionError,
+    InvalidTransitionError,
+    ReadOnlyError,
+    ReplayStoreError,
+    SampleError,
+    StoreClosedError,
+    StoreExistsError,
+    StoreLockedError,
+    StoreNotFoundError,
+    StoreWriteError,
+)
+from replaystore.schema import FORMAT_VERSION, CodecSpec, Layout
+from replaystore.store import ReplayStore
+
+__all__ = [
+    "FORMAT_VERSION",
+    "Batch",
+    "ChunkChecksumError",
+    "CodecSpec",
+    "ConfigError",
+    "CorruptStoreError",
+    "FormatVersionError",
+    "InvalidTransitionError",
+    "Layout",
+    "ReadOnlyError",
+    "ReplayStore",
+    "ReplayStoreError",
+    "SampleError",
+    "StoreClosedError",
+    "StoreExistsError",
+    "StoreLockedError",
+    "StoreNotFoundError",
+    "StoreWriteError",
+]
+__version__ = "0.1.0"

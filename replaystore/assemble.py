@@ -1,0 +1,81 @@
+"""Positions -> Batch: frame stacks, n-step returns and discounts, all vectorised.
+
+``obs[i]`` is the stack of ``frame_stack`` frames ending at the sampled step, oldest first, padded
+at the start of an episode by repeating its first frame: what gymnasium's
+``FrameStackObservation(env, frame_stack, padding_type="reset")`` showed the agent. ``next_obs[i]`` is
+the stack at the step ``m`` moves later (``m = n_step``, or fewer if the episode ended first).
+``reward`` is ``sum_j gamma**j * r[t+j]`` over those moves and ``discount`` is ``gamma**m``, or 0 when
+the last move terminated (a truncation bootstraps from the stored last observation).
+Every frame a batch needs is fetched once, through one ``FrameReader.gather`` call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from replaystore.reader import FrameReader
+from replaystore.ring import Ring
+from replaystore.sampler import n_step_span
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A batch of transitions; every field has the batch as its first axis.
+
+    ``index`` holds the ring slots sampled (pass it to ``update_priorities``); ``weight`` holds
+    importance-sampling weights (all ones for uniform sampling).
+    """
+
+    obs: np.ndarray
+    action: np.ndarray
+    reward: np.ndarray
+    next_obs: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    discount: np.ndarray
+    index: np.ndarray
+    weight: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.index.shape[0])
+
+
+def assemble(ring: Ring, reader: FrameReader, positions: np.ndarray, *, n_step: int = 1, gamma: float = 0.99,
+             weight: np.ndarray | None = None) -> Batch:
+    """Build the batch for sampleable ``positions`` (as drawn by the sampler)."""
+    positions = np.asarray(positions, dtype=np.int64)
+    cap = ring.capacity
+    slots = positions % cap
+    m, _ = n_step_span(ring, positions, n_step)
+    next_positions = positions + m
+
+    if n_step == 1:
+        reward = ring.reward[slots].astype(np.float32)
+        last_slots = slots
+    else:
+        j = np.arange(n_step, dtype=np.int64)
+        within = j[None, :] < m[:, None]
+        steps = (positions[:, None] + np.minimum(j[None, :], m[:, None] - 1)) % cap
+        disc = np.float32(gamma) ** j.astype(np.float32)
+        reward = (ring.reward[steps] * disc[None, :] * within).sum(axis=1, dtype=np.float64).astype(np.float32)
+        last_slots = (positions + m - 1) % cap
+    terminated = ring.terminated[last_slots].copy()
+    truncated = ring.truncated[last_slots].copy()
+    discount = np.where(terminated, np.float32(0.0), np.float32(gamma) ** m.astype(np.float32)).astype(np.float32)
+
+    both = np.concatenate([ring.stack_positions(positions), ring.stack_positions(next_positions)], axis=1)
+    frames = reader.gather(both)
+    k = ring.frame_stack
+    return Batch(
+        obs=frames[:, :k],
+        action=ring.action[slots].astype(np.int64),
+        reward=reward,
+        next_obs=frames[:, k:],
+        terminated=terminated,
+        truncated=truncated,
+        discount=discount,
+        index=slots,
+        weight=np.ones(positions.size, dtype=np.float32) if weight is None else weight.astype(np.float32),
+    )

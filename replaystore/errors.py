@@ -1,0 +1,66 @@
+"""Errors raised by replaystore.
+
+Every error is a ``ReplayStoreError`` and, where a caller would naturally catch a builtin, also that
+builtin (``StoreNotFoundError`` is a ``FileNotFoundError``), so both ``except ReplayStoreError`` and
+``except FileNotFoundError`` work. Messages say what failed, the value, the limit and the fix.
+"""
+
+from __future__ import annotations
+
+
+class ReplayStoreError(Exception):
+    """Base class of every error replaystore raises on purpose."""
+
+
+class StoreNotFoundError(ReplayStoreError, FileNotFoundError):
+    """The path does not exist or holds no replay store."""
+
+
+class StoreExistsError(ReplayStoreError, FileExistsError):
+    """``create`` found a store (or other files) at the path and ``overwrite`` was not given."""
+
+
+class StoreLockedError(ReplayStoreError, BlockingIOError):
+    """Another live process holds the store open for writing."""
+
+
+class FormatVersionError(ReplayStoreError, ValueError):
+    """The store was written by a newer (or unknown) format version."""
+
+
+class CorruptStoreError(ReplayStoreError, ValueError):
+    """Metadata or chunk bytes on disk are damaged or inconsistent."""
+
+
+class ChunkChecksumError(CorruptStoreError):
+    """A chunk's (or shard index's) crc32c does not match its bytes."""
+
+    def __init__(self, message: str, *, array: str, shard: int, chunk: int | None) -> None:
+        super().__init__(message)
+        self.array = array
+        self.shard = shard
+        self.chunk = chunk
+
+
+class InvalidTransitionError(ReplayStoreError, ValueError):
+    """``add`` was given data that does not fit the store's schema or episode."""
+
+
+class SampleError(ReplayStoreError, ValueError):
+    """``sample`` was asked for something the store cannot provide."""
+
+
+class ReadOnlyError(ReplayStoreError, PermissionError):
+    """A write was attempted on a store opened with ``mode="r"``."""
+
+
+class StoreClosedError(ReplayStoreError, ValueError):
+    """The store was used after ``close()``."""
+
+
+class StoreWriteError(ReplayStoreError, OSError):
+    """Writing to disk failed (disk full, permissions); the store still opens at its last commit."""
+
+
+class ConfigError(ReplayStoreError, ValueError):
+    """A creation or open argument is out of range (capacity, layout, budget)."""

@@ -1,0 +1,152 @@
+"""The ring of steps in RAM: per-slot scalars and which slots are sampleable transitions.
+
+The store keeps *steps*, not transitions (see README, "Data model"). Step ``t`` (a position, counted
+from the store's birth) lives in slot ``t % capacity`` and holds the observation seen at ``t``; if the
+episode went on, also the action taken, the reward and the ``terminated``/``truncated`` flags of that
+move. The last step of an episode (``is_last``) holds only its observation. ``ep_step`` is the step's
+index within its episode, which is all frame stacking needs: offset ``m`` of the stack ending at
+``t`` is step ``t - min(m, ep_step[t])`` (the episode's first frame repeats as padding).
+
+Step ``t`` is a sampleable (1-step) transition when it is live, not last, its successor ``t+1`` is
+stored, and its stack does not reach below the oldest live step. That set is kept as a per-slot
+bitmap ``valid`` with a count, updated at O(frame_stack) cost per step, so ``len()`` is O(1) and
+uniform sampling is one vectorised draw plus a gather. The scalars are small (22 bytes a step), so
+the whole ring of them lives in RAM (22 MB per million steps) and is written to disk as shards.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from replaystore.schema import SCALAR_FIELDS
+
+SMALL_RANGE = 16
+
+
+class Ring:
+    """Per-slot scalars of ``capacity`` steps, the live range and the sampleable bitmap."""
+
+    def __init__(self, capacity: int, frame_stack: int, shard_len: int) -> None:
+        self.capacity = capacity
+        self.frame_stack = frame_stack
+        self.shard_len = shard_len
+        self.fields: dict[str, np.ndarray] = {
+            name: np.zeros(capacity, dtype=dtype) for name, dtype in SCALAR_FIELDS.items()
+        }
+        self.action = self.fields["action"]
+        self.reward = self.fields["reward"]
+        self.terminated = self.fields["terminated"]
+        self.truncated = self.fields["truncated"]
+        self.is_last = self.fields["is_last"]
+        self.ep_step = self.fields["ep_step"]
+        self.valid = np.zeros(capacity, dtype=bool)
+        self.n_valid = 0
+        self.added = 0
+        self.oldest = 0
+        self.dirty_shards: set[int] = set()
+
+    # ---------------------------------------------------------------------------------------------
+    # Live range
+
+    @property
+    def lo(self) -> int:
+        """The oldest live position."""
+        return max(self.oldest, self.added - self.capacity)
+
+    @property
+    def live_steps(self) -> int:
+        return self.added - self.lo
+
+    def slot(self, position: int) -> int:
+        return position % self.capacity
+
+    # ---------------------------------------------------------------------------------------------
+    # Writing
+
+    def append_step(self, ep_step: int, is_last: bool) -> int:
+        """Start step ``added`` (its observation is written by the caller); returns its position."""
+        position = self.added
+        self._retire_below(max(self.oldest, position + 1 - self.capacity))
+        s = position % self.capacity
+        self.action[s] = 0
+        self.reward[s] = 0.0
+        self.terminated[s] = False
+        self.truncated[s] = False
+        self.is_last[s] = is_last
+        self.ep_step[s] = ep_step
+        self.valid[s] = False
+        self.added = position + 1
+        self.dirty_shards.add(s // self.shard_len)
+        return position
+
+    def set_move(self, position: int, action: int, reward: float, terminated: bool, truncated: bool) -> None:
+        """Record the move made from step ``position`` (the head of the episode in progress)."""
+        s = position % self.capacity
+        self.action[s] = action
+        self.reward[s] = reward
+        self.terminated[s] = terminated
+        self.truncated[s] = truncated
+        self.dirty_shards.add(s // self.shard_len)
+
+    def mark_transition(self, position: int) -> None:
+        """Step ``position`` now has its successor stored: make it sampleable if its stack is live."""
+        s = position % self.capacity
+        if self.is_last[s] or position + 1 >= self.added or position < self.lo:
+            return
+        if position - min(self.frame_stack - 1, int(self.ep_step[s])) >= self.lo and not self.valid[s]:
+            self.valid[s] = True
+            self.n_valid += 1
+
+    def set_oldest(self, oldest: int) -> None:
+        """Retire every step before ``oldest`` (used by commits that shrink the live range)."""
+        self._retire_below(oldest)
+        self.oldest = max(self.oldest, oldest)
+
+    def _retire_below(self, new_lo: int) -> None:
+        old_lo = self.lo
+        if new_lo <= old_lo:
+            return
+        k1 = self.frame_stack - 1
+        if new_lo - old_lo <= SMALL_RANGE:
+            for p in range(old_lo, new_lo):
+                s = p % self.capacity
+                if self.valid[s]:
+                    self.valid[s] = False
+                    self.n_valid -= 1
+            for p in range(new_lo, min(new_lo + k1, self.added)):
+                s = p % self.capacity
+                if self.valid[s] and p - min(k1, int(self.ep_step[s])) < new_lo:
+                    self.valid[s] = False
+                    self.n_valid -= 1
+        else:
+            dead = np.arange(old_lo, min(new_lo, self.added)) % self.capacity
+            self.n_valid -= int(np.count_nonzero(self.valid[dead]))
+            self.valid[dead] = False
+            edge = np.arange(new_lo, min(new_lo + k1, self.added))
+            es = edge % self.capacity
+            bad = es[self.valid[es] & (edge - np.minimum(k1, self.ep_step[es]) < new_lo)]
+            self.n_valid -= int(bad.size)
+            self.valid[bad] = False
+
+    # ---------------------------------------------------------------------------------------------
+    # Reading
+
+    def rebuild_valid(self) -> None:
+        """Recompute the sampleable bitmap from the scalars (after loading them from disk)."""
+        self.valid[:] = False
+        positions = np.arange(self.lo, max(self.lo, self.added - 1), dtype=np.int64)
+        slots = positions % self.capacity
+        ok = ~self.is_last[slots] & (positions - np.minimum(self.frame_stack - 1, self.ep_step[slots]) >= self.lo)
+        self.valid[slots[ok]] = True
+        self.n_valid = int(np.count_nonzero(ok))
+
+    def stack_positions(self, positions: np.ndarray) -> np.ndarray:
+        """``(len, frame_stack)`` positions of the frames stacked at each step, oldest first."""
+        offsets = np.arange(self.frame_stack - 1, -1, -1, dtype=np.int64)
+        ep = self.ep_step[positions % self.capacity].astype(np.int64)
+        return positions[:, None] - np.minimum(offsets[None, :], ep[:, None])
+
+    def episode_ends(self) -> np.ndarray:
+        """Positions of the live ``is_last`` steps, oldest first."""
+        positions = np.arange(self.lo, self.added, dtype=np.int64)
+        return positions[self.is_last[positions % self.capacity]]

@@ -1,0 +1,67 @@
+"""Which steps a batch uses: uniform draws over the sampleable transitions.
+
+The ring keeps a per-slot bitmap of sampleable 1-step transitions and its count. A uniform draw is
+vectorised acceptance over the live range: draw positions uniformly, keep those whose slot is
+sampleable (and, for n-step, whose n-th successor is stored), repeat for the few that were rejected.
+Every accepted draw is uniform over the accepted set, so the result is exactly uniform; the fraction
+rejected is small (episode ends, the head, stacks reaching past the oldest step). When it is not
+(tiny stores), the sampleable positions are enumerated and drawn from directly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from replaystore.ring import Ring
+
+MAX_ROUNDS = 4
+
+
+def n_step_span(ring: Ring, positions: np.ndarray, n_step: int) -> tuple[np.ndarray, np.ndarray]:
+    """For each position: steps ``m`` to its n-step successor (<= n_step, shorter if the episode ends)
+    and whether that successor is stored (``position + m < added``)."""
+    if n_step == 1:
+        return np.ones(positions.size, dtype=np.int64), positions + 1 < ring.added
+    ahead = positions[:, None] + np.arange(1, n_step + 1, dtype=np.int64)[None, :]
+    stored = ahead < ring.added
+    ends = ring.is_last[ahead % ring.capacity] & stored
+    ends[:, -1] = True  # stop at n_step at the latest
+    m = np.argmax(ends, axis=1).astype(np.int64) + 1
+    return m, positions + m < ring.added
+
+
+def accept(ring: Ring, positions: np.ndarray, n_step: int) -> np.ndarray:
+    """Mask of positions that are sampleable with ``n_step``."""
+    ok = ring.valid[positions % ring.capacity]
+    if n_step > 1 and ok.any():
+        _, stored = n_step_span(ring, positions, n_step)
+        ok &= stored
+    return ok
+
+
+def sample_uniform(ring: Ring, batch_size: int, rng: np.random.Generator, *, n_step: int = 1) -> np.ndarray:
+    """``batch_size`` positions drawn uniformly (with replacement) from the sampleable transitions."""
+    lo, hi = ring.lo, ring.added - 1
+    picked: list[np.ndarray] = []
+    need = batch_size
+    frac = max(ring.n_valid, 1) / max(hi - lo, 1)
+    for _ in range(MAX_ROUNDS):
+        draw = rng.integers(lo, hi, size=int(need / frac * 1.1) + 8, dtype=np.int64)
+        good = draw[accept(ring, draw, n_step)]
+        picked.append(good[:need])
+        need -= min(need, good.size)
+        if need == 0:
+            return np.concatenate(picked)
+    candidates = np.arange(lo, hi, dtype=np.int64)
+    candidates = candidates[accept(ring, candidates, n_step)]
+    picked.append(candidates[rng.integers(0, candidates.size, size=need)])
+    return np.concatenate(picked)
+
+
+def count_sampleable(ring: Ring, n_step: int) -> int:
+    """How many transitions ``sample(..., n_step=n_step)`` can return."""
+    if n_step == 1:
+        return ring.n_valid
+    # Only the n-1 steps behind the head can fail the n-step check.
+    tail = np.arange(max(ring.lo, ring.added - n_step), max(ring.lo, ring.added - 1), dtype=np.int64)
+    return ring.n_valid - int(np.count_nonzero(ring.valid[tail % ring.capacity] & ~accept(ring, tail, n_step)))

@@ -1,0 +1,289 @@
+"""What a store holds, as frozen dataclasses, and their round trip through the zarr group attributes.
+
+The group's ``zarr.json`` carries one attribute, ``replaystore``::
+
+    {"format_version": 1,
+     "schema":  {"observation_space": {...}, "action_space": {...}, "capacity": N, "frame_stack": k},
+     "layout":  {"shard_len": 4096, "obs_chunk_len": 8, "codec": {"name": "zstd", "level": 3}},
+     "state":   {"added": ..., "oldest": ..., "episode_in_progress": ..., "episodes": ..., ...}}
+
+``state`` is the commit: it is rewritten (atomically) only after the shard bytes it describes are on
+disk. Everything read back from disk is validated here, so a hostile or truncated ``zarr.json``
+becomes a ``CorruptStoreError`` naming the bad key rather than a crash deep inside numpy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from replaystore.errors import ConfigError, CorruptStoreError, FormatVersionError
+
+FORMAT_VERSION = 1
+ATTR_KEY = "replaystore"
+
+#: Scalar per-step fields: name -> dtype. ``obs`` is the frame array; the rest are 1-D over slots.
+SCALAR_FIELDS: dict[str, str] = {
+    "action": "int32",
+    "reward": "float32",
+    "terminated": "bool",
+    "truncated": "bool",
+    "is_last": "bool",
+    "ep_step": "int32",
+}
+MAX_CAPACITY = 2**40
+
+
+@dataclass(frozen=True)
+class BoxSpec:
+    """A gymnasium ``Box`` observation space: shape, dtype and bounds."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    low: Any  # a scalar when uniform, else a nested list
+    high: Any
+
+    @property
+    def frame_bytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+    def to_space(self) -> Any:
+        import gymnasium as gym
+
+        dtype = np.dtype(self.dtype)
+        low = np.asarray(self.low, dtype=dtype) if np.ndim(self.low) else self.low
+        high = np.asarray(self.high, dtype=dtype) if np.ndim(self.high) else self.high
+        return gym.spaces.Box(low=low, high=high, shape=self.shape, dtype=dtype)
+
+
+@dataclass(frozen=True)
+class DiscreteSpec:
+    """A gymnasium ``Discrete`` action space: ``n`` actions starting at ``start``."""
+
+    n: int
+    start: int = 0
+
+    def to_space(self) -> Any:
+        import gymnasium as gym
+
+        return gym.spaces.Discrete(self.n, start=self.start)
+
+
+@dataclass(frozen=True)
+class Schema:
+    """The spaces, ring capacity (steps) and frame stack a store was created with."""
+
+    observation: BoxSpec
+    action: DiscreteSpec
+    capacity: int
+    frame_stack: int
+
+
+@dataclass(frozen=True)
+class CodecSpec:
+    """The compressor of every array: ``zstd`` (level) or ``blosc`` (cname, level)."""
+
+    name: str = "zstd"
+    level: int = 3
+    cname: str = "zstd"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Chunking along time: ``shard_len`` steps per shard file; frames in ``obs_chunk_len`` chunks.
+
+    Scalar fields use one chunk per shard (they are read whole into RAM at open).
+    """
+
+    shard_len: int = 4096
+    obs_chunk_len: int = 8
+    codec: CodecSpec = CodecSpec()
+
+
+@dataclass(frozen=True)
+class State:
+    """The committed state: what a reader may trust.
+
+    ``added`` counts steps ever written; step ``t`` lives in slot ``t % capacity``. Live steps are
+    ``[max(oldest, added - capacity), added)``; ``oldest`` moves ahead *before* a shard that
+    overwrites live steps is written, so a crash between the two never exposes overwritten slots.
+    """
+
+    added: int = 0
+    oldest: int = 0
+    episode_in_progress: bool = False
+    episodes: int = 0
+    updated: str = ""
+
+    def live_start(self, capacity: int) -> int:
+        return max(self.oldest, self.added - capacity)
+
+
+# --------------------------------------------------------------------------------------------------
+# Spaces <-> specs
+
+
+def _compact_bound(bound: np.ndarray) -> Any:
+    flat = np.asarray(bound).ravel()
+    if flat.size and np.all(flat == flat[0]):
+        return _json_number(flat[0])
+    return np.asarray(bound).tolist()
+
+
+def _json_number(x: Any) -> Any:
+    x = np.asarray(x).item()
+    if isinstance(x, float) and not np.isfinite(x):
+        return "inf" if x > 0 else ("-inf" if x < 0 else "nan")
+    return x
+
+
+def _parse_bound(b: Any) -> Any:
+    if isinstance(b, str):
+        return float(b)
+    if isinstance(b, list):
+        return [_parse_bound(v) for v in b]
+    return b
+
+
+def box_from_space(space: Any) -> BoxSpec:
+    """Describe a gymnasium Box; any other observation space is a ``ConfigError``."""
+    import gymnasium as gym
+
+    if not isinstance(space, gym.spaces.Box):
+        raise ConfigError(
+            f"observation_space is {space!r}, but replaystore stores Box observations only; "
+            "wrap the env (e.g. FlattenObservation) so it yields a Box"
+        )
+    return BoxSpec(
+        shape=tuple(int(s) for s in space.shape),
+        dtype=np.dtype(space.dtype).name,
+        low=_compact_bound(space.low),
+        high=_compact_bound(space.high),
+    )
+
+
+def discrete_from_space(space: Any) -> DiscreteSpec:
+    """Describe a gymnasium Discrete; any other action space is a ``ConfigError``."""
+    import gymnasium as gym
+
+    if not isinstance(space, gym.spaces.Discrete):
+        raise ConfigError(
+            f"action_space is {space!r}, but replaystore stores Discrete actions only; "
+            "use a Discrete action space (DQN needs one)"
+        )
+    return DiscreteSpec(n=int(space.n), start=int(space.start))
+
+
+# --------------------------------------------------------------------------------------------------
+# Attributes <-> dataclasses
+
+
+def to_attrs(schema: Schema, layout: Layout, state: State) -> dict[str, Any]:
+    """The ``replaystore`` attribute for a group's ``zarr.json``."""
+    obs = dataclasses.asdict(schema.observation)
+    obs["shape"] = list(obs["shape"])
+    obs["low"] = _compact_bound(np.asarray(_parse_bound(obs["low"])))
+    obs["high"] = _compact_bound(np.asarray(_parse_bound(obs["high"])))
+    return {
+        "format_version": FORMAT_VERSION,
+        "schema": {
+            "observation_space": {"type": "Box", **obs},
+            "action_space": {"type": "Discrete", **dataclasses.asdict(schema.action)},
+            "capacity": schema.capacity,
+            "frame_stack": schema.frame_stack,
+        },
+        "layout": {
+            "shard_len": layout.shard_len,
+            "obs_chunk_len": layout.obs_chunk_len,
+            "codec": dataclasses.asdict(layout.codec),
+        },
+        "state": dataclasses.asdict(state),
+    }
+
+
+def _get(d: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    if not isinstance(d, dict) or key not in d:
+        raise CorruptStoreError(f"{where} has no '{key}'; the store's zarr.json is damaged or not a replaystore store")
+    value = d[key]
+    if kind is int and isinstance(value, bool) or not isinstance(value, kind):
+        names = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
+        raise CorruptStoreError(
+            f"{where}.{key} is {value!r} ({type(value).__name__}), expected {names}; the store's zarr.json is damaged"
+        )
+    return value
+
+
+def _get_int(d: Any, key: str, where: str, lo: int, hi: int) -> int:
+    value = _get(d, key, int, where)
+    if not lo <= value <= hi:
+        raise CorruptStoreError(f"{where}.{key} is {value}, outside [{lo}, {hi}]; the store's zarr.json is damaged")
+    return int(value)
+
+
+def from_attrs(attrs: Any, *, path: str) -> tuple[Schema, Layout, State]:
+    """Validate and parse the ``replaystore`` attribute read from ``path``."""
+    where = f"{path}/zarr.json attributes"
+    if not isinstance(attrs, dict) or ATTR_KEY not in attrs:
+        raise CorruptStoreError(f"{path} is a zarr group but not a replay store (no '{ATTR_KEY}' attribute)")
+    root = attrs[ATTR_KEY]
+    version = _get(root, "format_version", int, where)
+    if version > FORMAT_VERSION or version < 1:
+        raise FormatVersionError(
+            f"{path} has format version {version}, but this replaystore reads versions 1..{FORMAT_VERSION}; "
+            "upgrade replaystore to open it"
+        )
+    s = _get(root, "schema", dict, where)
+    obs = _get(s, "observation_space", dict, f"{where}.schema")
+    act = _get(s, "action_space", dict, f"{where}.schema")
+    if obs.get("type") != "Box" or act.get("type") != "Discrete":
+        raise CorruptStoreError(f"{where}.schema holds space types {obs.get('type')!r}/{act.get('type')!r}, expected Box/Discrete")
+    shape = _get(obs, "shape", list, f"{where}.observation_space")
+    if not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v < 2**20 for v in shape) or len(shape) > 8:
+        raise CorruptStoreError(f"{where}.observation_space.shape is {shape!r}, expected up to 8 positive ints")
+    dtype = _get(obs, "dtype", str, f"{where}.observation_space")
+    try:
+        np_dtype = np.dtype(dtype)
+    except TypeError as exc:
+        raise CorruptStoreError(f"{where}.observation_space.dtype is {dtype!r}, not a numpy dtype") from exc
+    if np_dtype.kind not in "biuf":
+        raise CorruptStoreError(f"{where}.observation_space.dtype is {dtype!r}, expected a bool, int or float dtype")
+    box = BoxSpec(tuple(shape), np_dtype.name, _parse_bound(obs.get("low", 0)), _parse_bound(obs.get("high", 0)))
+    discrete = DiscreteSpec(
+        n=_get_int(act, "n", f"{where}.action_space", 1, 2**31 - 1),
+        start=_get_int(act, "start", f"{where}.action_space", -(2**31), 2**31 - 1),
+    )
+    capacity = _get_int(s, "capacity", f"{where}.schema", 2, MAX_CAPACITY)
+    frame_stack = _get_int(s, "frame_stack", f"{where}.schema", 1, 1024)
+    if box.frame_bytes * capacity > 2**50:
+        raise CorruptStoreError(f"{where}.schema describes {box.frame_bytes * capacity} bytes of frames; absurd size")
+
+    lay = _get(root, "layout", dict, where)
+    codec = _get(lay, "codec", dict, f"{where}.layout")
+    codec_spec = CodecSpec(
+        name=_get(codec, "name", str, f"{where}.layout.codec"),
+        level=_get_int(codec, "level", f"{where}.layout.codec", -100, 22),
+        cname=_get(codec, "cname", str, f"{where}.layout.codec"),
+    )
+    layout = Layout(
+        shard_len=_get_int(lay, "shard_len", f"{where}.layout", 1, 2**24),
+        obs_chunk_len=_get_int(lay, "obs_chunk_len", f"{where}.layout", 1, 2**24),
+        codec=codec_spec,
+    )
+    if layout.shard_len % layout.obs_chunk_len or layout.shard_len > capacity:
+        raise CorruptStoreError(f"{where}.layout {layout} does not fit capacity {capacity}")
+
+    st = _get(root, "state", dict, where)
+    added = _get_int(st, "added", f"{where}.state", 0, 2**62)
+    state = State(
+        added=added,
+        oldest=_get_int(st, "oldest", f"{where}.state", 0, added),
+        episode_in_progress=_get(st, "episode_in_progress", bool, f"{where}.state"),
+        episodes=_get_int(st, "episodes", f"{where}.state", 0, 2**62),
+        updated=str(st.get("updated", "")),
+    )
+    if state.episode_in_progress and added == 0:
+        raise CorruptStoreError(f"{where}.state says an episode is in progress in an empty store")
+    return Schema(box, discrete, capacity, frame_stack), layout, state

@@ -1,0 +1,460 @@
+"""ReplayStore: the public face. Wiring only: it validates, then hands work to its parts.
+
+    ring    (ring.py)     per-step scalars in RAM, the live range, the sampleable bitmap
+    writer  (writer.py)   the frame shard buffer, whole-shard writes, the commit
+    reader  (reader.py)   chunk-aware frame reads with a compressed-chunk cache
+    sampler (sampler.py)  which positions a batch uses
+    assemble(assemble.py) positions -> Batch (stacks, n-step returns)
+    lock    (lock.py)     one writer per store
+
+Example:
+    >>> import gymnasium as gym, numpy as np
+    >>> from replaystore import ReplayStore, Layout
+    >>> env = gym.make("CartPole-v1")
+    >>> with ReplayStore.create("/tmp/doc.zarr", capacity=64, observation_space=env.observation_space,
+    ...                         action_space=env.action_space, frame_stack=2, overwrite=True,
+    ...                         layout=Layout(shard_len=16, obs_chunk_len=4)) as store:
+    ...     obs, _ = env.reset(seed=0)
+    ...     for _ in range(40):
+    ...         nxt, r, term, trunc, _ = env.step(env.action_space.sample())
+    ...         store.add(obs, 0, r, nxt, term, trunc)
+    ...         obs = nxt if not (term or trunc) else env.reset()[0]
+    >>> ReplayStore.open("/tmp/doc.zarr").sample(8, rng=np.random.default_rng(0)).obs.shape
+    (8, 2, 4)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import numbers
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zarr
+
+from replaystore import sampler as _sampler
+from replaystore.assemble import Batch, assemble
+from replaystore.errors import (
+    ConfigError,
+    CorruptStoreError,
+    InvalidTransitionError,
+    ReadOnlyError,
+    SampleError,
+    StoreClosedError,
+    StoreExistsError,
+    StoreNotFoundError,
+)
+from replaystore.lock import LOCK_NAME, WriterLock
+from replaystore.reader import FrameReader
+from replaystore.ring import Ring
+from replaystore.schema import (
+    ATTR_KEY,
+    MAX_CAPACITY,
+    SCALAR_FIELDS,
+    CodecSpec,
+    Layout,
+    Schema,
+    State,
+    box_from_space,
+    discrete_from_space,
+    from_attrs,
+    to_attrs,
+)
+from replaystore.shards import create_array_metadata, remove_partials, validate_codec
+from replaystore.writer import Writer, load_scalars, write_group_json
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CACHE_BYTES = 256 * 2**20
+CHUNK_TARGET_BYTES = 64 * 2**10
+SHARD_BUFFER_MAX_BYTES = 32 * 2**20
+DEFAULT_SHARD_LEN = 4096
+
+
+def default_layout(frame_bytes: int) -> Layout:
+    """The measured default: ~64 KiB frame chunks (8 Atari frames), 4096-step shards, zstd-3.
+
+    See README "Choosing the layout" for the measurements behind these numbers.
+    """
+    chunk_len = 1 << max(0, int(math.log2(max(1, CHUNK_TARGET_BYTES // max(frame_bytes, 1)))))
+    chunk_len = min(chunk_len, DEFAULT_SHARD_LEN)
+    shard_len = DEFAULT_SHARD_LEN
+    while shard_len > chunk_len and shard_len * frame_bytes > SHARD_BUFFER_MAX_BYTES:
+        shard_len //= 2
+    return Layout(shard_len=shard_len, obs_chunk_len=chunk_len, codec=CodecSpec())
+
+
+def _is_store_dir(path: Path) -> bool:
+    try:
+        doc = json.loads((path / "zarr.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and doc.get("node_type") == "group"
+
+
+def _read_group_doc(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        raise StoreNotFoundError(f"{path} does not exist; create a store with ReplayStore.create({str(path)!r}, ...)")
+    if not (path / "zarr.json").is_file():
+        raise StoreNotFoundError(f"{path} is not a replay store (no zarr.json); check the path or create one with ReplayStore.create")
+    try:
+        doc = json.loads((path / "zarr.json").read_bytes())
+    except (OSError, ValueError) as exc:
+        raise CorruptStoreError(f"{path}/zarr.json is not valid JSON ({exc}); the store's metadata is damaged") from exc
+    if not isinstance(doc, dict) or doc.get("zarr_format") != 3 or doc.get("node_type") != "group":
+        raise CorruptStoreError(f"{path}/zarr.json is not a zarr v3 group; this is not a replay store")
+    return doc
+
+
+class ReplayStore:
+    """A disk-backed replay buffer of steps in a zarr v3 group.
+
+    Use ``ReplayStore.create`` or ``ReplayStore.open``; see the module docstring for an example.
+    """
+
+    def __init__(self, root: Path, schema: Schema, layout: Layout, state: State, group_doc: dict[str, Any], *,
+                 writable: bool, cache_bytes: int, lock: WriterLock | None) -> None:
+        self.path = root
+        self.schema = schema
+        self.layout = layout
+        self.mode = "a" if writable else "r"
+        self._lock = lock
+        self._closed = False
+        self._obs_dtype = np.dtype(schema.observation.dtype)
+        self.ring = Ring(schema.capacity, schema.frame_stack, layout.shard_len)
+        self.ring.added = state.added
+        self.ring.oldest = state.oldest
+        self._writer: Writer | None = None
+        self.reader = FrameReader(root, schema, layout, cache_bytes=cache_bytes,
+                                  live_region=(lambda: self._writer.live_region() if self._writer else None))
+        self.committed = state
+        load_scalars(root, schema, layout, self.ring)
+        self.ring.rebuild_valid()
+        self._head_obs: np.ndarray | None = None
+        if writable:
+            self._writer = Writer(root, schema, layout, self.ring, self.reader, group_doc, state)
+            if self._episode_in_progress():
+                self._head_obs = self._writer.frame_at(state.added - 1)
+
+    # ---------------------------------------------------------------------------------------------
+    # Construction
+
+    @classmethod
+    def create(cls, path: str | Path, capacity: int, observation_space: Any, action_space: Any, frame_stack: int = 1, *,
+               layout: Layout | None = None, overwrite: bool = False, cache_bytes: int = DEFAULT_CACHE_BYTES) -> ReplayStore:
+        """Create a store for ``capacity`` steps and open it for appending.
+
+        Example:
+            >>> store = ReplayStore.create("/tmp/doc2.zarr", 4096, gym.spaces.Box(0, 255, (84, 84), np.uint8),
+            ...                            gym.spaces.Discrete(4), frame_stack=4, overwrite=True)  # doctest: +SKIP
+        """
+        root = Path(path)
+        box = box_from_space(observation_space)
+        discrete = discrete_from_space(action_space)
+        if isinstance(capacity, bool) or not isinstance(capacity, numbers.Integral) or not 2 <= capacity <= MAX_CAPACITY:
+            raise ConfigError(f"capacity is {capacity!r}; it must be an int between 2 and {MAX_CAPACITY} steps")
+        if isinstance(frame_stack, bool) or not isinstance(frame_stack, numbers.Integral) or not 1 <= frame_stack <= 1024:
+            raise ConfigError(f"frame_stack is {frame_stack!r}; it must be an int between 1 and 1024 (4 for Atari)")
+        layout = layout or default_layout(box.frame_bytes)
+        _validate_layout(layout, int(capacity))
+        schema = Schema(box, discrete, int(capacity), int(frame_stack))
+
+        lock: WriterLock | None = None
+        if root.exists():
+            if not root.is_dir():
+                raise StoreExistsError(f"{root} exists and is a file; choose another path for the store")
+            entries = [p for p in root.iterdir() if p.name != LOCK_NAME]
+            if entries:
+                if not _is_store_dir(root):
+                    raise StoreExistsError(
+                        f"{root} holds files that are not a replay store; choose an empty or new path"
+                    )
+                if not overwrite:
+                    raise StoreExistsError(
+                        f"a replay store already exists at {root}; open it with ReplayStore.open({str(root)!r}, mode='a') "
+                        "or pass overwrite=True to replace it"
+                    )
+                lock = WriterLock(root)
+                lock.acquire()
+                for p in root.iterdir():
+                    if p.name == LOCK_NAME:
+                        continue
+                    shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+        root.mkdir(parents=True, exist_ok=True)
+        if lock is None:
+            lock = WriterLock(root)
+            lock.acquire()
+        try:
+            zarr.create_group(str(root))
+            create_array_metadata(root, "obs", length=schema.capacity, item_shape=box.shape, dtype=box.dtype,
+                                  chunk_len=layout.obs_chunk_len, shard_len=layout.shard_len, codec=layout.codec)
+            for name, dtype in SCALAR_FIELDS.items():
+                create_array_metadata(root, name, length=schema.capacity, item_shape=(), dtype=dtype,
+                                      chunk_len=layout.shard_len, shard_len=layout.shard_len, codec=layout.codec)
+            doc = json.loads((root / "zarr.json").read_bytes())
+            state = State()
+            doc.setdefault("attributes", {})[ATTR_KEY] = to_attrs(schema, layout, state)
+            write_group_json(root, doc)
+        except BaseException:
+            lock.release()
+            raise
+        log.info("created replay store %s (capacity %d, layout %s)", root, capacity, layout)
+        return cls(root, schema, layout, state, doc, writable=True, cache_bytes=cache_bytes, lock=lock)
+
+    @classmethod
+    def open(cls, path: str | Path, mode: str = "r", *, cache_bytes: int = DEFAULT_CACHE_BYTES) -> ReplayStore:
+        """Open an existing store: ``mode="r"`` to read (any number of readers), ``"a"`` to append.
+
+        Example:
+            >>> store = ReplayStore.open("/tmp/doc.zarr")
+            >>> len(store) > 0
+            True
+        """
+        if mode not in ("r", "a"):
+            raise ConfigError(f"mode is {mode!r}; use 'r' to read or 'a' to append")
+        root = Path(path)
+        doc = _read_group_doc(root)
+        schema, layout, state = from_attrs(doc.get("attributes"), path=str(root))
+        _check_arrays(root, schema, layout)
+        lock = None
+        if mode == "a":
+            lock = WriterLock(root)
+            lock.acquire()
+            try:
+                doc = _read_group_doc(root)  # re-read under the lock: the last writer may just have committed
+                schema, layout, state = from_attrs(doc.get("attributes"), path=str(root))
+                removed = remove_partials(root)
+                if removed:
+                    log.info("removed %d temporary files left by an interrupted writer in %s", removed, root)
+                return cls(root, schema, layout, state, doc, writable=True, cache_bytes=cache_bytes, lock=lock)
+            except BaseException:
+                lock.release()
+                raise
+        for _ in range(10):
+            store = cls(root, schema, layout, state, doc, writable=False, cache_bytes=cache_bytes, lock=None)
+            doc = _read_group_doc(root)
+            _, _, again = from_attrs(doc.get("attributes"), path=str(root))
+            if (again.added, again.oldest) == (state.added, state.oldest):
+                return store
+            store.close()
+            state = again  # a writer committed while we loaded: load again at the new state
+        return store
+
+    # ---------------------------------------------------------------------------------------------
+    # Writing
+
+    def add(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any) -> None:
+        """Add one transition ``(obs, action, reward, next_obs, terminated, truncated)``.
+
+        ``obs`` must equal the previous transition's ``next_obs`` unless that one ended the episode.
+        Each observation is stored once. Nothing is changed if any argument is rejected.
+        """
+        writer = self._require_writer("add")
+        obs_a = self._check_obs(obs, "obs")
+        next_a = self._check_obs(next_obs, "next_obs")
+        act = self._check_action(action)
+        rew = self._check_reward(reward)
+        term = self._check_flag(terminated, "terminated")
+        trunc = self._check_flag(truncated, "truncated")
+        in_progress = self._episode_in_progress()
+        if in_progress and not np.array_equal(obs_a, self._head_obs, equal_nan=obs_a.dtype.kind == "f"):
+            raise InvalidTransitionError(
+                f"obs does not continue the episode in progress in {self.path}: it differs from the previous "
+                "transition's next_obs; pass that next_obs as obs, or end the episode (terminated or truncated) "
+                "before starting a new one"
+            )
+        ring = self.ring
+        if not in_progress:
+            writer.put_frame(ring.added, obs_a)
+            ring.append_step(0, False)
+            writer.episodes += 1
+        head = ring.added - 1
+        ring.set_move(head, act, rew, term, trunc)
+        writer.put_frame(ring.added, next_a)
+        done = term or trunc
+        ring.append_step(int(ring.ep_step[head % ring.capacity]) + 1, done)
+        ring.mark_transition(head)
+        self._head_obs = None if done else next_a.copy()
+
+    def flush(self) -> None:
+        """Make everything added so far durable; readers opened afterwards see it."""
+        self._require_writer("flush").flush()
+        self.committed = self._writer.committed  # type: ignore[union-attr]
+
+    def close(self) -> None:
+        """Flush (when writing), release the writer lock and free file handles. Idempotent."""
+        if self._closed:
+            return
+        try:
+            if self._writer is not None:
+                self.flush()
+        finally:
+            self._closed = True
+            self.reader.close()
+            if self._lock is not None:
+                self._lock.release()
+
+    def __enter__(self) -> ReplayStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------------------------------------
+    # Reading
+
+    def __len__(self) -> int:
+        """Transitions that ``sample`` can return (at most ``capacity``)."""
+        return self.ring.n_valid
+
+    def sample(self, batch_size: int, *, rng: np.random.Generator | None = None, n_step: int = 1,
+               gamma: float = 0.99) -> Batch:
+        """Sample ``batch_size`` transitions uniformly, with replacement.
+
+        Example:
+            >>> ReplayStore.open("/tmp/doc.zarr").sample(4, rng=np.random.default_rng(1), n_step=3).discount.shape
+            (4,)
+        """
+        self._check_open()
+        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
+            raise SampleError(f"batch_size is {batch_size!r}; it must be a positive int")
+        if isinstance(n_step, bool) or not isinstance(n_step, numbers.Integral) or not 1 <= n_step <= 1000:
+            raise SampleError(f"n_step is {n_step!r}; it must be an int between 1 and 1000")
+        if not 0.0 <= float(gamma) <= 1.0:
+            raise SampleError(f"gamma is {gamma!r}; it must be in [0, 1]")
+        available = _sampler.count_sampleable(self.ring, int(n_step))
+        if batch_size > available:
+            raise SampleError(
+                f"asked for {batch_size} transitions but {self.path} holds {available} sampleable "
+                f"(n_step={n_step}); add more transitions first or sample at most {available}"
+            )
+        rng = rng if rng is not None else np.random.default_rng()
+        positions = _sampler.sample_uniform(self.ring, int(batch_size), rng, n_step=int(n_step))
+        return assemble(self.ring, self.reader, positions, n_step=int(n_step), gamma=float(gamma))
+
+    @property
+    def capacity(self) -> int:
+        return self.schema.capacity
+
+    @property
+    def frame_stack(self) -> int:
+        return self.schema.frame_stack
+
+    @property
+    def added(self) -> int:
+        """Steps ever written (flushed or not)."""
+        return self.ring.added
+
+    @property
+    def observation_space(self) -> Any:
+        return self.schema.observation.to_space()
+
+    @property
+    def action_space(self) -> Any:
+        return self.schema.action.to_space()
+
+    def __repr__(self) -> str:
+        return f"ReplayStore({str(self.path)!r}, mode={self.mode!r}, transitions={len(self)}, capacity={self.capacity})"
+
+    # ---------------------------------------------------------------------------------------------
+    # Validation
+
+    def _episode_in_progress(self) -> bool:
+        ring = self.ring
+        return ring.added > 0 and not bool(ring.is_last[(ring.added - 1) % ring.capacity])
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"{self.path} was closed; open it again with ReplayStore.open")
+
+    def _require_writer(self, what: str) -> Writer:
+        self._check_open()
+        if self._writer is None:
+            raise ReadOnlyError(f"cannot {what}: {self.path} is open read-only; open it with mode='a' to append")
+        return self._writer
+
+    def _check_obs(self, value: Any, name: str) -> np.ndarray:
+        arr = np.asarray(value)
+        spec = self.schema.observation
+        if arr.shape != spec.shape:
+            raise InvalidTransitionError(
+                f"{name} has shape {arr.shape}, but {self.path} stores observations of shape {spec.shape}; "
+                "preprocess the env the same way (e.g. AtariPreprocessing) or create a new store"
+            )
+        if arr.dtype != self._obs_dtype:
+            if not np.can_cast(arr.dtype, self._obs_dtype, casting="safe"):
+                raise InvalidTransitionError(
+                    f"{name} has dtype {arr.dtype}, but {self.path} stores {spec.dtype} observations; "
+                    f"convert it with .astype({spec.dtype!r}) or create a store for {arr.dtype}"
+                )
+            arr = arr.astype(self._obs_dtype)
+        return arr
+
+    def _check_action(self, action: Any) -> int:
+        spec = self.schema.action
+        a = np.asarray(action)
+        if a.shape != () or a.dtype.kind not in "iub":
+            raise InvalidTransitionError(
+                f"action is {action!r}, but {self.path} stores Discrete({spec.n}) actions: pass one int"
+            )
+        value = int(a)
+        if not spec.start <= value < spec.start + spec.n:
+            raise InvalidTransitionError(
+                f"action is {value}, outside the action space [{spec.start}, {spec.start + spec.n - 1}] of {self.path}"
+            )
+        return value
+
+    def _check_reward(self, reward: Any) -> float:
+        r = np.asarray(reward)
+        if r.shape != () or r.dtype.kind not in "biuf":
+            raise InvalidTransitionError(f"reward is {reward!r}; it must be one real number")
+        value = float(r)
+        if not math.isfinite(value):
+            raise InvalidTransitionError(f"reward is {value}; rewards must be finite (check the env or clip the reward)")
+        return value
+
+    def _check_flag(self, flag: Any, name: str) -> bool:
+        f = np.asarray(flag)
+        if f.shape != () or f.dtype.kind not in "biu" or int(f) not in (0, 1):
+            raise InvalidTransitionError(f"{name} is {flag!r}; it must be a bool")
+        return bool(f)
+
+
+def _validate_layout(layout: Layout, capacity: int) -> None:
+    validate_codec(layout.codec)
+    if layout.obs_chunk_len < 1 or layout.shard_len < 1 or layout.shard_len % layout.obs_chunk_len:
+        raise ConfigError(
+            f"layout has shard_len {layout.shard_len} and obs_chunk_len {layout.obs_chunk_len}; "
+            "both must be positive and shard_len a multiple of obs_chunk_len"
+        )
+    if capacity < layout.shard_len:
+        raise ConfigError(
+            f"capacity {capacity} is smaller than one shard ({layout.shard_len} steps); "
+            f"use capacity >= {layout.shard_len} or pass layout=Layout(shard_len=...) with a smaller shard"
+        )
+
+
+def _check_arrays(root: Path, schema: Schema, layout: Layout) -> None:
+    """The arrays' own zarr.json must describe the layout the group attributes claim."""
+    expected = {"obs": (schema.observation.shape, schema.observation.dtype, layout.obs_chunk_len)}
+    expected.update({name: ((), dtype, layout.shard_len) for name, dtype in SCALAR_FIELDS.items()})
+    for name, (shape, dtype, chunk_len) in expected.items():
+        path = root / name / "zarr.json"
+        try:
+            meta = json.loads(path.read_bytes())
+            got_shape = tuple(meta["shape"])
+            got_dtype = meta["data_type"]
+            shard = meta["chunk_grid"]["configuration"]["chunk_shape"]
+            inner = meta["codecs"][0]["configuration"]["chunk_shape"]
+        except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
+            raise CorruptStoreError(f"{path} is missing or damaged ({exc!r}); the store's metadata is damaged") from exc
+        if got_shape != (schema.capacity, *shape) or got_dtype != dtype or shard[0] != layout.shard_len or inner[0] != chunk_len:
+            raise CorruptStoreError(
+                f"{path} describes shape {got_shape}, dtype {got_dtype}, shards {shard}, chunks {inner}, which does not "
+                f"match the store's schema (capacity {schema.capacity}, {dtype}, shard_len {layout.shard_len}); "
+                "the store's metadata is damaged"
+            )

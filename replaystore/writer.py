@@ -1,0 +1,193 @@
+"""The write path: a RAM buffer of one frame shard, whole-shard writes, and the commit.
+
+Frames are written once, into ``buffer`` (one shard, ``shard_len`` steps). When a step falls outside
+the buffer's shard, or on ``flush()``, the buffer is encoded and written *whole* (zarr shards must
+never be updated in part) together with the scalar shards that changed, and then the committed
+state is written to the group's ``zarr.json``. A partial shard that was flushed is rewritten whole
+when it fills up. When the buffer moves onto a shard that already exists on disk (the ring wrapped,
+or a reopened store continues a flushed partial shard), it first loads that shard, so the tail of
+older live steps is written back unchanged.
+
+Commit order (every file is written to a temporary name, fsynced and renamed):
+
+1. if the new data overwrites slots the committed state calls live, commit a state whose ``oldest``
+   has moved past them (the live range only shrinks), then
+2. write the frame shard and the dirty scalar shards, then
+3. commit the new ``added``.
+
+A crash at any instant therefore leaves a committed state whose live steps are all whole on disk.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from replaystore.errors import CorruptStoreError
+from replaystore.reader import FrameReader
+from replaystore.ring import Ring
+from replaystore.schema import ATTR_KEY, Layout, Schema, State, to_attrs
+from replaystore.shards import atomic_write, decode_shard, encode_shard, fsync_dir, numcodecs_codec, shard_key
+
+log = logging.getLogger(__name__)
+
+
+def write_group_json(root: Path, group_doc: dict[str, Any]) -> None:
+    """Atomically replace ``root/zarr.json`` (the commit point)."""
+    atomic_write(root / "zarr.json", json.dumps(group_doc, indent=2).encode())
+    fsync_dir(root)
+
+
+class Writer:
+    """Owns the frame buffer, the scalar shard writes and the committed state of one store."""
+
+    def __init__(self, root: Path, schema: Schema, layout: Layout, ring: Ring, reader: FrameReader,
+                 group_doc: dict[str, Any], committed: State) -> None:
+        self.root = root
+        self.schema = schema
+        self.layout = layout
+        self.ring = ring
+        self.reader = reader
+        self.group_doc = group_doc
+        self.committed = committed
+        self.codec = numcodecs_codec(layout.codec)
+        self.episode_in_progress = committed.episode_in_progress
+        self.episodes = committed.episodes
+        obs = schema.observation
+        self.buffer = np.zeros((layout.shard_len, *obs.shape), dtype=obs.dtype)
+        self.region = -1
+        self.region_dirty = False
+        self._item_ndim = len(obs.shape)
+        self._scalar_buffer: dict[str, np.ndarray] = {}
+        self.n_shards = -(-schema.capacity // layout.shard_len)
+        self.enter_region((ring.added % schema.capacity) // layout.shard_len)
+
+    # ---------------------------------------------------------------------------------------------
+    # Frames
+
+    def live_region(self) -> tuple[int, np.ndarray] | None:
+        return (self.region, self.buffer) if self.region >= 0 else None
+
+    def put_frame(self, position: int, obs: np.ndarray) -> None:
+        """Write the observation of step ``position`` (= ring.added, before append_step)."""
+        slot = position % self.schema.capacity
+        shard = slot // self.layout.shard_len
+        if shard != self.region:
+            self.flush()
+            self.enter_region(shard)
+        self.buffer[slot - shard * self.layout.shard_len] = obs
+        self.region_dirty = True
+
+    def frame_at(self, position: int) -> np.ndarray:
+        return np.array(self.reader.gather(np.array([position], dtype=np.int64))[0])
+
+    def enter_region(self, shard: int) -> None:
+        """Point the buffer at ``shard``, loading what is on disk there (older live steps)."""
+        path = self.root / shard_key("obs", shard, self._item_ndim)
+        if path.exists():
+            decode_shard(path.read_bytes(), chunk_len=self.layout.obs_chunk_len,
+                         n_chunks=self.layout.shard_len // self.layout.obs_chunk_len,
+                         codec=self.codec, out=self.buffer, name="obs", shard=shard)
+        else:
+            self.buffer[...] = 0
+        self.region = shard
+        self.region_dirty = False
+        self.reader.invalidate(shard)
+
+    # ---------------------------------------------------------------------------------------------
+    # Commit
+
+    def state(self) -> State:
+        return State(added=self.ring.added, oldest=self.ring.lo, episode_in_progress=self.episode_in_progress,
+                     episodes=self.episodes, updated=_now())
+
+    def flush(self) -> None:
+        """Make everything added so far durable, then commit it."""
+        ring = self.ring
+        if ring.added == self.committed.added and not self.region_dirty and not ring.dirty_shards:
+            return
+        new_lo = ring.lo
+        if new_lo > self.committed.live_start(self.schema.capacity):
+            self.commit(dataclasses.replace(self.committed, oldest=new_lo, updated=_now()))
+        if self.region_dirty:
+            self._write_obs_shard()
+        for shard in sorted(ring.dirty_shards):
+            self._write_scalar_shard(shard)
+        ring.dirty_shards.clear()
+        fsync_dir(self.root)
+        self.commit(self.state())
+
+    def commit(self, state: State) -> None:
+        attrs = dict(self.group_doc.get("attributes") or {})
+        attrs[ATTR_KEY] = to_attrs(self.schema, self.layout, state)
+        doc = dict(self.group_doc)
+        doc["attributes"] = attrs
+        write_group_json(self.root, doc)
+        self.group_doc = doc
+        self.committed = state
+
+    def _rows(self, shard: int) -> int:
+        return min(self.layout.shard_len, self.schema.capacity - shard * self.layout.shard_len)
+
+    def _write_obs_shard(self) -> None:
+        shard = self.region
+        data = encode_shard(self.buffer, chunk_len=self.layout.obs_chunk_len, rows=self._rows(shard), codec=self.codec)
+        path = self.root / shard_key("obs", shard, self._item_ndim)
+        atomic_write(path, data)
+        self.reader.invalidate(shard)
+        self.region_dirty = False
+
+    def _write_scalar_shard(self, shard: int) -> None:
+        start = shard * self.layout.shard_len
+        rows = self._rows(shard)
+        for name, values in self.ring.fields.items():
+            buf = self._scalar_buffer.get(name)
+            if buf is None:
+                buf = self._scalar_buffer[name] = np.zeros(self.layout.shard_len, dtype=values.dtype)
+            buf[:rows] = values[start : start + rows]
+            buf[rows:] = 0
+            data = encode_shard(buf, chunk_len=self.layout.shard_len, rows=rows, codec=self.codec)
+            atomic_write(self.root / shard_key(name, shard, 0), data)
+
+
+def load_scalars(root: Path, schema: Schema, layout: Layout, ring: Ring) -> None:
+    """Read every scalar shard into ``ring.fields`` (missing shards are all zero)."""
+    codec = numcodecs_codec(layout.codec)
+    n_shards = -(-schema.capacity // layout.shard_len)
+    buf: dict[str, np.ndarray] = {}
+    for name, values in ring.fields.items():
+        out = buf.setdefault(name, np.zeros(layout.shard_len, dtype=values.dtype))
+        for shard in range(n_shards):
+            path = root / shard_key(name, shard, 0)
+            start = shard * layout.shard_len
+            rows = min(layout.shard_len, schema.capacity - start)
+            try:
+                raw = path.read_bytes()
+            except FileNotFoundError:
+                values[start : start + rows] = 0
+                continue
+            decode_shard(raw, chunk_len=layout.shard_len, n_chunks=1, codec=codec, out=out, name=name, shard=shard)
+            values[start : start + rows] = out[:rows]
+    _check_scalars(ring, root)
+
+
+def _check_scalars(ring: Ring, root: Path) -> None:
+    lo, added = ring.lo, ring.added
+    positions = np.arange(lo, added, dtype=np.int64)
+    slots = positions % ring.capacity
+    ep = ring.ep_step[slots].astype(np.int64)
+    if positions.size and (ep.min() < 0 or np.any(ep[1:] > ep[:-1] + 1)):
+        raise CorruptStoreError(
+            f"{root}: the ep_step array is inconsistent with the committed state (steps {lo}..{added - 1}); "
+            "the store is damaged: run `replaystore verify`"
+        )
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
