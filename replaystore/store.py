@@ -350,6 +350,11 @@ class ReplayStore:
         return self.ring.added
 
     @property
+    def episode_in_progress(self) -> bool:
+        """True when the last step added awaits its move (the next ``add`` must continue from it)."""
+        return self._episode_in_progress()
+
+    @property
     def observation_space(self) -> Any:
         return self.schema.observation.to_space()
 

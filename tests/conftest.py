@@ -1,0 +1,58 @@
+"""Shared helpers: small spaces, deterministic step content, and a byte snapshot of a store dir."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from replaystore import Layout, ReplayStore
+from replaystore.lock import LOCK_NAME
+
+OBS_SHAPE = (3, 4)
+
+
+def frame(position: int, shape: tuple[int, ...] = OBS_SHAPE) -> np.ndarray:
+    """A frame whose bytes identify its step (and differ from every other step's)."""
+    rng = np.random.default_rng(position)
+    out = rng.integers(0, 256, size=shape, dtype=np.uint8)
+    out.flat[0] = position % 251
+    return out
+
+
+def small_spaces(shape: tuple[int, ...] = OBS_SHAPE, n: int = 5) -> tuple[gym.spaces.Box, gym.spaces.Discrete]:
+    return gym.spaces.Box(0, 255, shape, np.uint8), gym.spaces.Discrete(n)
+
+
+def make_store(path: Path, *, capacity: int = 64, frame_stack: int = 2, shard_len: int = 16, chunk_len: int = 4,
+               shape: tuple[int, ...] = OBS_SHAPE) -> ReplayStore:
+    obs_space, act_space = small_spaces(shape)
+    return ReplayStore.create(path, capacity, obs_space, act_space, frame_stack,
+                              layout=Layout(shard_len=shard_len, obs_chunk_len=chunk_len))
+
+
+def snapshot(path: Path) -> dict[str, str]:
+    """Hash of every file under a store (the writer lock excluded): equal snapshots = unchanged store."""
+    return {
+        str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(path.rglob("*"))
+        if p.is_file() and p.name != LOCK_NAME
+    }
+
+
+def fill(store: ReplayStore, steps: int, *, start: int = 0, episode_len: int = 7) -> None:
+    """Add ``steps`` transitions of deterministic content, ending an episode every ``episode_len``."""
+    obs = frame(start)
+    for i in range(start, start + steps):
+        nxt = frame(i + 1 + 100_000)
+        done = (i + 1) % episode_len == 0
+        store.add(obs, i % 5, float(i % 3), nxt, done and i % 2 == 0, done and i % 2 == 1)
+        obs = frame(i + 1) if done else nxt
+
+
+@pytest.fixture
+def store_path(tmp_path: Path) -> Path:
+    return tmp_path / "replay.zarr"

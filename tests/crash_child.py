@@ -1,0 +1,53 @@
+"""Child process for the crash tests: appends deterministic transitions forever, flushing at random.
+
+Usage: python crash_child.py STORE LOG SEED. Every step's content is a function of its position, so
+a killed child's store can be checked, and a new child continues it exactly. After each flush the
+committed ``added`` is appended to LOG (fsynced): the parent checks that much survived.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from conftest import frame  # noqa: E402
+
+from replaystore import Layout, ReplayStore  # noqa: E402
+from replaystore.errors import StoreNotFoundError  # noqa: E402
+
+SHAPE = (8, 8)
+CAPACITY, SHARD, CHUNK, STACK = 256, 32, 4, 3
+
+
+def move(h: int) -> tuple[int, float, bool, bool]:
+    """Action, reward, terminated, truncated of the move made from step ``h``."""
+    end = (h * 2654435761) % 97 < 5
+    return h % 4, float(h % 7) - 3.0, end and h % 2 == 0, end and h % 2 == 1
+
+
+def main(path: str, log: str, seed: int) -> None:
+    import gymnasium as gym
+
+    rng = np.random.default_rng(seed)
+    try:
+        store = ReplayStore.open(path, mode="a")
+    except StoreNotFoundError:
+        store = ReplayStore.create(path, CAPACITY, gym.spaces.Box(0, 255, SHAPE, np.uint8), gym.spaces.Discrete(4),
+                                   STACK, layout=Layout(shard_len=SHARD, obs_chunk_len=CHUNK))
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    while True:
+        h = store.added - 1 if store.episode_in_progress else store.added
+        action, reward, term, trunc = move(h)
+        store.add(frame(h, SHAPE), action, reward, frame(h + 1, SHAPE), term, trunc)
+        if rng.random() < 0.02:
+            store.flush()
+            os.write(fd, f"{store.committed.added}\n".encode())
+            os.fsync(fd)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
