@@ -131,7 +131,7 @@ class ReplayStore:
         self._writer: Writer | None = None
         self.reader = FrameReader(root, schema, layout, cache_bytes=cache_bytes,
                                   live_region=(lambda: self._writer.live_region() if self._writer else None))
-        self.committed = state
+        self._committed = state
         load_scalars(root, schema, layout, self.ring)
         self.ring.rebuild_valid()
         self._head_obs: np.ndarray | None = None
@@ -283,7 +283,6 @@ class ReplayStore:
     def flush(self) -> None:
         """Make everything added so far durable; readers opened afterwards see it."""
         self._require_writer("flush").flush()
-        self.committed = self._writer.committed  # type: ignore[union-attr]
 
     def close(self) -> None:
         """Flush (when writing), release the writer lock and free file handles. Idempotent."""
@@ -335,6 +334,11 @@ class ReplayStore:
         rng = rng if rng is not None else np.random.default_rng()
         positions = _sampler.sample_uniform(self.ring, int(batch_size), rng, n_step=int(n_step))
         return assemble(self.ring, self.reader, positions, n_step=int(n_step), gamma=float(gamma))
+
+    @property
+    def committed(self) -> State:
+        """The state last committed to disk (what a reader opened now would see)."""
+        return self._writer.committed if self._writer is not None else self._committed
 
     @property
     def capacity(self) -> int:
