@@ -57,7 +57,6 @@ class Writer:
         self.group_doc = group_doc
         self.committed = committed
         self.codec = numcodecs_codec(layout.codec)
-        self.episode_in_progress = committed.episode_in_progress
         self.episodes = committed.episodes
         obs = schema.observation
         self.buffer = np.zeros((layout.shard_len, *obs.shape), dtype=obs.dtype)
@@ -104,8 +103,10 @@ class Writer:
     # Commit
 
     def state(self) -> State:
-        return State(added=self.ring.added, oldest=self.ring.lo, episode_in_progress=self.episode_in_progress,
-                     episodes=self.episodes, updated=_now())
+        ring = self.ring
+        in_progress = ring.added > 0 and not bool(ring.is_last[(ring.added - 1) % ring.capacity])
+        return State(added=ring.added, oldest=ring.lo, episode_in_progress=in_progress, episodes=self.episodes,
+                     updated=_now())
 
     def flush(self) -> None:
         """Make everything added so far durable, then commit it."""

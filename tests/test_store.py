@@ -132,7 +132,8 @@ def test_reopen_to_append_continues_the_episode(store_path: Path) -> None:
     fill(store, 10, episode_len=100)
     store.close()
     again = ReplayStore.open(store_path, mode="a")
-    assert again.episode_in_progress
+    assert again.episode_in_progress and again.committed.episode_in_progress
+    assert again.committed.episodes == 1
     head = frame(10 + 100_000)  # the last next_obs fill() gave
     with pytest.raises(ValueError, match="does not continue"):
         again.add(frame(5), 0, 0.0, frame(6), False, False)

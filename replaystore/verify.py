@@ -1,0 +1,133 @@
+"""``replaystore verify``: read every chunk of every array, check its crc32c and that it decodes,
+and check the metadata against the data (array shapes, the ep_step sequence, live shards present).
+
+Each problem names the array, shard and chunk, the slots it covers and the live steps (positions)
+those slots hold, so a user knows which transitions are affected.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from replaystore.errors import ChunkChecksumError, ReplayStoreError
+from replaystore.schema import SCALAR_FIELDS, from_attrs
+from replaystore.shards import CRC_BYTES, EMPTY, INDEX_ENTRY_BYTES, check_chunk, decode_chunk, numcodecs_codec, parse_index, shard_key
+
+
+@dataclass
+class Problem:
+    """One damaged chunk (or shard, or piece of metadata)."""
+
+    array: str
+    shard: int | None
+    chunk: int | None
+    slots: tuple[int, int] | None  # first, last slot covered
+    live_steps: tuple[int, int] | None  # first, last live position in those slots
+    message: str
+
+
+@dataclass
+class Report:
+    chunks_checked: int = 0
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def verify_store(path: str | Path, *, progress: Callable[[int, int], None] | None = None) -> Report:
+    """Check every chunk of the store at ``path``; ``progress(done, total)`` is called per shard."""
+    from replaystore.store import _check_arrays, _read_group_doc
+
+    root = Path(path)
+    report = Report()
+    doc = _read_group_doc(root)
+    schema, layout, state = from_attrs(doc.get("attributes"), path=str(root))
+    try:
+        _check_arrays(root, schema, layout)
+    except ReplayStoreError as exc:
+        report.problems.append(Problem("metadata", None, None, None, None, str(exc)))
+        return report
+    capacity = schema.capacity
+    lo, added = state.live_start(capacity), state.added
+    codec = numcodecs_codec(layout.codec)
+    n_shards = -(-capacity // layout.shard_len)
+    arrays = {"obs": (schema.observation.shape, schema.observation.dtype, layout.obs_chunk_len)}
+    arrays.update({name: ((), dtype, layout.shard_len) for name, dtype in SCALAR_FIELDS.items()})
+    total, done = n_shards * len(arrays), 0
+    ep_step = np.zeros(capacity, dtype=np.int64)
+
+    def live_range(first_slot: int, last_slot: int) -> tuple[int, int] | None:
+        positions = np.arange(lo, added, dtype=np.int64)
+        slots = positions % capacity
+        hit = positions[(slots >= first_slot) & (slots <= last_slot)]
+        return (int(hit.min()), int(hit.max())) if hit.size else None
+
+    for name, (shape, dtype, chunk_len) in arrays.items():
+        per_shard = layout.shard_len // chunk_len
+        out = np.empty((chunk_len, *shape), dtype=dtype)
+        for shard in range(n_shards):
+            done += 1
+            if progress is not None:
+                progress(done, total)
+            first = shard * layout.shard_len
+            rows = min(layout.shard_len, capacity - first)
+            slot_range = (first, first + rows - 1)
+            path_ = root / shard_key(name, shard, len(shape))
+            if not path_.exists():
+                live = live_range(*slot_range)
+                if live is not None:
+                    report.problems.append(Problem(name, shard, None, slot_range, live,
+                                                   f"shard {shard} of '{name}' is missing but holds live steps {live[0]}..{live[1]}"))
+                continue
+            raw = memoryview(path_.read_bytes())
+            tail = per_shard * INDEX_ENTRY_BYTES + CRC_BYTES
+            try:
+                index = parse_index(raw[max(0, len(raw) - tail):], per_shard, name=name, shard=shard)
+            except ChunkChecksumError as exc:
+                report.problems.append(Problem(name, shard, None, slot_range, live_range(*slot_range), str(exc)))
+                continue
+            for c in range(per_shard):
+                c_first = first + c * chunk_len
+                if c_first >= capacity:
+                    break
+                c_range = (c_first, min(c_first + chunk_len, capacity) - 1)
+                off, nbytes = index[c]
+                report.chunks_checked += 1
+                try:
+                    if off == EMPTY:
+                        out[...] = 0
+                    elif int(off) + int(nbytes) > len(raw) - tail:
+                        raise ChunkChecksumError(f"chunk {c} of shard {shard} of '{name}' points past its shard's data",
+                                                 array=name, shard=shard, chunk=c)
+                    else:
+                        payload = check_chunk(raw[int(off) : int(off) + int(nbytes)], name=name, shard=shard, chunk=c,
+                                              first_step=c_first, steps=chunk_len)
+                        decode_chunk(payload, codec, out, name=name, shard=shard, chunk=c)
+                except ChunkChecksumError as exc:
+                    report.problems.append(Problem(name, shard, c, c_range, live_range(*c_range), str(exc)))
+                    continue
+                if name == "ep_step":
+                    ep_step[c_first : c_range[1] + 1] = out[: c_range[1] + 1 - c_first]
+    _check_ep_steps(report, ep_step, lo, added, capacity)
+    return report
+
+
+def _check_ep_steps(report: Report, ep_step: np.ndarray, lo: int, added: int, capacity: int) -> None:
+    if any(p.array == "ep_step" for p in report.problems):
+        return
+    positions = np.arange(lo, added, dtype=np.int64)
+    ep = ep_step[positions % capacity]
+    bad = np.flatnonzero((ep[1:] != 0) & (ep[1:] != ep[:-1] + 1))
+    if ep.size and ep.min() < 0:
+        bad = np.append(bad, 0)
+    if bad.size:
+        p = int(positions[bad[0] + 1]) if bad[0] + 1 < positions.size else int(positions[0])
+        report.problems.append(Problem("ep_step", None, None, None, (p, p), json.dumps(
+            f"ep_step breaks its sequence at step {p}: the episode structure disagrees with the committed state")))

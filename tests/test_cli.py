@@ -1,0 +1,86 @@
+"""``replaystore inspect`` and ``verify``: summaries, JSON, damaged chunks named, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from replaystore import ChunkChecksumError, ReplayStore
+from replaystore.cli import main
+from replaystore.shards import CRC_BYTES, INDEX_ENTRY_BYTES
+
+from conftest import fill, make_store
+
+
+@pytest.fixture
+def filled(store_path: Path) -> Path:
+    store = make_store(store_path, capacity=64, shard_len=16, chunk_len=4)
+    fill(store, 100, episode_len=9)  # wraps; ends with an episode in progress
+    store.close()
+    return store_path
+
+
+def test_inspect_json(filled: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["inspect", str(filled), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    store = ReplayStore.open(filled)
+    assert info["transitions"] == len(store) and info["format_version"] == 1
+    assert info["schema"]["capacity"] == 64 and info["layout"]["obs_chunk_len"] == 4
+    assert info["state"]["added"] == store.added and info["state"]["episode_in_progress"] is True
+    ep = info["episodes"]
+    assert ep["complete"] >= 4 and ep["length_min"] == ep["length_max"] == 9  # fill() ends one every 9 moves
+    assert info["bytes_on_disk"] > 0 and info["obs_compression_ratio"] > 0
+
+
+def test_inspect_text(filled: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["inspect", str(filled)]) == 0
+    out = capsys.readouterr().out
+    assert "format version 1" in out and "sampleable transitions" in out and "zstd-3 + crc32c" in out
+
+
+def test_verify_clean(filled: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["verify", str(filled), "--quiet"]) == 0
+    assert "OK" in capsys.readouterr().out
+
+
+def _flip_byte_in_chunk(path: Path, shard: int, chunk: int, chunks_per_shard: int) -> None:
+    f = path / "obs" / "c" / str(shard) / "0" / "0"
+    raw = bytearray(f.read_bytes())
+    index = np.frombuffer(bytes(raw[-(chunks_per_shard * INDEX_ENTRY_BYTES + CRC_BYTES):-CRC_BYTES]), "<u8").reshape(-1, 2)
+    off, nbytes = index[chunk]
+    raw[int(off) + int(nbytes) // 2] ^= 0xFF
+    f.write_bytes(bytes(raw))
+
+
+def test_corruption_is_named_by_verify_and_sample(filled: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _flip_byte_in_chunk(filled, shard=1, chunk=2, chunks_per_shard=4)
+    assert main(["verify", str(filled), "--quiet"]) == 2
+    out = capsys.readouterr().out
+    assert "DAMAGED obs shard 1 chunk 2 slots 24..27" in out and "1 problem(s)" in out
+    store = ReplayStore.open(filled)
+    with pytest.raises(ChunkChecksumError, match="chunk 2 of shard 1 of 'obs'"):
+        for seed in range(200):
+            store.sample(16, rng=np.random.default_rng(seed))
+
+
+def test_errors_are_one_line(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "replaystore.cli", "inspect", str(tmp_path / "missing.zarr")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1
+
+
+def test_help_and_no_tensorflow() -> None:
+    proc = subprocess.run([sys.executable, "-c", "import sys; from replaystore.cli import main; "
+                           "import replaystore.inspect, replaystore.verify; print('tensorflow' in sys.modules)"],
+                          capture_output=True, text=True)
+    assert proc.stdout.strip() == "False"
+    for argv in (["--help"], ["inspect", "--help"], ["verify", "--help"]):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 0
