@@ -40,13 +40,11 @@ from replaystore import sampler as _sampler
 from replaystore.assemble import Batch, assemble
 from replaystore.errors import (
     ConfigError,
-    CorruptStoreError,
     InvalidTransitionError,
     ReadOnlyError,
     SampleError,
     StoreClosedError,
     StoreExistsError,
-    StoreNotFoundError,
 )
 from replaystore.lock import LOCK_NAME, WriterLock
 from replaystore.reader import FrameReader
@@ -64,7 +62,17 @@ from replaystore.schema import (
     from_attrs,
     to_attrs,
 )
-from replaystore.shards import create_array_metadata, remove_partials, validate_codec
+from replaystore.shards import create_array_metadata, remove_partials
+from replaystore.validate import (
+    check_action,
+    check_arrays,
+    check_flag,
+    check_obs,
+    check_reward,
+    is_store_dir,
+    read_group_doc,
+    validate_layout,
+)
 from replaystore.writer import Writer, load_scalars, write_group_json
 
 log = logging.getLogger(__name__)
@@ -88,28 +96,6 @@ def default_layout(frame_bytes: int) -> Layout:
     return Layout(shard_len=shard_len, obs_chunk_len=chunk_len, codec=CodecSpec())
 
 
-def _is_store_dir(path: Path) -> bool:
-    try:
-        doc = json.loads((path / "zarr.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(doc, dict) and doc.get("node_type") == "group"
-
-
-def _read_group_doc(path: Path) -> dict[str, Any]:
-    if not path.exists():
-        raise StoreNotFoundError(f"{path} does not exist; create a store with ReplayStore.create({str(path)!r}, ...)")
-    if not (path / "zarr.json").is_file():
-        raise StoreNotFoundError(f"{path} is not a replay store (no zarr.json); check the path or create one with ReplayStore.create")
-    try:
-        doc = json.loads((path / "zarr.json").read_bytes())
-    except (OSError, ValueError) as exc:
-        raise CorruptStoreError(f"{path}/zarr.json is not valid JSON ({exc}); the store's metadata is damaged") from exc
-    if not isinstance(doc, dict) or doc.get("zarr_format") != 3 or doc.get("node_type") != "group":
-        raise CorruptStoreError(f"{path}/zarr.json is not a zarr v3 group; this is not a replay store")
-    return doc
-
-
 class ReplayStore:
     """A disk-backed replay buffer of steps in a zarr v3 group.
 
@@ -124,7 +110,6 @@ class ReplayStore:
         self.mode = "a" if writable else "r"
         self._lock = lock
         self._closed = False
-        self._obs_dtype = np.dtype(schema.observation.dtype)
         self.ring = Ring(schema.capacity, schema.frame_stack, layout.shard_len)
         self.ring.added = state.added
         self.ring.oldest = state.oldest
@@ -160,7 +145,7 @@ class ReplayStore:
         if isinstance(frame_stack, bool) or not isinstance(frame_stack, numbers.Integral) or not 1 <= frame_stack <= 1024:
             raise ConfigError(f"frame_stack is {frame_stack!r}; it must be an int between 1 and 1024 (4 for Atari)")
         layout = layout or default_layout(box.frame_bytes)
-        _validate_layout(layout, int(capacity))
+        validate_layout(layout, int(capacity))
         schema = Schema(box, discrete, int(capacity), int(frame_stack))
 
         lock: WriterLock | None = None
@@ -169,7 +154,7 @@ class ReplayStore:
                 raise StoreExistsError(f"{root} exists and is a file; choose another path for the store")
             entries = [p for p in root.iterdir() if p.name != LOCK_NAME]
             if entries:
-                if not _is_store_dir(root):
+                if not is_store_dir(root):
                     raise StoreExistsError(
                         f"{root} holds files that are not a replay store; choose an empty or new path"
                     )
@@ -217,15 +202,15 @@ class ReplayStore:
         if mode not in ("r", "a"):
             raise ConfigError(f"mode is {mode!r}; use 'r' to read or 'a' to append")
         root = Path(path)
-        doc = _read_group_doc(root)
+        doc = read_group_doc(root)
         schema, layout, state = from_attrs(doc.get("attributes"), path=str(root))
-        _check_arrays(root, schema, layout)
+        check_arrays(root, schema, layout)
         lock = None
         if mode == "a":
             lock = WriterLock(root)
             lock.acquire()
             try:
-                doc = _read_group_doc(root)  # re-read under the lock: the last writer may just have committed
+                doc = read_group_doc(root)  # re-read under the lock: the last writer may just have committed
                 schema, layout, state = from_attrs(doc.get("attributes"), path=str(root))
                 removed = remove_partials(root)
                 if removed:
@@ -236,7 +221,7 @@ class ReplayStore:
                 raise
         for _ in range(10):
             store = cls(root, schema, layout, state, doc, writable=False, cache_bytes=cache_bytes, lock=None)
-            doc = _read_group_doc(root)
+            doc = read_group_doc(root)
             _, _, again = from_attrs(doc.get("attributes"), path=str(root))
             if (again.added, again.oldest) == (state.added, state.oldest):
                 return store
@@ -254,12 +239,12 @@ class ReplayStore:
         Each observation is stored once. Nothing is changed if any argument is rejected.
         """
         writer = self._require_writer("add")
-        obs_a = self._check_obs(obs, "obs")
-        next_a = self._check_obs(next_obs, "next_obs")
-        act = self._check_action(action)
-        rew = self._check_reward(reward)
-        term = self._check_flag(terminated, "terminated")
-        trunc = self._check_flag(truncated, "truncated")
+        obs_a = check_obs(self.schema, self.path, obs, "obs")
+        next_a = check_obs(self.schema, self.path, next_obs, "next_obs")
+        act = check_action(self.schema, self.path, action)
+        rew = check_reward(reward)
+        term = check_flag(terminated, "terminated")
+        trunc = check_flag(truncated, "truncated")
         in_progress = self._episode_in_progress()
         if in_progress and not np.array_equal(obs_a, self._head_obs, equal_nan=obs_a.dtype.kind == "f"):
             raise InvalidTransitionError(
@@ -385,85 +370,3 @@ class ReplayStore:
         if self._writer is None:
             raise ReadOnlyError(f"cannot {what}: {self.path} is open read-only; open it with mode='a' to append")
         return self._writer
-
-    def _check_obs(self, value: Any, name: str) -> np.ndarray:
-        arr = np.asarray(value)
-        spec = self.schema.observation
-        if arr.shape != spec.shape:
-            raise InvalidTransitionError(
-                f"{name} has shape {arr.shape}, but {self.path} stores observations of shape {spec.shape}; "
-                "preprocess the env the same way (e.g. AtariPreprocessing) or create a new store"
-            )
-        if arr.dtype != self._obs_dtype:
-            if not np.can_cast(arr.dtype, self._obs_dtype, casting="safe"):
-                raise InvalidTransitionError(
-                    f"{name} has dtype {arr.dtype}, but {self.path} stores {spec.dtype} observations; "
-                    f"convert it with .astype({spec.dtype!r}) or create a store for {arr.dtype}"
-                )
-            arr = arr.astype(self._obs_dtype)
-        return arr
-
-    def _check_action(self, action: Any) -> int:
-        spec = self.schema.action
-        a = np.asarray(action)
-        if a.shape != () or a.dtype.kind not in "iub":
-            raise InvalidTransitionError(
-                f"action is {action!r}, but {self.path} stores Discrete({spec.n}) actions: pass one int"
-            )
-        value = int(a)
-        if not spec.start <= value < spec.start + spec.n:
-            raise InvalidTransitionError(
-                f"action is {value}, outside the action space [{spec.start}, {spec.start + spec.n - 1}] of {self.path}"
-            )
-        return value
-
-    def _check_reward(self, reward: Any) -> float:
-        r = np.asarray(reward)
-        if r.shape != () or r.dtype.kind not in "biuf":
-            raise InvalidTransitionError(f"reward is {reward!r}; it must be one real number")
-        value = float(r)
-        if not math.isfinite(value):
-            raise InvalidTransitionError(f"reward is {value}; rewards must be finite (check the env or clip the reward)")
-        return value
-
-    def _check_flag(self, flag: Any, name: str) -> bool:
-        f = np.asarray(flag)
-        if f.shape != () or f.dtype.kind not in "biu" or int(f) not in (0, 1):
-            raise InvalidTransitionError(f"{name} is {flag!r}; it must be a bool")
-        return bool(f)
-
-
-def _validate_layout(layout: Layout, capacity: int) -> None:
-    validate_codec(layout.codec)
-    if layout.obs_chunk_len < 1 or layout.shard_len < 1 or layout.shard_len % layout.obs_chunk_len:
-        raise ConfigError(
-            f"layout has shard_len {layout.shard_len} and obs_chunk_len {layout.obs_chunk_len}; "
-            "both must be positive and shard_len a multiple of obs_chunk_len"
-        )
-    if capacity < layout.shard_len:
-        raise ConfigError(
-            f"capacity {capacity} is smaller than one shard ({layout.shard_len} steps); "
-            f"use capacity >= {layout.shard_len} or pass layout=Layout(shard_len=...) with a smaller shard"
-        )
-
-
-def _check_arrays(root: Path, schema: Schema, layout: Layout) -> None:
-    """The arrays' own zarr.json must describe the layout the group attributes claim."""
-    expected = {"obs": (schema.observation.shape, schema.observation.dtype, layout.obs_chunk_len)}
-    expected.update({name: ((), dtype, layout.shard_len) for name, dtype in SCALAR_FIELDS.items()})
-    for name, (shape, dtype, chunk_len) in expected.items():
-        path = root / name / "zarr.json"
-        try:
-            meta = json.loads(path.read_bytes())
-            got_shape = tuple(meta["shape"])
-            got_dtype = meta["data_type"]
-            shard = meta["chunk_grid"]["configuration"]["chunk_shape"]
-            inner = meta["codecs"][0]["configuration"]["chunk_shape"]
-        except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
-            raise CorruptStoreError(f"{path} is missing or damaged ({exc!r}); the store's metadata is damaged") from exc
-        if got_shape != (schema.capacity, *shape) or got_dtype != dtype or shard[0] != layout.shard_len or inner[0] != chunk_len:
-            raise CorruptStoreError(
-                f"{path} describes shape {got_shape}, dtype {got_dtype}, shards {shard}, chunks {inner}, which does not "
-                f"match the store's schema (capacity {schema.capacity}, {dtype}, shard_len {layout.shard_len}); "
-                "the store's metadata is damaged"
-            )

@@ -16,7 +16,17 @@ import numpy as np
 
 from replaystore.errors import ChunkChecksumError, ReplayStoreError
 from replaystore.schema import SCALAR_FIELDS, from_attrs
-from replaystore.shards import CRC_BYTES, EMPTY, INDEX_ENTRY_BYTES, check_chunk, decode_chunk, numcodecs_codec, parse_index, shard_key
+from replaystore.shards import (
+    CRC_BYTES,
+    EMPTY,
+    INDEX_ENTRY_BYTES,
+    check_chunk,
+    decode_chunk,
+    numcodecs_codec,
+    parse_index,
+    shard_key,
+)
+from replaystore.validate import check_arrays, read_group_doc
 
 
 @dataclass
@@ -43,14 +53,12 @@ class Report:
 
 def verify_store(path: str | Path, *, progress: Callable[[int, int], None] | None = None) -> Report:
     """Check every chunk of the store at ``path``; ``progress(done, total)`` is called per shard."""
-    from replaystore.store import _check_arrays, _read_group_doc
-
     root = Path(path)
     report = Report()
-    doc = _read_group_doc(root)
+    doc = read_group_doc(root)
     schema, layout, state = from_attrs(doc.get("attributes"), path=str(root))
     try:
-        _check_arrays(root, schema, layout)
+        check_arrays(root, schema, layout)
     except ReplayStoreError as exc:
         report.problems.append(Problem("metadata", None, None, None, None, str(exc)))
         return report

@@ -33,7 +33,14 @@ from replaystore.errors import CorruptStoreError
 from replaystore.reader import FrameReader
 from replaystore.ring import Ring
 from replaystore.schema import ATTR_KEY, Layout, Schema, State, to_attrs
-from replaystore.shards import atomic_write, decode_shard, encode_shard, fsync_dir, numcodecs_codec, shard_key
+from replaystore.shards import (
+    atomic_write,
+    decode_shard,
+    encode_shard,
+    fsync_dir,
+    numcodecs_codec,
+    shard_key,
+)
 
 log = logging.getLogger(__name__)
 

@@ -9,12 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import fill, make_store
 
 from replaystore import ChunkChecksumError, ReplayStore
 from replaystore.cli import main
 from replaystore.shards import CRC_BYTES, INDEX_ENTRY_BYTES
-
-from conftest import fill, make_store
 
 
 @pytest.fixture

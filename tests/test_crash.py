@@ -16,11 +16,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from replaystore import ReplayStore
-
 from conftest import frame
 from crash_child import SHAPE, move
+
+from replaystore import ReplayStore
 
 CHILD = Path(__file__).parent / "crash_child.py"
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
+from conftest import OBS_SHAPE, fill, frame, make_store, snapshot
 
 from replaystore import (
     ConfigError,
@@ -24,8 +25,6 @@ from replaystore import (
     StoreExistsError,
     StoreNotFoundError,
 )
-
-from conftest import OBS_SHAPE, fill, frame, make_store, snapshot
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ from pathlib import Path
 import ale_py
 import gymnasium as gym
 import numpy as np
-import pytest
 
 from replaystore import Layout, ReplayStore
 

@@ -13,13 +13,18 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from conftest import frame, small_spaces
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 
 from replaystore import Layout, ReplayStore
-
-from conftest import frame, small_spaces
 
 SHAPE = (2, 3)
 

@@ -14,10 +14,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import zarr
+from conftest import OBS_SHAPE, fill, frame, make_store
 
 from replaystore import FORMAT_VERSION, Layout, ReplayStore, StoreLockedError
-
-from conftest import OBS_SHAPE, fill, frame, make_store
 
 
 def test_plain_zarr_reads_every_field(store_path: Path) -> None:

@@ -1,0 +1,128 @@
+"""Checks made before anything is changed: user input to ``add``/``create`` and metadata read from disk.
+
+Every check raises a ``ReplayStoreError`` subclass whose message names the value, the limit and the
+fix; none of them touches the store, so a rejected call leaves it exactly as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from replaystore.errors import (
+    ConfigError,
+    CorruptStoreError,
+    InvalidTransitionError,
+    StoreNotFoundError,
+)
+from replaystore.schema import SCALAR_FIELDS, Layout, Schema
+from replaystore.shards import validate_codec
+
+
+def is_store_dir(path: Path) -> bool:
+    try:
+        doc = json.loads((path / "zarr.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and doc.get("node_type") == "group"
+
+
+def read_group_doc(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        raise StoreNotFoundError(f"{path} does not exist; create a store with ReplayStore.create({str(path)!r}, ...)")
+    if not (path / "zarr.json").is_file():
+        raise StoreNotFoundError(f"{path} is not a replay store (no zarr.json); check the path or create one with ReplayStore.create")
+    try:
+        doc = json.loads((path / "zarr.json").read_bytes())
+    except (OSError, ValueError) as exc:
+        raise CorruptStoreError(f"{path}/zarr.json is not valid JSON ({exc}); the store's metadata is damaged") from exc
+    if not isinstance(doc, dict) or doc.get("zarr_format") != 3 or doc.get("node_type") != "group":
+        raise CorruptStoreError(f"{path}/zarr.json is not a zarr v3 group; this is not a replay store")
+    return doc
+
+
+def check_obs(schema: Schema, path: Path, value: Any, name: str) -> np.ndarray:
+    arr = np.asarray(value)
+    spec = schema.observation
+    if arr.shape != spec.shape:
+        raise InvalidTransitionError(
+            f"{name} has shape {arr.shape}, but {path} stores observations of shape {spec.shape}; "
+            "preprocess the env the same way (e.g. AtariPreprocessing) or create a new store"
+        )
+    if arr.dtype != np.dtype(spec.dtype):
+        if not np.can_cast(arr.dtype, np.dtype(spec.dtype), casting="safe"):
+            raise InvalidTransitionError(
+                f"{name} has dtype {arr.dtype}, but {path} stores {spec.dtype} observations; "
+                f"convert it with .astype({spec.dtype!r}) or create a store for {arr.dtype}"
+            )
+        arr = arr.astype(np.dtype(spec.dtype))
+    return arr
+
+def check_action(schema: Schema, path: Path, action: Any) -> int:
+    spec = schema.action
+    a = np.asarray(action)
+    if a.shape != () or a.dtype.kind not in "iub":
+        raise InvalidTransitionError(
+            f"action is {action!r}, but {path} stores Discrete({spec.n}) actions: pass one int"
+        )
+    value = int(a)
+    if not spec.start <= value < spec.start + spec.n:
+        raise InvalidTransitionError(
+            f"action is {value}, outside the action space [{spec.start}, {spec.start + spec.n - 1}] of {path}"
+        )
+    return value
+
+def check_reward(reward: Any) -> float:
+    r = np.asarray(reward)
+    if r.shape != () or r.dtype.kind not in "biuf":
+        raise InvalidTransitionError(f"reward is {reward!r}; it must be one real number")
+    value = float(r)
+    if not math.isfinite(value):
+        raise InvalidTransitionError(f"reward is {value}; rewards must be finite (check the env or clip the reward)")
+    return value
+
+def check_flag(flag: Any, name: str) -> bool:
+    f = np.asarray(flag)
+    if f.shape != () or f.dtype.kind not in "biu" or int(f) not in (0, 1):
+        raise InvalidTransitionError(f"{name} is {flag!r}; it must be a bool")
+    return bool(f)
+
+
+def validate_layout(layout: Layout, capacity: int) -> None:
+    validate_codec(layout.codec)
+    if layout.obs_chunk_len < 1 or layout.shard_len < 1 or layout.shard_len % layout.obs_chunk_len:
+        raise ConfigError(
+            f"layout has shard_len {layout.shard_len} and obs_chunk_len {layout.obs_chunk_len}; "
+            "both must be positive and shard_len a multiple of obs_chunk_len"
+        )
+    if capacity < layout.shard_len:
+        raise ConfigError(
+            f"capacity {capacity} is smaller than one shard ({layout.shard_len} steps); "
+            f"use capacity >= {layout.shard_len} or pass layout=Layout(shard_len=...) with a smaller shard"
+        )
+
+
+def check_arrays(root: Path, schema: Schema, layout: Layout) -> None:
+    """The arrays' own zarr.json must describe the layout the group attributes claim."""
+    expected = {"obs": (schema.observation.shape, schema.observation.dtype, layout.obs_chunk_len)}
+    expected.update({name: ((), dtype, layout.shard_len) for name, dtype in SCALAR_FIELDS.items()})
+    for name, (shape, dtype, chunk_len) in expected.items():
+        path = root / name / "zarr.json"
+        try:
+            meta = json.loads(path.read_bytes())
+            got_shape = tuple(meta["shape"])
+            got_dtype = meta["data_type"]
+            shard = meta["chunk_grid"]["configuration"]["chunk_shape"]
+            inner = meta["codecs"][0]["configuration"]["chunk_shape"]
+        except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
+            raise CorruptStoreError(f"{path} is missing or damaged ({exc!r}); the store's metadata is damaged") from exc
+        if got_shape != (schema.capacity, *shape) or got_dtype != dtype or shard[0] != layout.shard_len or inner[0] != chunk_len:
+            raise CorruptStoreError(
+                f"{path} describes shape {got_shape}, dtype {got_dtype}, shards {shard}, chunks {inner}, which does not "
+                f"match the store's schema (capacity {schema.capacity}, {dtype}, shard_len {layout.shard_len}); "
+                "the store's metadata is damaged"
+            )
