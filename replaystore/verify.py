@@ -7,7 +7,6 @@ those slots hold, so a user knows which transitions are affected.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -137,5 +136,5 @@ def _check_ep_steps(report: Report, ep_step: np.ndarray, lo: int, added: int, ca
         bad = np.append(bad, 0)
     if bad.size:
         p = int(positions[bad[0] + 1]) if bad[0] + 1 < positions.size else int(positions[0])
-        report.problems.append(Problem("ep_step", None, None, None, (p, p), json.dumps(
-            f"ep_step breaks its sequence at step {p}: the episode structure disagrees with the committed state")))
+        report.problems.append(Problem("ep_step", None, None, None, (p, p),
+            f"ep_step breaks its sequence at step {p}: the episode structure disagrees with the committed state"))
