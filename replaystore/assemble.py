@@ -6,16 +6,17 @@ at the start of an episode by repeating its first frame: what gymnasium's
 the stack at the step ``m`` moves later (``m = n_step``, or fewer if the episode ended first).
 ``reward`` is ``sum_j gamma**j * r[t+j]`` over those moves and ``discount`` is ``gamma**m``, or 0 when
 the last move terminated (a truncation bootstraps from the stored last observation).
-Every frame a batch needs is fetched once, through one ``FrameReader.gather`` call.
+Every frame a batch needs is fetched once, through one ``FrameReader`` plan. ``prepare`` reads the
+ring (call it under the store's lock); ``Pending.finish`` decodes the frames (no lock needed).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from replaystore.reader import FrameReader
+from replaystore.reader import FrameReader, Plan
 from replaystore.ring import Ring
 from replaystore.sampler import n_step_span
 
@@ -42,9 +43,29 @@ class Batch:
         return int(self.index.shape[0])
 
 
+@dataclass(frozen=True)
+class Pending:
+    """A batch whose scalars are read and whose frames are planned but not yet decoded."""
+
+    batch: Batch  # obs/next_obs are empty placeholders
+    plan: Plan
+    frame_stack: int
+
+    def finish(self, reader: FrameReader) -> Batch:
+        frames = reader.finish(self.plan)
+        k = self.frame_stack
+        return replace(self.batch, obs=frames[:, :k], next_obs=frames[:, k:])
+
+
 def assemble(ring: Ring, reader: FrameReader, positions: np.ndarray, *, n_step: int = 1, gamma: float = 0.99,
              weight: np.ndarray | None = None) -> Batch:
-    """Build the batch for sampleable ``positions`` (as drawn by the sampler)."""
+    """Build the batch for sampleable ``positions`` (as drawn by the sampler), in one go."""
+    return prepare(ring, reader, positions, n_step=n_step, gamma=gamma, weight=weight).finish(reader)
+
+
+def prepare(ring: Ring, reader: FrameReader, positions: np.ndarray, *, n_step: int = 1, gamma: float = 0.99,
+            weight: np.ndarray | None = None) -> Pending:
+    """Read everything a batch needs from the ring and plan its frame reads."""
     positions = np.asarray(positions, dtype=np.int64)
     cap = ring.capacity
     slots = positions % cap
@@ -66,16 +87,16 @@ def assemble(ring: Ring, reader: FrameReader, positions: np.ndarray, *, n_step: 
     discount = np.where(terminated, np.float32(0.0), np.float32(gamma) ** m.astype(np.float32)).astype(np.float32)
 
     both = np.concatenate([ring.stack_positions(positions), ring.stack_positions(next_positions)], axis=1)
-    frames = reader.gather(both)
-    k = ring.frame_stack
-    return Batch(
-        obs=frames[:, :k],
+    empty = np.empty((0,), dtype=reader.dtype)
+    batch = Batch(
+        obs=empty,
         action=ring.action[slots].astype(np.int64),
         reward=reward,
-        next_obs=frames[:, k:],
+        next_obs=empty,
         terminated=terminated,
         truncated=truncated,
         discount=discount,
         index=slots,
         weight=np.ones(positions.size, dtype=np.float32) if weight is None else weight.astype(np.float32),
     )
+    return Pending(batch, reader.plan(both), ring.frame_stack)

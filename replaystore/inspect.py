@@ -112,8 +112,8 @@ def format_summary(info: dict[str, Any]) -> list[str]:
         f"observations      Box{tuple(obs['shape'])} {obs['dtype']} [{obs['low']}, {obs['high']}], frame_stack {s['frame_stack']}",
         f"actions           Discrete({s['action_space']['n']}, start={s['action_space']['start']})",
         f"capacity          {s['capacity']:,} steps; {info['live_steps']:,} live; {info['transitions']:,} sampleable transitions",
-        f"committed state   added={st['added']:,} oldest={st['oldest']:,} episodes_started={st['episodes']:,} "
-        f"episode_in_progress={st['episode_in_progress']}",
+        (f"committed state   added={st['added']:,} oldest={st['oldest']:,} episodes_started={st['episodes']:,} "
+        f"episode_in_progress={st['episode_in_progress']}"),
         f"episodes (live)   {ep['complete']:,} complete, {ep['partial']:,} partial",
     ]
     if "return_mean" in ep:
@@ -127,8 +127,8 @@ def format_summary(info: dict[str, Any]) -> list[str]:
         )
     ratio = info["obs_compression_ratio"]
     lines += [
-        f"layout            shards of {lay['shard_len']} steps ({lay['shards_per_array']} per array), frame chunks of "
-        f"{lay['obs_chunk_len']}, {codec_name} + {lay['checksum']}",
+        (f"layout            shards of {lay['shard_len']} steps ({lay['shards_per_array']} per array), frame chunks of "
+        f"{lay['obs_chunk_len']}, {codec_name} + {lay['checksum']}"),
         f"on disk           {info['bytes_on_disk'] / 1e6:,.2f} MB"
         + (f"; frames compressed {ratio:.1f}x" if ratio else ""),
         f"last write        {info['last_write'] or 'never'}",

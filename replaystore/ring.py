@@ -10,8 +10,8 @@ index within its episode, which is all frame stacking needs: offset ``m`` of the
 Step ``t`` is a sampleable (1-step) transition when it is live, not last, its successor ``t+1`` is
 stored, and its stack does not reach below the oldest live step. That set is kept as a per-slot
 bitmap ``valid`` with a count, updated at O(frame_stack) cost per step, so ``len()`` is O(1) and
-uniform sampling is one vectorised draw plus a gather. The scalars are small (22 bytes a step), so
-the whole ring of them lives in RAM (22 MB per million steps) and is written to disk as shards.
+uniform sampling is one vectorised draw plus a gather. The scalars are small (26 bytes a step), so
+the whole ring of them lives in RAM (26 MB per million steps) and is written to disk as shards.
 """
 
 from __future__ import annotations
@@ -39,11 +39,13 @@ class Ring:
         self.truncated = self.fields["truncated"]
         self.is_last = self.fields["is_last"]
         self.ep_step = self.fields["ep_step"]
+        self.priority = self.fields["priority"]
         self.valid = np.zeros(capacity, dtype=bool)
         self.n_valid = 0
         self.added = 0
         self.oldest = 0
-        self.dirty_shards: set[int] = set()
+        self.dirty_shards: set[int] = set()  # shards whose scalars changed: every field is rewritten
+        self.dirty_priority_shards: set[int] = set()  # shards where only priorities changed
 
     # ---------------------------------------------------------------------------------------------
     # Live range
@@ -73,6 +75,7 @@ class Ring:
         self.terminated[s] = False
         self.truncated[s] = False
         self.is_last[s] = is_last
+        self.priority[s] = 0.0
         self.ep_step[s] = ep_step
         self.valid[s] = False
         self.added = position + 1

@@ -6,12 +6,18 @@ sampleable (and, for n-step, whose n-th successor is stored), repeat for the few
 Every accepted draw is uniform over the accepted set, so the result is exactly uniform; the fraction
 rejected is small (episode ends, the head, stacks reaching past the oldest step). When it is not
 (tiny stores), the sampleable positions are enumerated and drawn from directly.
+
+Prioritized draws work the same way with the sum tree in place of the uniform draw: descend the
+tree for a batch of uniform masses, keep the slots that pass the same acceptance test (n-step needs
+the successor stored), redraw the rest. Rejection keeps the draws exactly proportional over the
+accepted set.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from replaystore.priority import SumTree
 from replaystore.ring import Ring
 
 MAX_ROUNDS = 4
@@ -55,6 +61,29 @@ def sample_uniform(ring: Ring, batch_size: int, rng: np.random.Generator, *, n_s
     candidates = np.arange(lo, hi, dtype=np.int64)
     candidates = candidates[accept(ring, candidates, n_step)]
     picked.append(candidates[rng.integers(0, candidates.size, size=need)])
+    return np.concatenate(picked)
+
+
+def sample_prioritized(ring: Ring, tree: SumTree, batch_size: int, rng: np.random.Generator, *,
+                       n_step: int = 1) -> np.ndarray:
+    """``batch_size`` positions drawn with probability proportional to their tree leaves."""
+    picked: list[np.ndarray] = []
+    need = batch_size
+    lo = ring.lo
+    for _ in range(MAX_ROUNDS):
+        slots = tree.find(rng.random(need + 4) * tree.total)
+        slots = slots[(slots < ring.capacity)]
+        slots = slots[tree.leaves(slots) > 0]
+        positions = lo + (slots - lo) % ring.capacity
+        good = positions[accept(ring, positions, n_step)]
+        picked.append(good[:need])
+        need -= min(need, good.size)
+        if need == 0:
+            return np.concatenate(picked)
+    candidates = np.arange(lo, ring.added - 1, dtype=np.int64)
+    candidates = candidates[accept(ring, candidates, n_step)]
+    mass = tree.leaves(candidates % ring.capacity)
+    picked.append(candidates[rng.choice(candidates.size, size=need, p=mass / mass.sum())])
     return np.concatenate(picked)
 
 

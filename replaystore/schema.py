@@ -33,6 +33,7 @@ SCALAR_FIELDS: dict[str, str] = {
     "truncated": "bool",
     "is_last": "bool",
     "ep_step": "int32",
+    "priority": "float32",
 }
 MAX_CAPACITY = 2**40
 

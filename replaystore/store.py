@@ -3,7 +3,8 @@
     ring    (ring.py)     per-step scalars in RAM, the live range, the sampleable bitmap
     writer  (writer.py)   the frame shard buffer, whole-shard writes, the commit
     reader  (reader.py)   chunk-aware frame reads with a compressed-chunk cache
-    sampler (sampler.py)  which positions a batch uses
+    sampler (sampler.py)  which positions a batch uses (uniform, or prioritized with priority.py)
+    memory  (memory.py)   the RAM estimate and budget check
     assemble(assemble.py) positions -> Batch (stacks, n-step returns)
     lock    (lock.py)     one writer per store
 
@@ -30,14 +31,15 @@ import logging
 import math
 import numbers
 import shutil
+import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 import zarr
 
 from replaystore import sampler as _sampler
-from replaystore.assemble import Batch, assemble
+from replaystore.assemble import Batch, prepare
 from replaystore.errors import (
     ConfigError,
     InvalidTransitionError,
@@ -47,6 +49,8 @@ from replaystore.errors import (
     StoreExistsError,
 )
 from replaystore.lock import LOCK_NAME, WriterLock
+from replaystore.memory import check_budget, estimate
+from replaystore.priority import Priorities
 from replaystore.reader import FrameReader
 from replaystore.ring import Ring
 from replaystore.schema import (
@@ -103,22 +107,27 @@ class ReplayStore:
     """
 
     def __init__(self, root: Path, schema: Schema, layout: Layout, state: State, group_doc: dict[str, Any], *,
-                 writable: bool, cache_bytes: int, lock: WriterLock | None) -> None:
+                 writable: bool, cache_bytes: int, lock: WriterLock | None, decode_threads: int = 1) -> None:
         self.path = root
         self.schema = schema
         self.layout = layout
         self.mode = "a" if writable else "r"
         self._lock = lock
         self._closed = False
+        # Guards the ring, the writer and the reader's caches: ``add``/``flush`` and the planning half of
+        # ``sample`` hold it; decoding frames does not (see reader.py), so samplers on other threads
+        # (``as_dataset``) and the acting thread's ``add`` mostly run side by side.
+        self._mutex = threading.RLock()
         self.ring = Ring(schema.capacity, schema.frame_stack, layout.shard_len)
         self.ring.added = state.added
         self.ring.oldest = state.oldest
         self._writer: Writer | None = None
-        self.reader = FrameReader(root, schema, layout, cache_bytes=cache_bytes,
+        self.reader = FrameReader(root, schema, layout, cache_bytes=cache_bytes, decode_threads=decode_threads,
                                   live_region=(lambda: self._writer.live_region() if self._writer else None))
         self._committed = state
         load_scalars(root, schema, layout, self.ring)
         self.ring.rebuild_valid()
+        self._priorities = Priorities(self.ring)
         self._head_obs: np.ndarray | None = None
         if writable:
             self._writer = Writer(root, schema, layout, self.ring, self.reader, group_doc, state)
@@ -130,8 +139,13 @@ class ReplayStore:
 
     @classmethod
     def create(cls, path: str | Path, capacity: int, observation_space: Any, action_space: Any, frame_stack: int = 1, *,
-               layout: Layout | None = None, overwrite: bool = False, cache_bytes: int = DEFAULT_CACHE_BYTES) -> ReplayStore:
+               layout: Layout | None = None, overwrite: bool = False, cache_bytes: int = DEFAULT_CACHE_BYTES,
+               memory_budget: int | None = None, decode_threads: int = 1) -> ReplayStore:
         """Create a store for ``capacity`` steps and open it for appending.
+
+        RAM: see ``memory_estimate``; with ``memory_budget`` (bytes) a configuration whose estimate
+        exceeds it is refused before anything is written. ``decode_threads`` > 1 decodes each batch's
+        chunks on that many threads.
 
         Example:
             >>> store = ReplayStore.create("/tmp/doc2.zarr", 4096, gym.spaces.Box(0, 255, (84, 84), np.uint8),
@@ -147,6 +161,8 @@ class ReplayStore:
         layout = layout or default_layout(box.frame_bytes)
         validate_layout(layout, int(capacity))
         schema = Schema(box, discrete, int(capacity), int(frame_stack))
+        _check_memory(schema, layout, root, writable=True, cache_bytes=cache_bytes, memory_budget=memory_budget,
+                      decode_threads=decode_threads)
 
         lock: WriterLock | None = None
         if root.exists():
@@ -188,11 +204,15 @@ class ReplayStore:
             lock.release()
             raise
         log.info("created replay store %s (capacity %d, layout %s)", root, capacity, layout)
-        return cls(root, schema, layout, state, doc, writable=True, cache_bytes=cache_bytes, lock=lock)
+        return cls(root, schema, layout, state, doc, writable=True, cache_bytes=cache_bytes, lock=lock,
+                   decode_threads=decode_threads)
 
     @classmethod
-    def open(cls, path: str | Path, mode: str = "r", *, cache_bytes: int = DEFAULT_CACHE_BYTES) -> ReplayStore:
+    def open(cls, path: str | Path, mode: str = "r", *, cache_bytes: int = DEFAULT_CACHE_BYTES,
+             memory_budget: int | None = None, decode_threads: int = 1) -> ReplayStore:
         """Open an existing store: ``mode="r"`` to read (any number of readers), ``"a"`` to append.
+
+        ``cache_bytes``, ``memory_budget`` and ``decode_threads`` are as for ``create``.
 
         Example:
             >>> store = ReplayStore.open("/tmp/doc.zarr")
@@ -205,6 +225,8 @@ class ReplayStore:
         doc = read_group_doc(root)
         schema, layout, state = from_attrs(doc.get("attributes"), path=str(root))
         check_arrays(root, schema, layout)
+        _check_memory(schema, layout, root, writable=mode == "a", cache_bytes=cache_bytes, memory_budget=memory_budget,
+                      decode_threads=decode_threads)
         lock = None
         if mode == "a":
             lock = WriterLock(root)
@@ -215,12 +237,14 @@ class ReplayStore:
                 removed = remove_partials(root)
                 if removed:
                     log.info("removed %d temporary files left by an interrupted writer in %s", removed, root)
-                return cls(root, schema, layout, state, doc, writable=True, cache_bytes=cache_bytes, lock=lock)
+                return cls(root, schema, layout, state, doc, writable=True, cache_bytes=cache_bytes, lock=lock,
+                           decode_threads=decode_threads)
             except BaseException:
                 lock.release()
                 raise
         for _ in range(10):
-            store = cls(root, schema, layout, state, doc, writable=False, cache_bytes=cache_bytes, lock=None)
+            store = cls(root, schema, layout, state, doc, writable=False, cache_bytes=cache_bytes, lock=None,
+                        decode_threads=decode_threads)
             doc = read_group_doc(root)
             _, _, again = from_attrs(doc.get("attributes"), path=str(root))
             if (again.added, again.oldest) == (state.added, state.oldest):
@@ -238,6 +262,10 @@ class ReplayStore:
         ``obs`` must equal the previous transition's ``next_obs`` unless that one ended the episode.
         Each observation is stored once. Nothing is changed if any argument is rejected.
         """
+        with self._mutex:
+            self._add(obs, action, reward, next_obs, terminated, truncated)
+
+    def _add(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any) -> None:
         writer = self._require_writer("add")
         obs_a = check_obs(self.schema, self.path, obs, "obs")
         next_a = check_obs(self.schema, self.path, next_obs, "next_obs")
@@ -259,6 +287,7 @@ class ReplayStore:
             writer.episodes += 1
         head = ring.added - 1
         ring.set_move(head, act, rew, term, trunc)
+        ring.priority[head % ring.capacity] = self._priorities.max_priority
         writer.put_frame(ring.added, next_a)
         done = term or trunc
         ring.append_step(int(ring.ep_step[head % ring.capacity]) + 1, done)
@@ -267,22 +296,24 @@ class ReplayStore:
 
     def flush(self) -> None:
         """Make everything added so far durable; readers opened afterwards see it."""
-        self._require_writer("flush").flush()
+        with self._mutex:
+            self._require_writer("flush").flush()
 
     def close(self) -> None:
         """Flush (when writing), release the writer lock and free file handles. Idempotent."""
-        if self._closed:
-            return
-        try:
-            if self._writer is not None:
-                self.flush()
-        finally:
-            self._closed = True
-            self.reader.close()
-            if self._lock is not None:
-                self._lock.release()
+        with self._mutex:
+            if self._closed:
+                return
+            try:
+                if self._writer is not None:
+                    self._writer.flush()
+            finally:
+                self._closed = True
+                self.reader.close()
+                if self._lock is not None:
+                    self._lock.release()
 
-    def __enter__(self) -> ReplayStore:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -296,29 +327,84 @@ class ReplayStore:
         return self.ring.n_valid
 
     def sample(self, batch_size: int, *, rng: np.random.Generator | None = None, n_step: int = 1,
-               gamma: float = 0.99) -> Batch:
-        """Sample ``batch_size`` transitions uniformly, with replacement.
+               gamma: float = 0.99, prioritized: bool = False, alpha: float = 0.6, beta: float = 0.4) -> Batch:
+        """Sample ``batch_size`` transitions with replacement: uniformly, or by priority.
+
+        ``n_step`` > 1 returns the discounted n-step reward, the observation up to ``n_step`` moves
+        ahead and ``discount = gamma**k`` (0 after a termination). With ``prioritized=True`` a
+        transition is drawn with probability ``p**alpha / sum p**alpha`` and ``weight`` holds its
+        importance weight ``(N P(i))**-beta``, normalised so the largest possible weight is 1; set
+        priorities with ``update_priorities(batch.index, new_priorities)``. Safe to call from
+        several threads and alongside ``add`` (decoding runs outside the store's lock).
 
         Example:
             >>> ReplayStore.open("/tmp/doc.zarr").sample(4, rng=np.random.default_rng(1), n_step=3).discount.shape
             (4,)
         """
-        self._check_open()
         if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
             raise SampleError(f"batch_size is {batch_size!r}; it must be a positive int")
         if isinstance(n_step, bool) or not isinstance(n_step, numbers.Integral) or not 1 <= n_step <= 1000:
             raise SampleError(f"n_step is {n_step!r}; it must be an int between 1 and 1000")
-        if not 0.0 <= float(gamma) <= 1.0:
-            raise SampleError(f"gamma is {gamma!r}; it must be in [0, 1]")
-        available = _sampler.count_sampleable(self.ring, int(n_step))
-        if batch_size > available:
-            raise SampleError(
-                f"asked for {batch_size} transitions but {self.path} holds {available} sampleable "
-                f"(n_step={n_step}); add more transitions first or sample at most {available}"
-            )
+        _check_unit(gamma, "gamma")
+        if prioritized:
+            _check_unit(alpha, "alpha")
+            _check_unit(beta, "beta")
         rng = rng if rng is not None else np.random.default_rng()
-        positions = _sampler.sample_uniform(self.ring, int(batch_size), rng, n_step=int(n_step))
-        return assemble(self.ring, self.reader, positions, n_step=int(n_step), gamma=float(gamma))
+        with self._mutex:
+            self._check_open()
+            available = _sampler.count_sampleable(self.ring, int(n_step))
+            if batch_size > available:
+                raise SampleError(
+                    f"asked for {batch_size} transitions but {self.path} holds {available} sampleable "
+                    f"(n_step={n_step}); add more transitions first or sample at most {available}"
+                )
+            weight = None
+            if prioritized:
+                tree = self._priorities.sync(float(alpha))
+                positions = _sampler.sample_prioritized(self.ring, tree, int(batch_size), rng, n_step=int(n_step))
+                weight = self._priorities.weights(tree, positions % self.capacity, float(beta))
+            else:
+                positions = _sampler.sample_uniform(self.ring, int(batch_size), rng, n_step=int(n_step))
+            pending = prepare(self.ring, self.reader, positions, n_step=int(n_step), gamma=float(gamma), weight=weight)
+        return pending.finish(self.reader)
+
+    def update_priorities(self, index: Any, priority: Any) -> None:
+        """Set the priorities of the transitions at ``index`` (``batch.index``) to ``priority``.
+
+        Priorities must be finite and >= 0 (typically ``|td_error| + eps``); they are clipped below to
+        1e-6 so no transition is starved. A writer saves them with its next flush, so a reopened store
+        samples with them; a read-only store keeps them in RAM only.
+        """
+        idx = np.asarray(index)
+        prio = np.asarray(priority)
+        if idx.ndim != 1 or idx.dtype.kind not in "iu":
+            raise SampleError(f"index must be a 1-D integer array such as batch.index, got {idx.dtype} of shape {idx.shape}")
+        if prio.shape != idx.shape or prio.dtype.kind not in "iuf":
+            raise SampleError(f"priority must be a numeric array of shape {idx.shape} (one per index), got {prio.dtype} of shape {prio.shape}")
+        if idx.size and (idx.min() < 0 or idx.max() >= self.capacity):
+            raise SampleError(f"index holds slots outside 0..{self.capacity - 1}; pass batch.index from this store")
+        if prio.size and not (np.all(np.isfinite(prio)) and prio.min() >= 0):
+            raise SampleError("priorities must be finite and >= 0 (use |td_error| + a small epsilon)")
+        if idx.size == 0:
+            return
+        with self._mutex:
+            self._check_open()
+            self._priorities.update(idx.astype(np.int64), prio.astype(np.float64))
+
+    def memory_estimate(self) -> dict[str, int]:
+        """Bytes of RAM each part of this store can use (see memory.py); ``sum()`` for the total."""
+        return estimate(self.schema, self.layout, writable=self._writer is not None, cache_bytes=self.reader.cache_bytes,
+                        decode_threads=self.reader.decode_threads)
+
+    @property
+    def cache_hit_rate(self) -> float:
+        """Fraction of on-disk chunk lookups served from the compressed-chunk cache."""
+        return self.reader.hit_rate
+
+    @property
+    def cache_bytes_held(self) -> int:
+        """Compressed chunk bytes held in RAM by the cache (at most ``cache_bytes``)."""
+        return self.reader.bytes_held
 
     @property
     def committed(self) -> State:
@@ -370,3 +456,20 @@ class ReplayStore:
         if self._writer is None:
             raise ReadOnlyError(f"cannot {what}: {self.path} is open read-only; open it with mode='a' to append")
         return self._writer
+
+
+def _check_unit(value: Any, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= float(value) <= 1.0:
+        raise SampleError(f"{name} is {value!r}; it must be a number in [0, 1]")
+
+
+def _check_memory(schema: Schema, layout: Layout, root: Path, *, writable: bool, cache_bytes: Any,
+                  memory_budget: Any, decode_threads: Any) -> None:
+    for name, value, low in (("cache_bytes", cache_bytes, 0), ("decode_threads", decode_threads, 1)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+            raise ConfigError(f"{name} is {value!r}; it must be an int >= {low}")
+    if memory_budget is not None and (isinstance(memory_budget, bool) or not isinstance(memory_budget, numbers.Integral)
+                                      or memory_budget <= 0):
+        raise ConfigError(f"memory_budget is {memory_budget!r}; it must be a positive number of bytes, or None")
+    parts = estimate(schema, layout, writable=writable, cache_bytes=int(cache_bytes), decode_threads=int(decode_threads))
+    check_budget(parts, None if memory_budget is None else int(memory_budget), path=str(root))

@@ -12,7 +12,7 @@ Commit order (every file is written to a temporary name, fsynced and renamed):
 
 1. if the new data overwrites slots the committed state calls live, commit a state whose ``oldest``
    has moved past them (the live range only shrinks), then
-2. write the frame shard and the dirty scalar shards, then
+2. write the frame shard and the dirty scalar shards (priorities too: they need no ordering), then
 3. commit the new ``added``.
 
 A crash at any instant therefore leaves a committed state whose live steps are all whole on disk.
@@ -118,7 +118,8 @@ class Writer:
     def flush(self) -> None:
         """Make everything added so far durable, then commit it."""
         ring = self.ring
-        if ring.added == self.committed.added and not self.region_dirty and not ring.dirty_shards:
+        if (ring.added == self.committed.added and not self.region_dirty and not ring.dirty_shards
+                and not ring.dirty_priority_shards):
             return
         new_lo = ring.lo
         if new_lo > self.committed.live_start(self.schema.capacity):
@@ -126,8 +127,12 @@ class Writer:
         if self.region_dirty:
             self._write_obs_shard()
         for shard in sorted(ring.dirty_shards):
-            self._write_scalar_shard(shard)
+            self._write_scalar_shard(shard, ring.fields)
+        priority_only = {"priority": ring.priority}
+        for shard in sorted(ring.dirty_priority_shards - ring.dirty_shards):
+            self._write_scalar_shard(shard, priority_only)
         ring.dirty_shards.clear()
+        ring.dirty_priority_shards.clear()
         fsync_dir(self.root)
         self.commit(self.state())
 
@@ -151,10 +156,10 @@ class Writer:
         self.reader.invalidate(shard)
         self.region_dirty = False
 
-    def _write_scalar_shard(self, shard: int) -> None:
+    def _write_scalar_shard(self, shard: int, fields: dict[str, np.ndarray]) -> None:
         start = shard * self.layout.shard_len
         rows = self._rows(shard)
-        for name, values in self.ring.fields.items():
+        for name, values in fields.items():
             buf = self._scalar_buffer.get(name)
             if buf is None:
                 buf = self._scalar_buffer[name] = np.zeros(self.layout.shard_len, dtype=values.dtype)
@@ -198,4 +203,4 @@ def _check_scalars(ring: Ring, root: Path) -> None:
 
 
 def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")

@@ -1,0 +1,156 @@
+"""Proportional prioritized replay (Schaul et al. 2016): a vectorised sum tree over the whole ring.
+
+Each slot has a priority ``p`` (the ``priority`` scalar array, saved in the store like every other
+per-step field, so a reopened store samples with it). A transition is drawn with probability
+``p**alpha / sum(p**alpha)`` over the sampleable transitions, and its importance weight is
+``(N * P(i))**-beta`` normalised by the largest possible weight, i.e. ``(leaf_i / min_leaf)**-beta``.
+New transitions enter with the largest priority seen so far (1.0 in a fresh store).
+
+The tree lives in two flat arrays in heap layout (``sum`` and ``min``, 2*2**ceil(log2(capacity))
+float64 each, 32 MB for a million slots) whose leaves are ``p**alpha`` for sampleable slots and 0
+otherwise. It is built lazily on the first prioritized call, rebuilt when ``alpha`` changes, and
+every operation is a loop over the tree's levels (20 for a million slots) of numpy calls over the
+whole batch: a set of updates touches each level once; a batch of draws descends once.
+
+Keeping leaves in step with the ring without a hook in its hot path: between two syncs, the
+sampleable bitmap can only change near the two ends of the live range (steps retired at the tail,
+plus the ``frame_stack - 1`` after them whose stacks now reach dead data; steps added at the head,
+plus the one before them that gained its successor). ``sync`` recomputes exactly those leaves.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from replaystore.ring import Ring
+
+#: Priorities are clipped below to this, so every transition keeps a non-zero chance to be replayed.
+MIN_PRIORITY = 1e-6
+
+
+class SumTree:
+    """Sums and minima over ``capacity`` non-negative leaves; a leaf of 0 is never drawn."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.size = 1 << max(0, int(capacity - 1).bit_length())
+        self.depth = self.size.bit_length() - 1
+        self.sum = np.zeros(2 * self.size, dtype=np.float64)
+        self.min = np.full(2 * self.size, np.inf, dtype=np.float64)
+
+    @property
+    def total(self) -> float:
+        return float(self.sum[1])
+
+    @property
+    def min_leaf(self) -> float:
+        """The smallest non-zero leaf (inf when every leaf is 0)."""
+        return float(self.min[1])
+
+    def leaves(self, slots: np.ndarray) -> np.ndarray:
+        return self.sum[np.asarray(slots, dtype=np.int64) + self.size]
+
+    def set(self, slots: np.ndarray, values: np.ndarray) -> None:
+        """Set leaves ``slots`` to ``values`` and fix their ancestors, one numpy pass per level."""
+        idx = np.asarray(slots, dtype=np.int64) + self.size
+        if idx.size == 0:
+            return
+        values = np.asarray(values, dtype=np.float64)
+        self.sum[idx] = values
+        self.min[idx] = np.where(values > 0, values, np.inf)
+        idx = np.unique(idx >> 1)
+        while True:
+            left = idx << 1
+            self.sum[idx] = self.sum[left] + self.sum[left + 1]
+            self.min[idx] = np.minimum(self.min[left], self.min[left + 1])
+            if idx[0] <= 1:
+                return
+            idx = np.unique(idx >> 1)
+
+    def rebuild(self, values: np.ndarray) -> None:
+        """Set every leaf at once (``values`` has ``capacity`` entries)."""
+        size = self.size
+        self.sum[size:] = 0.0
+        self.sum[size : size + self.capacity] = values
+        self.min[size:] = np.inf
+        leaves = self.sum[size:]
+        self.min[size:][leaves > 0] = leaves[leaves > 0]
+        start = size
+        while start > 1:
+            half = start >> 1
+            self.sum[half:start] = self.sum[start : 2 * start : 2] + self.sum[start + 1 : 2 * start : 2]
+            self.min[half:start] = np.minimum(self.min[start : 2 * start : 2], self.min[start + 1 : 2 * start : 2])
+            start = half
+
+    def find(self, mass: np.ndarray) -> np.ndarray:
+        """For each value in ``[0, total)``, the slot whose cumulative range holds it."""
+        u = np.array(mass, dtype=np.float64)
+        idx = np.ones(u.size, dtype=np.int64)
+        for _ in range(self.depth):
+            left = idx << 1
+            left_sum = self.sum[left]
+            right = u >= left_sum
+            u -= np.where(right, left_sum, 0.0)
+            idx = left + right
+        return idx - self.size
+
+
+class Priorities:
+    """The sum tree kept in step with a ring's priorities and sampleable bitmap."""
+
+    def __init__(self, ring: Ring) -> None:
+        self.ring = ring
+        self.tree: SumTree | None = None
+        self.alpha = 0.0
+        live = np.arange(ring.lo, ring.added, dtype=np.int64) % ring.capacity
+        p = ring.priority[live]
+        bad = live[~(np.isfinite(p) & (p >= MIN_PRIORITY))]
+        ring.priority[bad] = 1.0  # never set (older store) or damaged: treat as new
+        good = ring.priority[live]
+        self.max_priority = float(good.max()) if good.size else 1.0
+        self._lo = self._added = 0
+
+    # ---------------------------------------------------------------------------------------------
+    # Updates
+
+    def update(self, slots: np.ndarray, priority: np.ndarray) -> None:
+        """Set the priorities of ``slots`` (already validated: finite and >= 0)."""
+        priority = np.maximum(priority.astype(np.float64), MIN_PRIORITY)
+        ring = self.ring
+        ring.priority[slots] = priority
+        ring.dirty_priority_shards.update(np.unique(slots // ring.shard_len).tolist())
+        self.max_priority = max(self.max_priority, float(priority.max()))
+        if self.tree is not None:
+            self.tree.set(slots, self._leaf_values(slots))
+
+    def sync(self, alpha: float) -> SumTree:
+        """The tree for ``alpha``, with every leaf that the ring changed since the last sync fixed."""
+        ring = self.ring
+        if self.tree is None or alpha != self.alpha:
+            if self.tree is None:
+                self.tree = SumTree(ring.capacity)
+            self.alpha = alpha
+            self.tree.rebuild(self._leaf_values(np.arange(ring.capacity, dtype=np.int64)))
+        elif (self._lo, self._added) != (ring.lo, ring.added):
+            k1 = ring.frame_stack - 1
+            tail = np.arange(self._lo, min(ring.lo + k1, ring.added), dtype=np.int64)
+            head = np.arange(max(self._added - 1, self._lo, 0), ring.added, dtype=np.int64)
+            if tail.size + head.size >= ring.capacity:
+                self.tree.rebuild(self._leaf_values(np.arange(ring.capacity, dtype=np.int64)))
+            elif tail.size or head.size:
+                slots = np.unique(np.concatenate([tail, head]) % ring.capacity)
+                self.tree.set(slots, self._leaf_values(slots))
+        self._lo, self._added = ring.lo, ring.added
+        return self.tree
+
+    def _leaf_values(self, slots: np.ndarray) -> np.ndarray:
+        ring = self.ring
+        p = ring.priority[slots].astype(np.float64)
+        return np.where(ring.valid[slots], p**self.alpha, 0.0)
+
+    # ---------------------------------------------------------------------------------------------
+    # Drawing
+
+    def weights(self, tree: SumTree, slots: np.ndarray, beta: float) -> np.ndarray:
+        """Importance weights ``(N P(i))**-beta / max_j (N P(j))**-beta`` for drawn ``slots``."""
+        return ((tree.leaves(slots) / tree.min_leaf) ** (-beta)).astype(np.float32)
