@@ -391,6 +391,14 @@ class ReplayStore:
             self._check_open()
             self._priorities.update(idx.astype(np.int64), prio.astype(np.float64))
 
+    def priorities(self, index: Any) -> np.ndarray:
+        """The current priorities (before ``alpha``) of the slots in ``index``, as float32."""
+        idx = np.asarray(index)
+        if idx.dtype.kind not in "iu" or (idx.size and (idx.min() < 0 or idx.max() >= self.capacity)):
+            raise SampleError(f"index must hold integer slots in 0..{self.capacity - 1}, such as batch.index")
+        with self._mutex:
+            return self.ring.priority[idx].copy()
+
     def memory_estimate(self) -> dict[str, int]:
         """Bytes of RAM each part of this store can use (see memory.py); ``sum()`` for the total."""
         return estimate(self.schema, self.layout, writable=self._writer is not None, cache_bytes=self.reader.cache_bytes,

@@ -1,0 +1,243 @@
+"""Sampling beyond the basics: prioritized replay (distribution, weights, saved priorities, the sum
+tree kept in step while the ring wraps), determinism, the chunk cache, the RAM budget, and samplers
+on other threads while the writer adds."""
+
+from __future__ import annotations
+
+import math
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import fill, frame, make_store, small_spaces
+
+from replaystore import ConfigError, Layout, ReplayStore, SampleError
+from replaystore.priority import SumTree
+
+
+def chi_square_critical(df: int, z: float = 3.09) -> float:
+    """Upper ``z``-sigma point (p ~ 0.001) of chi-square(df), Wilson-Hilferty approximation."""
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+def chi_square(counts: np.ndarray, expected_p: np.ndarray) -> float:
+    expected = expected_p * counts.sum()
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+@pytest.fixture
+def prioritized(store_path: Path) -> tuple[ReplayStore, np.ndarray, np.ndarray]:
+    """A wrapped store whose sampleable slots have random priorities between 0.05 and 5."""
+    store = make_store(store_path, capacity=128, frame_stack=2, shard_len=32, chunk_len=4)
+    fill(store, 297, episode_len=11)  # 27 whole episodes
+    slots = np.flatnonzero(store.ring.valid)
+    prio = np.random.default_rng(7).uniform(0.05, 5.0, slots.size)
+    store.update_priorities(slots, prio)
+    return store, slots, prio
+
+
+def test_prioritized_draws_follow_the_priorities(prioritized) -> None:
+    store, slots, prio = prioritized
+    alpha = 0.7
+    rng = np.random.default_rng(0)
+    drawn = np.concatenate([store.sample(100, rng=rng, prioritized=True, alpha=alpha).index for _ in range(600)])
+    counts = np.bincount(np.searchsorted(slots, drawn), minlength=slots.size)
+    assert set(drawn.tolist()) <= set(slots.tolist())
+    expected = prio**alpha / (prio**alpha).sum()
+    stat, critical = chi_square(counts, expected), chi_square_critical(slots.size - 1)
+    assert stat < critical, f"chi-square {stat:.1f} >= {critical:.1f}: draws do not follow p**alpha"
+    # The test has power: the same counts are far from uniform, and from p**1.
+    assert chi_square(counts, np.full(slots.size, 1 / slots.size)) > 5 * critical
+    assert chi_square(counts, prio / prio.sum()) > critical
+
+
+def test_importance_weights(prioritized) -> None:
+    store, slots, prio = prioritized
+    alpha, beta = 0.6, 0.4
+    batch = store.sample(100, rng=np.random.default_rng(1), prioritized=True, alpha=alpha, beta=beta)
+    p_all = prio**alpha / (prio**alpha).sum()
+    n = slots.size
+    by_slot = dict(zip(slots.tolist(), p_all.tolist(), strict=True))
+    want = np.array([(n * by_slot[s]) ** -beta for s in batch.index.tolist()]) / (n * p_all.min()) ** -beta
+    np.testing.assert_allclose(batch.weight, want, rtol=1e-5)
+    assert batch.weight.max() <= 1.0 + 1e-6
+    uniform = store.sample(64, rng=np.random.default_rng(1))
+    assert np.all(uniform.weight == 1.0)
+
+
+def test_new_transitions_enter_with_the_max_priority(prioritized) -> None:
+    store, slots, prio = prioritized
+    before = store.added
+    fill(store, 5, start=10_000, episode_len=5)
+    new_slots = np.arange(before, store.added - 1) % store.capacity
+    new_slots = new_slots[store.ring.valid[new_slots]]
+    assert new_slots.size >= 3
+    np.testing.assert_allclose(store.priorities(new_slots), np.float32(prio.max()))
+
+
+def test_priorities_are_saved_and_sampled_after_reopen(prioritized, store_path: Path) -> None:
+    store, slots, prio = prioritized
+    rng_a = np.random.default_rng(3)
+    first = [store.sample(32, rng=rng_a, prioritized=True, n_step=2).index for _ in range(5)]
+    store.close()
+    again = ReplayStore.open(store_path)
+    np.testing.assert_allclose(again.priorities(slots), prio.astype(np.float32))
+    rng_b = np.random.default_rng(3)
+    second = [again.sample(32, rng=rng_b, prioritized=True, n_step=2).index for _ in range(5)]
+    for a, b in zip(first, second, strict=True):
+        np.testing.assert_array_equal(a, b)
+    # A reader may reprioritize in RAM; nothing is written.
+    again.update_priorities(slots[:3], np.array([1.0, 2.0, 3.0]))
+    np.testing.assert_allclose(ReplayStore.open(store_path).priorities(slots[:3]), prio[:3].astype(np.float32))
+
+
+def test_sum_tree_stays_in_step_while_the_ring_wraps(store_path: Path) -> None:
+    store = make_store(store_path, capacity=96, frame_stack=3, shard_len=32, chunk_len=4)
+    rng = np.random.default_rng(5)
+    counter = 0
+    obs = frame(counter)
+    for round_ in range(60):
+        for _ in range(int(rng.integers(1, 12))):  # rounds end mid-episode as often as not
+            counter += 1
+            nxt = frame(counter)
+            done = bool(rng.random() < 0.15)
+            store.add(obs, 0, 1.0, nxt, done, False)
+            counter += done
+            obs = frame(counter) if done else nxt
+        if round_ % 7 == 3:
+            store.flush()
+        if len(store) >= 8:
+            batch = store.sample(8, rng=rng, prioritized=True, alpha=0.5, n_step=int(rng.integers(1, 4)))
+            store.update_priorities(batch.index, rng.uniform(0, 3, 8))
+            tree = store._priorities.tree
+            want = np.where(store.ring.valid, store.ring.priority.astype(np.float64) ** 0.5, 0.0)
+            np.testing.assert_allclose(tree.leaves(np.arange(store.capacity)), want, rtol=1e-12)
+            assert tree.total == pytest.approx(want.sum())
+            assert tree.min_leaf == pytest.approx(want[want > 0].min())
+            assert np.all(store.ring.valid[batch.index])
+
+
+def test_sum_tree_find_against_cumsum() -> None:
+    rng = np.random.default_rng(0)
+    for capacity in (1, 2, 5, 64, 1000):
+        tree = SumTree(capacity)
+        values = rng.uniform(0, 1, capacity) * (rng.random(capacity) > 0.3)
+        values[0] = 0.5  # a non-empty tree
+        tree.rebuild(values)
+        assert tree.total == pytest.approx(values.sum())
+        mass = rng.uniform(0, tree.total, 500)
+        want = np.searchsorted(np.cumsum(values), mass, side="right")
+        np.testing.assert_array_equal(tree.find(mass), want)
+        slots = rng.integers(0, capacity, 7)
+        values[slots] = rng.uniform(0, 2, 7)
+        tree.set(slots, values[slots])
+        assert tree.total == pytest.approx(values.sum())
+
+
+def test_same_seed_same_batches(store_path: Path) -> None:
+    store = make_store(store_path, capacity=64)
+    fill(store, 100)
+    store.close()
+    for kwargs in ({}, {"prioritized": True, "n_step": 3}):
+        a = ReplayStore.open(store_path).sample(16, rng=np.random.default_rng(11), **kwargs)
+        b = ReplayStore.open(store_path).sample(16, rng=np.random.default_rng(11), **kwargs)
+        for field in ("obs", "next_obs", "action", "reward", "discount", "index", "weight"):
+            np.testing.assert_array_equal(getattr(a, field), getattr(b, field), err_msg=field)
+
+
+def test_bad_priority_updates_are_refused(prioritized) -> None:
+    store, slots, prio = prioritized
+    before = store.priorities(slots)
+    for index, priority, message in [
+        (slots[:2], [1.0, float("nan")], "finite"),
+        (slots[:2], [1.0, -1.0], ">= 0"),
+        (slots[:2], [1.0], "shape"),
+        ([store.capacity], [1.0], "outside"),
+        ([[1, 2]], [[1.0, 2.0]], "1-D"),
+    ]:
+        with pytest.raises(SampleError, match=message):
+            store.update_priorities(np.asarray(index), np.asarray(priority))
+    np.testing.assert_array_equal(store.priorities(slots), before)
+    with pytest.raises(SampleError, match="alpha"):
+        store.sample(4, prioritized=True, alpha=2.0)
+
+
+def test_cache_hit_rate_and_bytes_held(store_path: Path) -> None:
+    store = make_store(store_path, capacity=256, shard_len=32, chunk_len=4)
+    fill(store, 250)
+    store.close()
+    reader = ReplayStore.open(store_path, cache_bytes=1 << 20)
+    rng = np.random.default_rng(0)
+    reader.sample(64, rng=rng)
+    cold = reader.cache_hit_rate
+    for _ in range(50):
+        reader.sample(64, rng=rng)
+    assert reader.cache_hit_rate > max(cold, 0.8)
+    assert 0 < reader.cache_bytes_held <= 1 << 20
+    tiny = ReplayStore.open(store_path, cache_bytes=0)
+    batch = tiny.sample(64, rng=np.random.default_rng(0))
+    np.testing.assert_array_equal(batch.obs, reader.sample(64, rng=np.random.default_rng(0)).obs)
+    assert tiny.cache_bytes_held == 0 and tiny.cache_hit_rate == 0.0
+
+
+def test_memory_budget(tmp_path: Path) -> None:
+    obs_space, act_space = small_spaces((84, 84))
+    path = tmp_path / "big.zarr"
+    with pytest.raises(ConfigError, match="lower capacity"):
+        ReplayStore.create(path, 50_000_000, obs_space, act_space, 4, memory_budget=512 * 2**20, cache_bytes=1 << 20)
+    with pytest.raises(ConfigError, match="lower cache_bytes"):
+        ReplayStore.create(path, 100_000, obs_space, act_space, 4, memory_budget=300 * 2**20, cache_bytes=1 << 30)
+    assert not path.exists()
+    with pytest.raises(ConfigError, match="memory_budget is -1"):
+        ReplayStore.create(path, 100_000, obs_space, act_space, 4, memory_budget=-1)
+    store = ReplayStore.create(path, 100_000, obs_space, act_space, 4, memory_budget=512 * 2**20)
+    parts = store.memory_estimate()
+    assert parts["scalars"] == 100_000 * 20 and parts["chunk_cache"] == 256 * 2**20
+    assert sum(parts.values()) <= 512 * 2**20
+    store.close()
+    with pytest.raises(ConfigError, match="lower cache_bytes"):
+        ReplayStore.open(path, memory_budget=100 * 2**20, cache_bytes=2**30)
+
+
+def test_samplers_on_other_threads_while_adding(store_path: Path) -> None:
+    """Frames identify their step; every batch drawn while the writer adds and wraps must match."""
+    store = make_store(store_path, capacity=128, frame_stack=1, shard_len=32, chunk_len=4)
+    fill(store, 40, episode_len=40)
+    errors: list[BaseException] = []
+    stop = threading.Event()
+    counts = [0, 0]
+
+    def sampler(i: int) -> None:
+        rng = np.random.default_rng(i)
+        try:
+            while not stop.is_set():
+                batch = store.sample(16, rng=rng, prioritized=bool(i))
+                # Within one long episode, obs at position t is frame(t) for the first step, else
+                # frame(t + 100_000) (see conftest.fill): its first pixel encodes the position.
+                assert np.all(batch.obs[:, 0, 0, 0] != batch.next_obs[:, 0, 0, 0])
+                counts[i] += 1
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=sampler, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        fill(store, 1500, start=40, episode_len=1500)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not errors, errors[0]
+    assert min(counts) > 0
+    # And what the samplers saw was right: check a final batch against the writer's own frames.
+    batch = store.sample(64, rng=np.random.default_rng(9))
+    positions = store.ring.lo + (batch.index - store.ring.lo) % store.capacity
+    want = store.reader.gather(positions)
+    np.testing.assert_array_equal(batch.obs[:, 0], want)
+
+
+def test_layout_rejects_nothing_new(store_path: Path) -> None:
+    assert Layout(16, 4).shard_len == 16
+    assert frame(1).shape == (3, 4)
