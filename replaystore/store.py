@@ -39,7 +39,7 @@ import numpy as np
 import zarr
 
 from replaystore import sampler as _sampler
-from replaystore.assemble import Batch, prepare
+from replaystore.assemble import Batch, Pending, prepare
 from replaystore.errors import (
     ConfigError,
     InvalidTransitionError,
@@ -349,13 +349,24 @@ class ReplayStore:
         if prioritized:
             _check_unit(alpha, "alpha")
             _check_unit(beta, "beta")
+        return self._prepare(batch_size, rng=rng, n_step=n_step, gamma=gamma, prioritized=prioritized, alpha=alpha,
+                             beta=beta).finish(self.reader)
+
+    def _prepare(self, batch_size: int, *, rng: np.random.Generator | None, n_step: int, gamma: float,
+                 prioritized: bool, alpha: float, beta: float, min_available: int | None = None) -> Pending:
+        """The locked half of ``sample``: draw positions, read the ring, plan the frame reads.
+
+        ``min_available`` (default ``batch_size``) is how many sampleable transitions must exist: the
+        prefetcher draws several batches at once and needs only one batch's worth.
+        """
         rng = rng if rng is not None else np.random.default_rng()
         with self._mutex:
             self._check_open()
             available = _sampler.count_sampleable(self.ring, int(n_step))
-            if batch_size > available:
+            needed = batch_size if min_available is None else min_available
+            if needed > available:
                 raise SampleError(
-                    f"asked for {batch_size} transitions but {self.path} holds {available} sampleable "
+                    f"asked for {needed} transitions but {self.path} holds {available} sampleable "
                     f"(n_step={n_step}); add more transitions first or sample at most {available}"
                 )
             weight = None
@@ -365,8 +376,31 @@ class ReplayStore:
                 weight = self._priorities.weights(tree, positions % self.capacity, float(beta))
             else:
                 positions = _sampler.sample_uniform(self.ring, int(batch_size), rng, n_step=int(n_step))
-            pending = prepare(self.ring, self.reader, positions, n_step=int(n_step), gamma=float(gamma), weight=weight)
-        return pending.finish(self.reader)
+            return prepare(self.ring, self.reader, positions, n_step=int(n_step), gamma=float(gamma), weight=weight)
+
+    def as_dataset(self, batch_size: int, *, n_step: int = 1, gamma: float = 0.99, prioritized: bool = False,
+                   alpha: float = 0.6, beta: float = 0.4, prefetch: int = 4, threads: int = 2,
+                   batches_per_call: int = 8, seed: int | None = None, device: str | None = "auto") -> Any:
+        """An endless ``tf.data.Dataset`` of sampled batches, drawn on background threads.
+
+        Each element is a dict with the ``Batch`` fields (``obs``, ``action``, ``reward``,
+        ``next_obs``, ``terminated``, ``truncated``, ``discount``, ``index``, ``weight``) and a
+        fixed ``element_spec``. ``threads`` workers draw ``batches_per_call`` batches per call ahead
+        of the consumer and ``prefetch`` batches are kept ready; ``device="auto"`` places them on the
+        first GPU when there is one (a device string picks one, None keeps them on the CPU). With a
+        ``seed`` and a store that is not being written, the batches are the same every run. Works
+        while this process ``add``s to the store (the trainer does). Imports TensorFlow.
+
+        Example:
+            >>> ds = ReplayStore.open("/tmp/doc.zarr").as_dataset(8, seed=0)  # doctest: +SKIP
+            >>> next(iter(ds))["obs"].shape  # doctest: +SKIP
+            TensorShape([8, 2, 4])
+        """
+        from replaystore.tfdata import as_dataset
+
+        self._check_open()
+        return as_dataset(self, batch_size, n_step=n_step, gamma=gamma, prioritized=prioritized, alpha=alpha, beta=beta,
+                          prefetch=prefetch, threads=threads, batches_per_call=batches_per_call, seed=seed, device=device)
 
     def update_priorities(self, index: Any, priority: Any) -> None:
         """Set the priorities of the transitions at ``index`` (``batch.index``) to ``priority``.

@@ -1,0 +1,96 @@
+"""``as_dataset``: element_spec, batches identical to the store's own frames, determinism, prioritized
+replay through the pipeline, and adding to the store while the pipeline samples."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import fill, make_store
+
+from replaystore import ReplayStore, SampleError
+
+tf = pytest.importorskip("tensorflow")
+
+
+def expected_frames(store: ReplayStore, index: np.ndarray) -> np.ndarray:
+    ring = store.ring
+    positions = ring.lo + (index - ring.lo) % ring.capacity
+    return store.reader.gather(ring.stack_positions(positions))
+
+
+@pytest.fixture
+def filled(store_path: Path) -> ReplayStore:
+    store = make_store(store_path, capacity=128, frame_stack=3, shard_len=32, chunk_len=4)
+    fill(store, 196, episode_len=7)
+    store.flush()
+    return store
+
+
+def test_element_spec_and_contents(filled: ReplayStore) -> None:
+    ds = filled.as_dataset(16, seed=1, batches_per_call=3, threads=2, prefetch=4)
+    spec = ds.element_spec
+    assert spec["obs"].shape == (16, 3, 3, 4) and spec["obs"].dtype == tf.uint8
+    assert spec["next_obs"].shape == (16, 3, 3, 4)
+    assert {k: spec[k].dtype for k in ("action", "index")} == {"action": tf.int64, "index": tf.int64}
+    assert spec["weight"].shape == (16,) and spec["terminated"].dtype == tf.bool
+    for batch in ds.take(7):
+        index = batch["index"].numpy()
+        np.testing.assert_array_equal(batch["obs"].numpy(), expected_frames(filled, index))
+        np.testing.assert_array_equal(filled.ring.action[index], batch["action"].numpy())
+        np.testing.assert_array_equal(batch["weight"].numpy(), np.ones(16, np.float32))
+        nxt = batch["next_obs"].numpy()
+        assert not np.array_equal(nxt, batch["obs"].numpy())
+
+
+def test_same_seed_same_batches(filled: ReplayStore) -> None:
+    def first(seed: int, threads: int) -> list[np.ndarray]:
+        ds = filled.as_dataset(8, seed=seed, n_step=2, threads=threads, batches_per_call=2)
+        return [np.concatenate([b["obs"].numpy().ravel(), b["reward"].numpy().view(np.uint8)]) for b in ds.take(9)]
+
+    a, b, c = first(5, 1), first(5, 2), first(6, 2)
+    for x, y in zip(a, b, strict=True):
+        np.testing.assert_array_equal(x, y)
+    assert any(not np.array_equal(x, z) for x, z in zip(a, c, strict=True))
+
+
+def test_prioritized_through_the_pipeline(filled: ReplayStore) -> None:
+    ds = filled.as_dataset(32, prioritized=True, alpha=1.0, beta=0.5, seed=0, batches_per_call=1, prefetch=1, threads=1)
+    it = iter(ds)
+    batch = next(it)
+    hot = int(batch["index"].numpy()[0])
+    filled.update_priorities(batch["index"].numpy(), np.full(32, 1e-3))
+    filled.update_priorities(np.array([hot]), np.array([1e4]))
+    later = [next(it) for _ in range(8)][-3:]  # the first few were drawn before the update
+    share = np.mean([np.mean(b["index"].numpy() == hot) for b in later])
+    assert share > 0.8
+    w = later[-1]["weight"].numpy()
+    assert w.max() <= 1.0 and w.min() > 0
+
+
+def test_adding_while_the_pipeline_samples(filled: ReplayStore) -> None:
+    it = iter(filled.as_dataset(16, seed=3, threads=2, batches_per_call=2))
+    for round_ in range(6):
+        fill(filled, 70, start=7 * (2000 + round_ * 10), episode_len=7)  # wraps the 128-step ring
+        batch = next(it)
+        assert batch["obs"].shape == (16, 3, 3, 4)
+    b = next(iter(filled.as_dataset(16, seed=4, threads=1, batches_per_call=1, prefetch=1)))
+    np.testing.assert_array_equal(b["obs"].numpy(), expected_frames(filled, b["index"].numpy()))
+
+
+def test_bad_arguments(filled: ReplayStore) -> None:
+    with pytest.raises(SampleError, match="batch_size"):
+        filled.as_dataset(0)
+    with pytest.raises(SampleError, match="asked for 500"):
+        filled.as_dataset(500)
+    with pytest.raises(SampleError, match="prefetch"):
+        filled.as_dataset(8, prefetch=0)
+
+
+def test_importing_replaystore_does_not_import_tensorflow() -> None:
+    code = "import sys, replaystore, replaystore.cli; print('tensorflow' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
