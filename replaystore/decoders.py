@@ -48,6 +48,42 @@ class ChunkDecoder:
                 array=name, shard=shard, chunk=chunk,
             ) from exc
 
+    def decode_many(self, payloads: list[tuple[int, bytes | None]], area: np.ndarray, start: int, stop: int, *,
+                    name: str, chunks_per_shard: int) -> None:
+        """Decode ``payloads[start:stop]`` (``(chunk id, bytes or None)``) into ``area[start:stop]``.
+
+        The batch hot path: one context lookup and one flat byte view per call, so the per-chunk
+        Python work (which holds the GIL) is a decompress call and a copy that releases it.
+        """
+        if self._numcodecs is not None:
+            for i in range(start, stop):
+                self._decode_one(payloads[i], area[i], name, chunks_per_shard)
+            return
+        flat = area.reshape(area.shape[0], -1).view(np.uint8)
+        nbytes = flat.shape[1]
+        decompress = self._context().decompress
+        for i in range(start, stop):
+            cid, payload = payloads[i]
+            try:
+                raw = decompress(payload) if payload is not None else None
+                if raw is not None and len(raw) != nbytes:
+                    raise ValueError(f"decoded to {len(raw)} bytes, expected {nbytes}")
+            except Exception:
+                self._decode_one(payloads[i], area[i], name, chunks_per_shard)  # raises, naming the chunk
+                raise
+            if raw is None:
+                flat[i] = 0
+            else:
+                flat[i] = np.frombuffer(raw, dtype=np.uint8)
+
+    def _decode_one(self, item: tuple[int, bytes | None], out: np.ndarray, name: str, chunks_per_shard: int) -> None:
+        cid, payload = item
+        if payload is None:
+            out[...] = 0
+            return
+        shard, chunk = divmod(cid, chunks_per_shard)
+        self.decode(payload, out, name=name, shard=shard, chunk=chunk)
+
     def _context(self) -> zstandard.ZstdDecompressor:
         ctx = getattr(self._local, "ctx", None)
         if ctx is None:

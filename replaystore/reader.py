@@ -228,13 +228,7 @@ class FrameReader:
         return scratch[:n]
 
     def _decode_range(self, payloads: list[tuple[int, bytes | None]], area: np.ndarray, start: int, stop: int) -> None:
-        for i in range(start, stop):
-            cid, payload = payloads[i]
-            if payload is None:
-                area[i] = 0
-                continue
-            shard, chunk = divmod(cid, self.chunks_per_shard)
-            self.decoder.decode(payload, area[i], name="obs", shard=shard, chunk=chunk)
+        self.decoder.decode_many(payloads, area, start, stop, name="obs", chunks_per_shard=self.chunks_per_shard)
 
     def _payload(self, cid: int) -> bytes | None:
         payload = self._chunks.get(cid)

@@ -1,0 +1,307 @@
+"""Sampling benchmark: the store against an in-RAM ring and the tutorial deque, measured side by side.
+
+Builds (or reuses) a store of 1M real Atari transitions: a random policy plays Breakout for
+``--record`` steps (AtariPreprocessing, 84x84 gray; cached under tools/out/) and the recording is
+tiled to ``--transitions``. Writing it through ``ReplayStore.add`` gives the write rate. Then each
+contender runs in its own process (so peak RSS is its own), samples batches of 32 transitions (4-frame
+stacks and next stacks, n_step=1) for ``--seconds`` on 1 and 2 threads, and reports batches/s:
+
+- store, uniform and prioritized (random priorities set first), threads calling ``sample``;
+- ring: a numpy ring in RAM holding each of the store's frames once (the ceiling), same stacking;
+- deque: ``collections.deque`` of ``(s, a, r, s2, done)`` tuples of stacked frames, sampled with
+  ``random.sample`` as in the common tutorial code, at ``--deque-transitions`` (its RAM at 1M is
+  extrapolated linearly and labelled so: 1M of them would not fit on this machine);
+- tf.data: ``store.as_dataset`` iterated by an empty consumer.
+
+Prints a table and the ratios the targets are stated in, and writes tools/out/bench_sampling.json.
+Run: python tools/bench_sampling.py  (about 10 minutes on 2 cores the first time, mostly recording
+and building the store; ``--reuse`` skips the build when the store exists).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import random
+import resource
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from atari_frames import OUT, record, replay_into
+
+BATCH = 32
+STACK = 4
+STORE = OUT / "bench_sampling.zarr"
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def du(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+# -------------------------------------------------------------------------------------------------
+# Building the store (parent process)
+
+
+def build_store(args: argparse.Namespace) -> dict:
+    import gymnasium as gym
+
+    from replaystore import ReplayStore
+
+    data = record(args.record)
+    shutil.rmtree(STORE, ignore_errors=True)
+    store = ReplayStore.create(STORE, args.transitions, gym.spaces.Box(0, 255, (84, 84), np.uint8),
+                               gym.spaces.Discrete(4), STACK)
+    t0 = time.perf_counter()
+    replay_into(store, data, args.transitions)
+    store.close()
+    seconds = time.perf_counter() - t0
+    return {"write_transitions_per_s": args.transitions / seconds, "write_seconds": seconds}
+
+
+# -------------------------------------------------------------------------------------------------
+# Contenders (each in a child process)
+
+
+def run_threads(sample_once, threads: int, seconds: float) -> float:
+    """Batches/s of ``threads`` threads each calling ``sample_once(rng)`` for ``seconds``."""
+    counts = [0] * threads
+    start = threading.Barrier(threads + 1)
+    stop_at = [0.0]
+
+    def work(i: int) -> None:
+        rng = np.random.default_rng(100 + i)
+        for _ in range(20):
+            sample_once(rng)
+        start.wait()
+        while time.perf_counter() < stop_at[0]:
+            sample_once(rng)
+            counts[i] += 1
+
+    pool = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+    for t in pool:
+        t.start()
+    stop_at[0] = time.perf_counter() + 1e9
+    start.wait()
+    t0 = time.perf_counter()
+    stop_at[0] = t0 + seconds
+    for t in pool:
+        t.join()
+    return sum(counts) / (time.perf_counter() - t0)
+
+
+def child_store(threads: int, seconds: float, prioritized: bool) -> dict:
+    from replaystore import ReplayStore
+
+    store = ReplayStore.open(STORE)
+    if prioritized:
+        slots = np.flatnonzero(store.ring.valid)
+        store.update_priorities(slots, np.random.default_rng(0).uniform(0.01, 2.0, slots.size))
+    rate = run_threads(lambda rng: store.sample(BATCH, rng=rng, prioritized=prioritized), threads, seconds)
+    return {"batches_per_s": rate, "cache_hit_rate": store.cache_hit_rate, "cache_mb": store.cache_bytes_held / 2**20}
+
+
+def store_frames(transitions: int):
+    """Yield ``(positions, frames, ep_step, is_last)`` blocks of the benchmark store, oldest first, so
+    the baselines hold exactly the store's frames without loading the recording (whose RAM would
+    count in their peak RSS)."""
+    from replaystore import ReplayStore
+
+    store = ReplayStore.open(STORE)
+    ring = store.ring
+    lo = ring.lo
+    end = min(ring.added, lo + transitions + 1)
+    for start in range(lo, end, 8192):
+        positions = np.arange(start, min(start + 8192, end), dtype=np.int64)
+        slots = positions % ring.capacity
+        yield positions - lo, store.reader.gather(positions), ring.ep_step[slots].astype(np.int64), ring.is_last[slots].copy()
+    store.close()
+
+
+def child_ring(threads: int, seconds: float, transitions: int) -> dict:
+    """A numpy ring in RAM holding each frame once: the store's frames, the same stacking rules."""
+    frames = np.empty((transitions + 1, 84, 84), np.uint8)
+    ep_step = np.zeros(transitions + 1, np.int64)
+    is_last = np.zeros(transitions + 1, bool)
+    for offsets_, block, ep, last in store_frames(transitions):
+        frames[offsets_] = block
+        ep_step[offsets_] = ep
+        is_last[offsets_] = last
+    n = int(offsets_[-1]) + 1
+    ok = np.flatnonzero(~is_last[: n - 1] & (np.arange(n - 1) >= STACK))
+    offsets = np.arange(STACK - 1, -1, -1)
+    local = threading.local()
+
+    def sample_once(rng: np.random.Generator) -> tuple:
+        # Output buffers reused per thread: a fresh 0.9 MB pair per batch measured ~10x slower here
+        # (page faults), and the ceiling should be a good ring, not a naive one.
+        if not hasattr(local, "obs"):
+            local.obs = np.empty((BATCH, STACK, 84, 84), np.uint8)
+            local.next_obs = np.empty((BATCH, STACK, 84, 84), np.uint8)
+        t = ok[rng.integers(0, ok.size, BATCH)]
+        stacks = t[:, None] - np.minimum(offsets[None, :], ep_step[t][:, None])
+        nxt = t + 1
+        next_stacks = nxt[:, None] - np.minimum(offsets[None, :], ep_step[nxt][:, None])
+        np.take(frames, stacks, axis=0, out=local.obs)
+        np.take(frames, next_stacks, axis=0, out=local.next_obs)
+        return local.obs, local.next_obs
+
+    return {"batches_per_s": run_threads(sample_once, threads, seconds)}
+
+
+def child_deque(threads: int, seconds: float, transitions: int) -> dict:
+    """The tutorial baseline: a deque of (state, action, reward, next_state, done) of stacked frames;
+    consecutive transitions share the state array, as ``state = next_state`` does in that code."""
+    memory: collections.deque = collections.deque(maxlen=transitions)
+    window: collections.deque = collections.deque(maxlen=STACK)
+    prev_next = None
+    for _, block, ep, last in store_frames(transitions):
+        for i in range(block.shape[0]):
+            if ep[i] == 0:
+                window.extend([block[i]] * STACK)
+                prev_next = np.stack(window)
+            else:
+                window.append(block[i])
+                state, prev_next = prev_next, np.stack(window)
+                memory.append((state, 0, 0.0, prev_next, bool(last[i])))
+
+    def sample_once(rng: np.random.Generator) -> tuple:
+        batch = random.sample(memory, BATCH)
+        states, actions, rewards, next_states, dones = zip(*batch, strict=True)
+        return np.array(states), np.array(actions), np.array(rewards), np.array(next_states), np.array(dones)
+
+    return {"batches_per_s": run_threads(sample_once, threads, seconds), "transitions": len(memory)}
+
+
+def child_tfdata(threads: int, seconds: float, batches_per_call: int) -> dict:
+    from replaystore import ReplayStore
+
+    store = ReplayStore.open(STORE)
+    import tensorflow as tf  # noqa: F401 - imported here so its start-up is not timed
+
+    it = iter(store.as_dataset(BATCH, threads=threads, batches_per_call=batches_per_call, prefetch=16, seed=0))
+    for _ in range(100):
+        next(it)
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        next(it)
+        n += 1
+    return {"batches_per_s": n / (time.perf_counter() - t0)}
+
+
+# -------------------------------------------------------------------------------------------------
+# Parent
+
+
+def spawn(args: argparse.Namespace, kind: str, threads: int) -> dict:
+    cmd = [sys.executable, __file__, "--child", kind, "--threads", str(threads), "--seconds", str(args.seconds),
+           "--transitions", str(args.transitions), "--record", str(args.record),
+           "--deque-transitions", str(args.deque_transitions), "--batches-per-call", str(args.batches_per_call)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise SystemExit(f"{kind} x{threads} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--transitions", type=int, default=1_000_000)
+    ap.add_argument("--record", type=int, default=100_000, help="real Breakout steps recorded, then tiled")
+    ap.add_argument("--deque-transitions", type=int, default=100_000)
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--batches-per-call", type=int, default=8)
+    ap.add_argument("--reuse", action="store_true", help="reuse tools/out/bench_sampling.zarr if it exists")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+
+    if args.child:
+        kind = args.child
+        if kind in ("store", "store-prioritized"):
+            result = child_store(args.threads, args.seconds, kind == "store-prioritized")
+        elif kind == "ring":
+            result = child_ring(args.threads, args.seconds, args.transitions)
+        elif kind == "deque":
+            result = child_deque(args.threads, args.seconds, args.deque_transitions)
+        else:
+            result = child_tfdata(args.threads, args.seconds, args.batches_per_call)
+        result["peak_rss_mb"] = peak_rss_mb()
+        print(json.dumps(result))
+        return
+
+    OUT.mkdir(exist_ok=True)
+    print(f"recording {args.record:,} real Breakout steps (random policy, cached), tiled to {args.transitions:,} transitions")
+    if args.reuse and (STORE / "zarr.json").exists():
+        built = {"write_transitions_per_s": None, "write_seconds": None}
+        print("reusing the existing store (write rate not measured)")
+    else:
+        built = build_store(args)
+        print(f"wrote {args.transitions:,} transitions in {built['write_seconds']:.1f} s: "
+              f"{built['write_transitions_per_s']:,.0f} transitions/s (one process)")
+    disk = du(STORE)
+    obs_disk = du(STORE / "obs")
+    from replaystore import ReplayStore
+
+    with ReplayStore.open(STORE) as s:
+        frames = min(s.capacity, s.added)
+    results = {"transitions": args.transitions, "recorded_steps": args.record, "store_bytes": disk,
+               "obs_mb_per_1m_frames": obs_disk / frames * 1e6 / 2**20, **built, "runs": {}}
+
+    rows = []
+    for kind, threads in [("ring", 1), ("ring", 2), ("store", 1), ("store", 2), ("store-prioritized", 1),
+                          ("store-prioritized", 2), ("tfdata", 1), ("tfdata", 2), ("deque", 1), ("deque", 2)]:
+        r = spawn(args, kind, threads)
+        results["runs"][f"{kind}/{threads}"] = r
+        rows.append((kind, threads, r))
+        print(f"  {kind:18s} threads={threads}: {r['batches_per_s']:9,.0f} batches/s, peak RSS {r['peak_rss_mb']:8,.0f} MB",
+              flush=True)
+
+    runs = results["runs"]
+    deque_scale = args.transitions / args.deque_transitions
+    print()
+    print(f"{'contender':34s} {'batches/s 1 thr':>15s} {'2 thr':>9s} {'peak RSS MB':>12s}")
+    labels = {"ring": "numpy ring in RAM (ceiling)", "store": "replaystore uniform",
+              "store-prioritized": "replaystore prioritized", "tfdata": "replaystore as_dataset (tf.data)",
+              "deque": "deque of tuples (tutorial)"}
+    for kind, label in labels.items():
+        one, two = runs[f"{kind}/1"], runs[f"{kind}/2"]
+        rss = f"{max(one['peak_rss_mb'], two['peak_rss_mb']):,.0f}"
+        if kind == "deque":
+            rss += f" at {args.deque_transitions // 1000}k (~{max(one['peak_rss_mb'], two['peak_rss_mb']) * deque_scale:,.0f} at 1M)"
+        print(f"{label:34s} {one['batches_per_s']:15,.0f} {two['batches_per_s']:9,.0f} {rss:>12s}")
+    ratios = {
+        "store_uniform_vs_ring_2_threads": runs["store/2"]["batches_per_s"] / runs["ring/2"]["batches_per_s"],
+        "store_uniform_vs_ring_1_thread": runs["store/1"]["batches_per_s"] / runs["ring/1"]["batches_per_s"],
+        "store_prioritized_vs_ring_2_threads": runs["store-prioritized/2"]["batches_per_s"] / runs["ring/2"]["batches_per_s"],
+        "store_rss_vs_ring_rss": max(runs["store/1"]["peak_rss_mb"], runs["store/2"]["peak_rss_mb"])
+        / max(runs["ring/1"]["peak_rss_mb"], runs["ring/2"]["peak_rss_mb"]),
+        "tfdata_vs_sampler_1_thread": runs["tfdata/1"]["batches_per_s"] / runs["store/1"]["batches_per_s"],
+        "tfdata_vs_sampler_2_threads": runs["tfdata/2"]["batches_per_s"] / runs["store/2"]["batches_per_s"],
+        "store_vs_deque_2_threads": runs["store/2"]["batches_per_s"] / runs["deque/2"]["batches_per_s"],
+    }
+    results["ratios"] = ratios
+    print()
+    print(f"on disk: {disk / 2**20:,.1f} MB for the store; frames {results['obs_mb_per_1m_frames']:.1f} MB per 1M frames (target <= 150)")
+    if built["write_transitions_per_s"]:
+        print(f"write: {built['write_transitions_per_s']:,.0f} transitions/s on one core (target >= 20,000)")
+    targets = {"store_uniform_vs_ring_2_threads": ">= 0.25", "store_rss_vs_ring_rss": "<= 0.05",
+               "tfdata_vs_sampler_1_thread": ">= 0.8", "tfdata_vs_sampler_2_threads": ">= 0.8"}
+    for name, value in ratios.items():
+        print(f"ratio {name:38s} {value:8.3f}  {('target ' + targets[name]) if name in targets else ''}")
+    (OUT / "bench_sampling.json").write_text(json.dumps(results, indent=2))
+    print(f"\nwrote {OUT / 'bench_sampling.json'}")
+
+
+if __name__ == "__main__":
+    main()
