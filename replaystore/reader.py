@@ -164,6 +164,32 @@ class FrameReader:
                 plan.out[plan.rows] = scratch
         return plan.out.reshape(*plan.shape, *self.shape)
 
+    def warm(self, shards: range) -> int:
+        """Load the compressed chunks of ``shards`` into the cache (one read per shard file, every
+        chunk checked), stopping when the cache is full; returns the bytes added."""
+        added = 0
+        for shard in shards:
+            path = self.root / shard_key("obs", shard, len(self.shape))
+            try:
+                raw = path.read_bytes()
+            except FileNotFoundError:
+                continue
+            tail = self.chunks_per_shard * INDEX_ENTRY_BYTES + CRC_BYTES
+            index = parse_index(memoryview(raw)[max(0, len(raw) - tail):], self.chunks_per_shard, name="obs", shard=shard)
+            for chunk, (off, nbytes) in enumerate(index.tolist()):
+                cid = shard * self.chunks_per_shard + chunk
+                if off == int(EMPTY) or cid in self._chunks:
+                    continue
+                if off + nbytes > len(raw) - tail or self._held + nbytes > self.cache_bytes:
+                    return added
+                first = cid * self.chunk_len
+                payload = bytes(check_chunk(memoryview(raw)[off : off + nbytes], name="obs", shard=shard, chunk=chunk,
+                                            first_step=first, steps=self.chunk_len))
+                self._chunks[cid] = payload
+                self._held += len(payload)
+                added += len(payload)
+        return added
+
     def invalidate(self, shard: int) -> None:
         """Forget everything cached about ``shard`` (the writer just rewrote it)."""
         handle = self._handles.pop(shard, None)

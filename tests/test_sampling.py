@@ -175,6 +175,12 @@ def test_cache_hit_rate_and_bytes_held(store_path: Path) -> None:
         reader.sample(64, rng=rng)
     assert reader.cache_hit_rate > max(cold, 0.8)
     assert 0 < reader.cache_bytes_held <= 1 << 20
+    warm = ReplayStore.open(store_path)
+    assert warm.warm_cache() > 0 and warm.cache_bytes_held == warm.warm_cache() + warm.cache_bytes_held
+    np.testing.assert_array_equal(warm.sample(64, rng=np.random.default_rng(2)).obs,
+                                  reader.sample(64, rng=np.random.default_rng(2)).obs)
+    assert warm.cache_hit_rate == 1.0
+    assert ReplayStore.open(store_path, cache_bytes=200).warm_cache() <= 200
     tiny = ReplayStore.open(store_path, cache_bytes=0)
     batch = tiny.sample(64, rng=np.random.default_rng(0))
     np.testing.assert_array_equal(batch.obs, reader.sample(64, rng=np.random.default_rng(0)).obs)

@@ -43,6 +43,10 @@ STORE = OUT / "bench_sampling.zarr"
 
 
 def peak_rss_mb() -> float:
+    """This process's peak RSS (VmHWM: ru_maxrss would carry over the parent's peak across exec)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
@@ -82,8 +86,12 @@ def run_threads(sample_once, threads: int, seconds: float) -> float:
 
     def work(i: int) -> None:
         rng = np.random.default_rng(100 + i)
-        for _ in range(20):
-            sample_once(rng)
+        try:
+            for _ in range(20):
+                sample_once(rng)
+        except BaseException:
+            start.abort()  # do not leave the others waiting at the barrier
+            raise
         start.wait()
         while time.perf_counter() < stop_at[0]:
             sample_once(rng)
@@ -105,11 +113,15 @@ def child_store(threads: int, seconds: float, prioritized: bool) -> dict:
     from replaystore import ReplayStore
 
     store = ReplayStore.open(STORE)
+    t0 = time.perf_counter()
+    warmed = store.warm_cache()
+    warm_s = time.perf_counter() - t0
     if prioritized:
         slots = np.flatnonzero(store.ring.valid)
         store.update_priorities(slots, np.random.default_rng(0).uniform(0.01, 2.0, slots.size))
     rate = run_threads(lambda rng: store.sample(BATCH, rng=rng, prioritized=prioritized), threads, seconds)
-    return {"batches_per_s": rate, "cache_hit_rate": store.cache_hit_rate, "cache_mb": store.cache_bytes_held / 2**20}
+    return {"batches_per_s": rate, "cache_hit_rate": store.cache_hit_rate, "cache_mb": store.cache_bytes_held / 2**20,
+            "warm_cache_mb": warmed / 2**20, "warm_cache_s": warm_s}
 
 
 def store_frames(transitions: int):
@@ -168,7 +180,7 @@ def child_deque(threads: int, seconds: float, transitions: int) -> dict:
     prev_next = None
     for _, block, ep, last in store_frames(transitions):
         for i in range(block.shape[0]):
-            if ep[i] == 0:
+            if ep[i] == 0 or prev_next is None:  # an episode starts (or the store's oldest step is mid-episode)
                 window.extend([block[i]] * STACK)
                 prev_next = np.stack(window)
             else:
@@ -188,6 +200,7 @@ def child_tfdata(threads: int, seconds: float, batches_per_call: int) -> dict:
     from replaystore import ReplayStore
 
     store = ReplayStore.open(STORE)
+    store.warm_cache()
     import tensorflow as tf  # noqa: F401 - imported here so its start-up is not timed
 
     it = iter(store.as_dataset(BATCH, threads=threads, batches_per_call=batches_per_call, prefetch=16, seed=0))
