@@ -1,0 +1,182 @@
+"""The reading half of ``ReplayStore``: sampling (uniform, prioritized, n-step), priorities, the
+tf.data pipeline, and the cache and RAM reports. A mixin, so ``store.py`` keeps construction,
+writing and the lifecycle; both halves share the store's ring, reader and lock.
+
+``sample`` is split in two: ``_prepare`` (under the store's lock) draws positions and reads
+everything a batch needs from the ring; ``Pending.finish`` decodes the frames without the lock, so
+samplers on several threads and an acting thread that adds run side by side.
+"""
+
+from __future__ import annotations
+
+import numbers
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from replaystore import sampler as _sampler
+from replaystore.assemble import Batch, Pending, prepare
+from replaystore.errors import SampleError
+from replaystore.memory import estimate
+from replaystore.priority import Priorities
+from replaystore.reader import FrameReader
+from replaystore.ring import Ring
+from replaystore.schema import Layout, Schema
+
+
+class Sampling:
+    """Sampling methods of ``ReplayStore`` (see store.py for the attributes they use)."""
+
+    path: Path
+    schema: Schema
+    layout: Layout
+    ring: Ring
+    reader: FrameReader
+    _mutex: threading.RLock
+    _priorities: Priorities
+    _writer: Any
+
+    @property
+    def capacity(self) -> int:
+        return self.schema.capacity
+
+    def _check_open(self) -> None:
+        raise NotImplementedError
+
+    def sample(self, batch_size: int, *, rng: np.random.Generator | None = None, n_step: int = 1,
+               gamma: float = 0.99, prioritized: bool = False, alpha: float = 0.6, beta: float = 0.4) -> Batch:
+        """Sample ``batch_size`` transitions with replacement: uniformly, or by priority.
+
+        ``n_step`` > 1 returns the discounted n-step reward, the observation up to ``n_step`` moves
+        ahead and ``discount = gamma**k`` (0 after a termination). With ``prioritized=True`` a
+        transition is drawn with probability ``p**alpha / sum p**alpha`` and ``weight`` holds its
+        importance weight ``(N P(i))**-beta``, normalised so the largest possible weight is 1; set
+        priorities with ``update_priorities(batch.index, new_priorities)``. Safe to call from
+        several threads and alongside ``add`` (decoding runs outside the store's lock).
+
+        Example:
+            >>> ReplayStore.open("/tmp/doc.zarr").sample(4, rng=np.random.default_rng(1), n_step=3).discount.shape
+            (4,)
+        """
+        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
+            raise SampleError(f"batch_size is {batch_size!r}; it must be a positive int")
+        if isinstance(n_step, bool) or not isinstance(n_step, numbers.Integral) or not 1 <= n_step <= 1000:
+            raise SampleError(f"n_step is {n_step!r}; it must be an int between 1 and 1000")
+        _check_unit(gamma, "gamma")
+        if prioritized:
+            _check_unit(alpha, "alpha")
+            _check_unit(beta, "beta")
+        return self._prepare(batch_size, rng=rng, n_step=n_step, gamma=gamma, prioritized=prioritized, alpha=alpha,
+                             beta=beta).finish(self.reader)
+
+    def _prepare(self, batch_size: int, *, rng: np.random.Generator | None, n_step: int, gamma: float,
+                 prioritized: bool, alpha: float, beta: float, min_available: int | None = None) -> Pending:
+        """The locked half of ``sample``: draw positions, read the ring, plan the frame reads.
+
+        ``min_available`` (default ``batch_size``) is how many sampleable transitions must exist: the
+        prefetcher draws several batches at once and needs only one batch's worth.
+        """
+        rng = rng if rng is not None else np.random.default_rng()
+        with self._mutex:
+            self._check_open()
+            available = _sampler.count_sampleable(self.ring, int(n_step))
+            needed = batch_size if min_available is None else min_available
+            if needed > available:
+                raise SampleError(
+                    f"asked for {needed} transitions but {self.path} holds {available} sampleable "
+                    f"(n_step={n_step}); add more transitions first or sample at most {available}"
+                )
+            weight = None
+            if prioritized:
+                tree = self._priorities.sync(float(alpha))
+                positions = _sampler.sample_prioritized(self.ring, tree, int(batch_size), rng, n_step=int(n_step))
+                weight = self._priorities.weights(tree, positions % self.capacity, float(beta))
+            else:
+                positions = _sampler.sample_uniform(self.ring, int(batch_size), rng, n_step=int(n_step))
+            return prepare(self.ring, self.reader, positions, n_step=int(n_step), gamma=float(gamma), weight=weight)
+
+    def as_dataset(self, batch_size: int, *, n_step: int = 1, gamma: float = 0.99, prioritized: bool = False,
+                   alpha: float = 0.6, beta: float = 0.4, prefetch: int = 4, threads: int = 2,
+                   batches_per_call: int = 8, seed: int | None = None, device: str | None = "auto") -> Any:
+        """An endless ``tf.data.Dataset`` of sampled batches, drawn on background threads.
+
+        Each element is a dict with the ``Batch`` fields (``obs``, ``action``, ``reward``,
+        ``next_obs``, ``terminated``, ``truncated``, ``discount``, ``index``, ``weight``) and a
+        fixed ``element_spec``. ``threads`` workers draw ``batches_per_call`` batches per call ahead
+        of the consumer and ``prefetch`` batches are kept ready; ``device="auto"`` places them on the
+        first GPU when there is one (a device string picks one, None keeps them on the CPU). With a
+        ``seed`` and a store that is not being written, the batches are the same every run. Works
+        while this process ``add``s to the store (the trainer does). Imports TensorFlow.
+
+        Example:
+            >>> ds = ReplayStore.open("/tmp/doc.zarr").as_dataset(8, seed=0)  # doctest: +SKIP
+            >>> next(iter(ds))["obs"].shape  # doctest: +SKIP
+            TensorShape([8, 2, 4])
+        """
+        from replaystore.tfdata import as_dataset
+
+        self._check_open()
+        return as_dataset(self, batch_size, n_step=n_step, gamma=gamma, prioritized=prioritized, alpha=alpha, beta=beta,
+                          prefetch=prefetch, threads=threads, batches_per_call=batches_per_call, seed=seed, device=device)
+
+    def update_priorities(self, index: Any, priority: Any) -> None:
+        """Set the priorities of the transitions at ``index`` (``batch.index``) to ``priority``.
+
+        Priorities must be finite and >= 0 (typically ``|td_error| + eps``); they are clipped below to
+        1e-6 so no transition is starved. A writer saves them with its next flush, so a reopened store
+        samples with them; a read-only store keeps them in RAM only.
+        """
+        idx = np.asarray(index)
+        prio = np.asarray(priority)
+        if idx.ndim != 1 or idx.dtype.kind not in "iu":
+            raise SampleError(f"index must be a 1-D integer array such as batch.index, got {idx.dtype} of shape {idx.shape}")
+        if prio.shape != idx.shape or prio.dtype.kind not in "iuf":
+            raise SampleError(f"priority must be a numeric array of shape {idx.shape} (one per index), got {prio.dtype} of shape {prio.shape}")
+        if idx.size and (idx.min() < 0 or idx.max() >= self.capacity):
+            raise SampleError(f"index holds slots outside 0..{self.capacity - 1}; pass batch.index from this store")
+        if prio.size and not (np.all(np.isfinite(prio)) and prio.min() >= 0):
+            raise SampleError("priorities must be finite and >= 0 (use |td_error| + a small epsilon)")
+        if idx.size == 0:
+            return
+        with self._mutex:
+            self._check_open()
+            self._priorities.update(idx.astype(np.int64), prio.astype(np.float64))
+
+    def priorities(self, index: Any) -> np.ndarray:
+        """The current priorities (before ``alpha``) of the slots in ``index``, as float32."""
+        idx = np.asarray(index)
+        if idx.dtype.kind not in "iu" or (idx.size and (idx.min() < 0 or idx.max() >= self.capacity)):
+            raise SampleError(f"index must hold integer slots in 0..{self.capacity - 1}, such as batch.index")
+        with self._mutex:
+            return self.ring.priority[idx].copy()
+
+    def warm_cache(self) -> int:
+        """Read the store's compressed frame chunks into the cache now, shard by shard (up to
+        ``cache_bytes``), so sampling never waits on a disk read; returns the bytes loaded. A 1M-frame
+        Atari store is ~65 MB and loads in about a second."""
+        with self._mutex:
+            self._check_open()
+            n_shards = -(-self.capacity // self.layout.shard_len)
+            return self.reader.warm(range(n_shards))
+
+    def memory_estimate(self) -> dict[str, int]:
+        """Bytes of RAM each part of this store can use (see memory.py); ``sum()`` for the total."""
+        return estimate(self.schema, self.layout, writable=self._writer is not None, cache_bytes=self.reader.cache_bytes,
+                        decode_threads=self.reader.decode_threads)
+
+    @property
+    def cache_hit_rate(self) -> float:
+        """Fraction of on-disk chunk lookups served from the compressed-chunk cache."""
+        return self.reader.hit_rate
+
+    @property
+    def cache_bytes_held(self) -> int:
+        """Compressed chunk bytes held in RAM by the cache (at most ``cache_bytes``)."""
+        return self.reader.bytes_held
+
+
+def _check_unit(value: Any, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= float(value) <= 1.0:
+        raise SampleError(f"{name} is {value!r}; it must be a number in [0, 1]")
