@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numbers
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +38,8 @@ class Sampling:
     _mutex: threading.RLock
     _priorities: Priorities
     _writer: Any
-
-    @property
-    def capacity(self) -> int:
-        return self.schema.capacity
-
-    def _check_open(self) -> None:
-        raise NotImplementedError
+    capacity: int  # a property of ReplayStore
+    _check_open: Callable[[], None]  # ReplayStore's: raises StoreClosedError after close()
 
     def sample(self, batch_size: int, *, rng: np.random.Generator | None = None, n_step: int = 1,
                gamma: float = 0.99, prioritized: bool = False, alpha: float = 0.6, beta: float = 0.4) -> Batch:
