@@ -293,6 +293,28 @@ class ReplayStore(Sampling):
         ring.mark_transition(head)
         self._head_obs = None if done else next_a.copy()
 
+    def end_episode(self) -> bool:
+        """Close the episode in progress as truncated (its last observation is kept); returns whether
+        there was one. For a writer that cannot continue the episode, such as a trainer resuming after
+        a crash: the environment's state is gone, so the next ``add`` must start a new episode.
+
+        Example:
+            >>> with ReplayStore.open("/tmp/doc.zarr", mode="a") as store:  # doctest: +SKIP
+            ...     store.end_episode()
+        """
+        with self._mutex:
+            self._require_writer("end the episode")
+            if not self._episode_in_progress():
+                return False
+            ring = self.ring
+            head = ring.added - 1
+            move = (head - 1) % ring.capacity  # add() writes two steps per new episode, so head-1 exists
+            ring.truncated[move] = True
+            ring.is_last[head % ring.capacity] = True
+            ring.dirty_shards.update({move // ring.shard_len, (head % ring.capacity) // ring.shard_len})
+            self._head_obs = None
+            return True
+
     def flush(self) -> None:
         """Make everything added so far durable; readers opened afterwards see it."""
         with self._mutex:

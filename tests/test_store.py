@@ -16,7 +16,7 @@ import pytest
 import zarr
 from conftest import OBS_SHAPE, fill, frame, make_store
 
-from replaystore import FORMAT_VERSION, Layout, ReplayStore, StoreLockedError
+from replaystore import FORMAT_VERSION, Layout, ReadOnlyError, ReplayStore, StoreLockedError
 
 
 def test_plain_zarr_reads_every_field(store_path: Path) -> None:
@@ -186,3 +186,24 @@ def test_stale_partial_files_are_cleaned_on_append(store_path: Path) -> None:
     assert not junk.exists()
     assert json.loads((store_path / "zarr.json").read_text())["attributes"]["replaystore"]["state"]["added"] > 0
     assert os.path.exists(store_path / "obs" / "zarr.json")
+
+
+def test_end_episode_closes_it_as_truncated_and_survives_reopen(store_path: Path) -> None:
+    store = make_store(store_path)
+    fill(store, 10, episode_len=7)  # the second episode is 3 moves in
+    assert store.episode_in_progress
+    before = len(store)
+    assert store.end_episode() is True
+    assert not store.episode_in_progress and len(store) == before
+    assert store.end_episode() is False
+    head = store.added - 1
+    assert bool(store.ring.truncated[(head - 1) % store.capacity]) and not store.ring.terminated[(head - 1) % store.capacity]
+    store.add(frame(500), 1, 1.0, frame(501), False, False)  # a new episode may start with any obs
+    store.close()
+    store = ReplayStore.open(store_path)
+    assert store.ring.truncated[(head - 1) % store.capacity] and store.ring.is_last[head % store.capacity]
+    assert store.episode_in_progress and len(store) == before + 1
+    store.close()
+    ro = ReplayStore.open(store_path)
+    with pytest.raises(ReadOnlyError):
+        ro.end_episode()
