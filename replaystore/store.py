@@ -86,14 +86,15 @@ SHARD_BUFFER_MAX_BYTES = 32 * 2**20
 DEFAULT_SHARD_LEN = 4096
 
 
-def default_layout(frame_bytes: int) -> Layout:
-    """The measured default: ~64 KiB frame chunks (8 Atari frames), 4096-step shards, zstd-3.
+def default_layout(frame_bytes: int, capacity: int = DEFAULT_SHARD_LEN) -> Layout:
+    """The measured default: ~64 KiB frame chunks (8 Atari frames), 4096-step shards, zstd-3; a store
+    of fewer than 4 * 4096 steps gets power-of-two shards of at most a quarter of its capacity.
 
     See README "Choosing the layout" for the measurements behind these numbers.
     """
+    shard_len = min(DEFAULT_SHARD_LEN, 1 << int(math.log2(max(capacity // 4, 1))))  # >= 4 shards a ring
     chunk_len = 1 << max(0, int(math.log2(max(1, CHUNK_TARGET_BYTES // max(frame_bytes, 1)))))
-    chunk_len = min(chunk_len, DEFAULT_SHARD_LEN)
-    shard_len = DEFAULT_SHARD_LEN
+    chunk_len = min(chunk_len, shard_len)
     while shard_len > chunk_len and shard_len * frame_bytes > SHARD_BUFFER_MAX_BYTES:
         shard_len //= 2
     return Layout(shard_len=shard_len, obs_chunk_len=chunk_len, codec=CodecSpec())
@@ -157,7 +158,7 @@ class ReplayStore(Sampling):
             raise ConfigError(f"capacity is {capacity!r}; it must be an int between 2 and {MAX_CAPACITY} steps")
         if isinstance(frame_stack, bool) or not isinstance(frame_stack, numbers.Integral) or not 1 <= frame_stack <= 1024:
             raise ConfigError(f"frame_stack is {frame_stack!r}; it must be an int between 1 and 1024 (4 for Atari)")
-        layout = layout or default_layout(box.frame_bytes)
+        layout = layout or default_layout(box.frame_bytes, int(capacity))
         validate_layout(layout, int(capacity))
         schema = Schema(box, discrete, int(capacity), int(frame_stack))
         _check_memory(schema, layout, root, writable=True, cache_bytes=cache_bytes, memory_budget=memory_budget,

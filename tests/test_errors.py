@@ -170,9 +170,18 @@ def test_bad_create_arguments(tmp_path: Path, kwargs: dict, message: str) -> Non
     assert not (tmp_path / "r.zarr").exists()
 
 
-def test_default_layout_refuses_capacity_below_a_shard(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="4096"):
-        ReplayStore.create(tmp_path / "r.zarr", 1000, gym.spaces.Box(0, 255, (84, 84), np.uint8), gym.spaces.Discrete(4))
+@pytest.mark.parametrize("capacity", [2, 3, 1000, 5000])
+def test_default_layout_fits_small_capacities(tmp_path: Path, capacity: int) -> None:
+    with ReplayStore.create(tmp_path / "r.zarr", capacity, gym.spaces.Box(0, 255, (84, 84), np.uint8),
+                            gym.spaces.Discrete(4)) as store:
+        assert store.layout.shard_len <= max(1, capacity // 4) and store.layout.shard_len % store.layout.obs_chunk_len == 0
+        for t in range(2 * capacity + 3):
+            store.add(np.full((84, 84), t % 256, np.uint8), 0, 0.0, np.full((84, 84), (t + 1) % 256, np.uint8), True, False)
+        assert 0 < len(store) <= capacity // 2
+        assert store.sample(1, rng=np.random.default_rng(0)).obs.shape == (1, 1, 84, 84)
+    with pytest.raises(ConfigError, match="smaller than one shard"):
+        ReplayStore.create(tmp_path / "s.zarr", 1000, gym.spaces.Box(0, 255, (84, 84), np.uint8), gym.spaces.Discrete(4),
+                           layout=Layout(shard_len=2048, obs_chunk_len=8))
 
 
 def test_sampling_more_than_is_stored(filled: ReplayStore, store_path: Path) -> None:

@@ -1,0 +1,141 @@
+"""The trainer's parts in-process: frame stacks match the store's, arguments and resume rules, the
+atomic checkpoint, the double-DQN step. Whole runs in subprocesses are in test_trainer_smoke.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import frame, make_store
+
+from trainer import checkpoint
+from trainer.args import Args, TrainerError, parse
+from trainer.dqn import linear_schedule, main
+from trainer.envs import FrameStacker
+
+
+def test_agent_stacks_are_the_stores_stacks(store_path: Path) -> None:
+    """What the agent saw at every step is bit for bit what sample() returns for that transition,
+    including episodes that end mid-stack and restart from the next observation (a lost life)."""
+    store = make_store(store_path, capacity=256, frame_stack=4, shard_len=32, chunk_len=8)
+    stacker = FrameStacker(4, frame(0).shape, np.uint8)
+    rng = np.random.default_rng(0)
+    seen: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    obs = frame(0)
+    stacker.reset(obs)
+    for t in range(200):
+        nxt = frame(t + 1)
+        end = rng.random() < 0.15
+        before = stacker.stack.copy()
+        store.add(obs, 0, 0.0, nxt, end, False)
+        slot = (store.added - 2) % store.capacity
+        after = stacker.reset(nxt) if end else stacker.push(nxt)
+        if not end:
+            seen[slot] = (before, after.copy())
+        else:
+            # next_obs of a terminal move: the store stacks it onto the ending episode
+            seen[slot] = (before, np.concatenate([before[1:], nxt[None]]))
+        obs = nxt
+    checked: set[int] = set()
+    for seed in range(6):
+        batch = store.sample(len(store), rng=np.random.default_rng(seed))
+        for i, slot in enumerate(batch.index):
+            np.testing.assert_array_equal(batch.obs[i], seen[int(slot)][0])
+            np.testing.assert_array_equal(batch.next_obs[i], seen[int(slot)][1])
+            checked.add(int(slot))
+    assert len(checked) > 0.9 * len(seen)
+    store.close()
+
+
+def test_linear_schedule() -> None:
+    assert linear_schedule(1.0, 0.1, 100, 0) == 1.0
+    assert linear_schedule(1.0, 0.1, 100, 50) == pytest.approx(0.55)
+    assert linear_schedule(1.0, 0.1, 100, 1000) == 0.1
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--env-id", "NoSuchGame-v9"], "unknown environment id 'NoSuchGame-v9'"),
+    (["--env-id", "Pendulum-v1"], "needs a Discrete action space"),
+    (["--env-id", "CartPole-v1", "--buffer-size", "16", "--batch-size", "32"], "smaller than --batch-size 32"),
+    (["--env-id", "CartPole-v1", "--gamma", "1.5"], "--gamma is 1.5"),
+    (["--env-id", "CartPole-v1", "--hidden-sizes", "a,b"], "--hidden-sizes"),
+], ids=["unknown-env", "continuous-actions", "buffer-below-batch", "gamma", "hidden-sizes"])
+def test_bad_arguments_are_one_line_errors_and_write_nothing(tmp_path: Path, argv: list[str], message: str,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = tmp_path / "run"
+    assert main([*argv, "--run-dir", str(run_dir)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+    assert not run_dir.exists()
+
+
+def test_resume_needs_a_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--resume", str(tmp_path / "missing")]) == 1
+    assert "does not exist" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main(["--resume", str(tmp_path / "empty")]) == 1
+    assert "holds no run" in capsys.readouterr().err
+
+
+def test_resume_refuses_changed_hyperparameters(tmp_path: Path) -> None:
+    (tmp_path / "args.json").write_text(json.dumps({"env_id": "CartPole-v1", "run_dir": str(tmp_path)}))
+    with pytest.raises(TrainerError, match="--learning-rate cannot change when resuming"):
+        parse(["--resume", str(tmp_path), "--learning-rate", "0.1"])
+    args, resuming = parse(["--resume", str(tmp_path), "--total-timesteps", "123", "--no-progress"])
+    assert resuming and args.total_timesteps == 123 and args.progress is False and args.env_id == "CartPole-v1"
+
+
+def test_new_run_refuses_a_used_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "something").write_text("x")
+    assert main(["--env-id", "CartPole-v1", "--run-dir", str(tmp_path)]) == 1
+    assert "--resume" in capsys.readouterr().err
+
+
+def test_checkpoint_is_replaced_atomically(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    arrays = {"online": [np.ones(3)], "target": [np.zeros(3)], "optimizer": [np.array(7)]}
+    checkpoint.save(tmp_path, arrays, {"global_step": 10})
+
+    def crash(*_: object, **__: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(np, "savez", crash)
+    with pytest.raises(OSError):
+        checkpoint.save(tmp_path, {**arrays, "online": [np.full(3, 9.0)]}, {"global_step": 20})
+    monkeypatch.undo()
+    (tmp_path / ".checkpoint-x.npz.tmp").write_bytes(b"torn")  # as a SIGKILL mid-write would leave
+    checkpoint.remove_partials(tmp_path)
+    loaded, state = checkpoint.load(tmp_path)
+    assert state == {"global_step": 10} and loaded["online"][0].tolist() == [1, 1, 1]
+    assert [p.name for p in tmp_path.iterdir()] == [checkpoint.CHECKPOINT]
+
+
+def test_double_dqn_target(tmp_path: Path) -> None:
+    """One step of the tf.function against the formula: the online net picks, the target net values."""
+    import tensorflow as tf
+
+    from trainer.agent import Agent
+
+    agent = Agent((1, 2), np.float32, 3, learning_rate=1e-3, hidden_sizes=[8])
+    obs = np.random.default_rng(0).normal(size=(4, 1, 2)).astype(np.float32)
+    nxt = np.random.default_rng(1).normal(size=(4, 1, 2)).astype(np.float32)
+    agent.target.set_weights([w * 0.5 for w in agent.online.get_weights()])
+    q_online, q_next_online, q_next_target = (np.asarray(m(x)) for m, x in
+                                              ((agent.online, obs), (agent.online, nxt), (agent.target, nxt)))
+    batch = {"obs": tf.constant(obs), "next_obs": tf.constant(nxt), "action": tf.constant([0, 1, 2, 0], tf.int64),
+             "reward": tf.constant([1, 0, -1, 0.5], tf.float32), "discount": tf.constant([0.99, 0, 0.99, 0.5], tf.float32),
+             "weight": tf.ones(4)}
+    expected = batch["reward"].numpy() + batch["discount"].numpy() * q_next_target[np.arange(4), q_next_online.argmax(1)]
+    td = np.abs(expected - q_online[np.arange(4), [0, 1, 2, 0]])
+    loss, _, abs_td = agent.train(batch, 0.99)
+    np.testing.assert_allclose(abs_td.numpy(), td, rtol=1e-5, atol=1e-6)
+    huber = np.where(td < 1, 0.5 * td**2, td - 0.5)
+    assert float(loss) == pytest.approx(huber.mean(), rel=1e-5)
+    assert agent.train_steps == 1
+
+
+def test_args_defaults_are_cleanrl_atari() -> None:
+    args = Args()
+    assert (args.buffer_size, args.learning_starts, args.train_frequency, args.target_network_frequency,
+            args.batch_size, args.learning_rate) == (1_000_000, 80_000, 4, 1000, 32, 1e-4)

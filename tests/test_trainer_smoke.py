@@ -1,0 +1,147 @@
+"""Whole ``replaystore-train`` runs in subprocesses, at tiny sizes: CartPole and a real ALE game,
+SIGKILL mid-training then ``--resume``, SIGTERM saving a checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from replaystore import ReplayStore
+from replaystore.cli import main as cli_main
+from trainer import checkpoint
+from trainer.dqn import linear_schedule
+
+TAGS = {"charts/episodic_return", "charts/episodic_length", "charts/epsilon", "charts/SPS", "losses/td_loss",
+        "losses/q_values", "replay/size", "replay/cache_hit_rate", "replay/sample_ms"}
+CARTPOLE = ["--env-id", "CartPole-v1", "--buffer-size", "3000", "--batch-size", "16", "--learning-starts", "200",
+            "--train-frequency", "2", "--target-network-frequency", "100", "--no-progress", "--sample-threads", "1"]
+
+
+def _train(*argv: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "trainer.dqn", *argv], capture_output=True, text=True, check=False,
+                          timeout=timeout, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+
+
+def _scalars(run_dir: Path) -> dict[str, list[float]]:
+    import tensorflow as tf
+
+    out: dict[str, list[float]] = {}
+    for path in (run_dir / "tb").iterdir():
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                out.setdefault(value.tag, []).append(float(tf.make_ndarray(value.tensor)))
+    return out
+
+
+def test_cartpole_run_writes_store_checkpoint_logs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run"
+    done = _train(*CARTPOLE, "--total-timesteps", "1200", "--run-dir", str(run), "--eval-episodes", "2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "done: 1,200 steps" in done.stdout and "eval at step 1,200" in done.stdout
+    assert {p.name for p in run.iterdir()} == {"args.json", "replay.zarr", "checkpoint.npz", "tb", "evals.jsonl"}
+    _, state = checkpoint.load(run)
+    assert state["global_step"] == 1200 and state["train_steps"] == (1200 - 200) // 2
+    scalars = _scalars(run)
+    assert TAGS <= set(scalars), TAGS - set(scalars)
+    assert all(np.isfinite(scalars["losses/td_loss"]))
+    with ReplayStore.open(run / "replay.zarr") as store:
+        assert store.added >= 1200 and len(store) == 1200 and store.frame_stack == 1
+    assert cli_main(["inspect", str(run / "replay.zarr")]) == 0
+    assert "1,200" in capsys.readouterr().out
+
+
+def test_atari_run_learns_from_the_store(tmp_path: Path) -> None:
+    run = tmp_path / "breakout"
+    done = _train("--env-id", "ALE/Breakout-v5", "--total-timesteps", "500", "--buffer-size", "1000",
+                  "--batch-size", "8", "--learning-starts", "100", "--target-network-frequency", "100",
+                  "--run-dir", str(run), "--no-progress", "--sample-threads", "1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    scalars = _scalars(run)
+    assert TAGS - {"charts/episodic_return", "charts/episodic_length"} <= set(scalars)
+    assert all(np.isfinite(scalars["losses/td_loss"])) and all(np.isfinite(scalars["losses/q_values"]))
+    with ReplayStore.open(run / "replay.zarr") as store:
+        assert store.observation_space.shape == (84, 84) and store.frame_stack == 4
+        batch = store.sample(4, rng=np.random.default_rng(0))
+        assert batch.obs.shape == (4, 4, 84, 84) and set(np.unique(batch.reward)) <= {-1.0, 0.0, 1.0}
+
+
+def _wait_for_checkpoint(run: Path, proc: subprocess.Popen, step: int) -> dict:
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        if (run / checkpoint.CHECKPOINT).exists():
+            try:
+                _, state = checkpoint.load(run)
+            except Exception:  # noqa: BLE001 - being replaced right now
+                state = {"global_step": 0}
+            if state["global_step"] >= step:
+                return state
+        time.sleep(0.2)
+    raise AssertionError(f"no checkpoint at step {step} within 180 s")
+
+
+def test_sigkill_then_resume_continues_from_the_checkpoint(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "trainer.dqn", *CARTPOLE, "--total-timesteps", "100000",
+                             "--checkpoint-frequency", "300", "--run-dir", str(run)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    _wait_for_checkpoint(run, proc, 900)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    arrays, state = checkpoint.load(run)
+    s = state["global_step"]
+    with ReplayStore.open(run / "replay.zarr") as store:
+        committed = store.committed.added
+        assert committed >= state["stored"]
+        rewards = store.ring.reward[:committed].copy()
+        actions = store.ring.action[:committed].copy()
+
+    # Resuming with nothing left to do: the checkpoint written back is the one loaded.
+    same = _train("--resume", str(run), "--total-timesteps", str(s))
+    assert same.returncode == 0, same.stderr[-3000:]
+    assert f"resuming {run} at step {s:,}" in same.stdout
+    again, state2 = checkpoint.load(run)
+    for part in ("online", "target", "optimizer"):
+        for a, b in zip(arrays[part], again[part], strict=True):
+            np.testing.assert_array_equal(a, b)
+    assert state2["global_step"] == s and state2["episodes"] == state["episodes"]
+
+    # Resuming for 300 more steps: step, epsilon, gradient steps and the store carry on.
+    more = _train("--resume", str(run), "--total-timesteps", str(s + 300))
+    assert more.returncode == 0, more.stderr[-3000:]
+    _, state3 = checkpoint.load(run)
+    assert state3["global_step"] == s + 300
+    assert state3["train_steps"] == state["train_steps"] + 150
+    assert state3["epsilon"] == pytest.approx(linear_schedule(1.0, 0.01, 0.1 * (s + 300), s + 299))
+    with ReplayStore.open(run / "replay.zarr") as store:
+        assert store.added >= committed + 300
+        np.testing.assert_array_equal(store.ring.action[:committed], actions)
+        np.testing.assert_array_equal(store.ring.reward[:committed], rewards)
+        assert store.ring.is_last[committed - 1]  # the episode left unfinished by the kill was closed
+
+
+def test_sigterm_saves_a_checkpoint_and_flushes(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "trainer.dqn", *CARTPOLE, "--total-timesteps", "100000",
+                             "--checkpoint-frequency", "500", "--run-dir", str(run)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    _wait_for_checkpoint(run, proc, 500)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "stopped by SIGTERM" in out and f"--resume {run}" in out
+    _, state = checkpoint.load(run)
+    with ReplayStore.open(run / "replay.zarr") as store:
+        assert store.committed.added == store.added and len(store) == state["stored"] == state["global_step"]
+    assert json.loads((run / "args.json").read_text())["env_id"] == "CartPole-v1"

@@ -1,0 +1,297 @@
+"""``replaystore-train``: DQN (Mnih et al. 2015, with double-DQN targets) whose replay buffer is a
+replaystore on disk, read through ``store.as_dataset``. Reads top to bottom like cleanrl's
+dqn_atari.py: Args -> env -> Q-network -> loop.
+
+The loop acts epsilon-greedily on frame stacks built like the store's, adds every transition to the
+store, and from ``learning_starts`` on takes one gradient step every ``train_frequency`` steps on a
+batch the store's tf.data pipeline sampled ahead on background threads.
+
+Run directory (``--run-dir``)::
+
+    args.json        the arguments (``--resume`` reads them back)
+    replay.zarr/     the replay store: the replay half of the checkpoint, reopened in place on resume
+    checkpoint.npz   weights, optimizer state, step, episode counters, RNG states (replaced atomically)
+    tb/              TensorBoard logs (see report.py for the tags)
+    evals.jsonl      one line per evaluation (with --eval-episodes)
+
+Stopping: SIGINT/SIGTERM finish the current step, flush the store, write a checkpoint and exit
+(status 128 + signal). After a SIGKILL, ``--resume`` starts from the last checkpoint and keeps every
+transition the store committed since; the environment cannot be restored, so the store's episode in
+progress is closed as truncated and a new one starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from replaystore import ReplayStore, ReplayStoreError
+from trainer import args as arguments
+from trainer import checkpoint
+from trainer.args import Args, TrainerError
+from trainer.envs import FrameStacker, default_frame_stack, is_atari, life_lost, make_env
+
+STORE = "replay.zarr"
+EVALS = "evals.jsonl"
+PRIORITY_EPS = 1e-6
+#: Steps between TensorBoard scalar writes (losses are averaged over them).
+REPORT_STEPS = 1000
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point; returns the exit status."""
+    try:
+        args, resuming = arguments.parse(argv)
+        return train(args, resuming=resuming)
+    except (TrainerError, ReplayStoreError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+def linear_schedule(start_e: float, end_e: float, duration: float, t: int) -> float:
+    slope = (end_e - start_e) / max(duration, 1.0)
+    return max(slope * t + start_e, end_e)
+
+
+def open_store(args: Args, env: Any, *, resuming: bool) -> ReplayStore:
+    """Create the run directory and its store, or reopen them in place to resume."""
+    run_dir = Path(args.run_dir)
+    path = run_dir / STORE
+    cache_bytes = args.cache_mb * 2**20
+    if resuming:
+        checkpoint.remove_partials(run_dir)
+        if not path.exists():
+            raise TrainerError(f"cannot resume: {run_dir} has no {STORE}; it holds no run")
+        store = ReplayStore.open(path, mode="a", cache_bytes=cache_bytes)
+        if (store.observation_space.shape != env.observation_space.shape or store.frame_stack != args.frame_stack
+                or store.action_space.n != env.action_space.n):
+            store.close()
+            raise TrainerError(f"{path} stores {store.observation_space} x{store.frame_stack} with "
+                               f"{store.action_space}, which does not match {args.env_id}; it was not written by this run")
+        return store
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise TrainerError(f"{run_dir} already holds files; continue that run with --resume {run_dir}, "
+                           "or pick a new --run-dir")
+    made = not run_dir.exists()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        store = ReplayStore.create(path, args.buffer_size, env.observation_space, env.action_space, args.frame_stack,
+                                   cache_bytes=cache_bytes)
+    except BaseException:
+        if made:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    arguments.save(args, run_dir)
+    return store
+
+
+def train(args: Args, *, resuming: bool) -> int:
+    env = make_env(args.env_id)  # an unusable id fails here, before anything is written
+    if not args.frame_stack:
+        args.frame_stack = default_frame_stack(env.observation_space)
+    run_dir = Path(args.run_dir)
+    saved = checkpoint.load(run_dir) if resuming else None
+    store = open_store(args, env, resuming=resuming)
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up chatter (no GPU, CPU flags)
+    import keras  # TensorFlow loads here, once the arguments and the run directory are known to be good
+
+    from trainer.agent import Agent
+    from trainer.report import Report
+
+    keras.utils.set_random_seed(args.seed)
+    stack_shape = (args.frame_stack, *env.observation_space.shape)
+    agent = Agent(stack_shape, env.observation_space.dtype, int(env.action_space.n), learning_rate=args.learning_rate,
+                  hidden_sizes=arguments.hidden_sizes(args))
+    rng = np.random.default_rng(args.seed)
+    state: dict[str, Any] = {"global_step": 0, "episodes": 0, "resumes": 0, "epsilon": args.start_e}
+    if saved is not None:
+        arrays, state = saved
+        agent.load_state(arrays)
+        rng.bit_generator.state = state["rng"]
+        state["resumes"] += 1
+    ended = store.end_episode() if resuming else False
+    start = int(state["global_step"])
+    report = Report(run_dir, total=args.total_timesteps, start=start, progress=args.progress)
+    if resuming:
+        report.print(f"resuming {run_dir} at step {start:,} (epsilon {state['epsilon']:.3f}, {agent.train_steps:,} "
+                     f"gradient steps, {len(store):,} transitions in the store"
+                     f"{'; closed its unfinished episode' if ended else ''})")
+
+    stop: list[int] = []
+    handlers = {sig: signal.signal(sig, lambda signum, _: stop.append(signum)) for sig in (signal.SIGINT, signal.SIGTERM)}
+    prefetcher = None
+    global_step = start
+    try:
+        if saved is None:
+            save_checkpoint(run_dir, store, agent, rng, state, report)
+        global_step, prefetcher = run_loop(args, env, store, agent, rng, state, report, stop)
+        state["global_step"] = global_step
+        if prefetcher is not None:
+            prefetcher.close()
+            prefetcher = None
+        save_checkpoint(run_dir, store, agent, rng, state, report)
+        if not stop and args.eval_episodes:
+            record_eval(args, agent, global_step, report)
+    finally:
+        if prefetcher is not None:
+            prefetcher.close()
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        report.close()
+        store.close()
+        env.close()
+    peak = peak_rss_mb()
+    if stop:
+        name = signal.Signals(stop[0]).name
+        print(f"stopped by {name} at step {global_step:,}: checkpoint saved and store flushed; "
+              f"continue with: replaystore-train --resume {run_dir}")
+        return 128 + stop[0]
+    print(f"done: {global_step:,} steps, {agent.train_steps:,} gradient steps; store {run_dir / STORE} holds "
+          f"{state['stored']:,} transitions; peak RSS {peak:,.0f} MB")
+    return 0
+
+
+def run_loop(args: Args, env: Any, store: ReplayStore, agent: Any, rng: np.random.Generator, state: dict[str, Any],
+             report: Any, stop: list[int]) -> tuple[int, Any]:
+    """Act, store, learn, report and checkpoint from ``state['global_step']`` to ``total_timesteps``."""
+    atari = is_atari(args.env_id)
+    clip = atari and args.clip_reward
+    stacker = FrameStacker(args.frame_stack, env.observation_space.shape, env.observation_space.dtype)
+    obs, info = env.reset(seed=args.seed + 7919 * int(state["resumes"]))
+    env.action_space.seed(args.seed + int(state["resumes"]))
+    stacker.reset(obs)
+    _, lives = life_lost(info, None)
+    duration = args.exploration_fraction * args.total_timesteps
+    dataset_iter = prefetcher = None
+    global_step = int(state["global_step"])
+    while global_step < args.total_timesteps and not stop:
+        epsilon = linear_schedule(args.start_e, args.end_e, duration, global_step)
+        if rng.random() < epsilon:
+            action = int(rng.integers(env.action_space.n))
+        else:
+            action = agent.act(stacker.stack)
+        next_obs, reward, terminated, truncated, info = env.step(action)
+        lost, lives = life_lost(info, lives)
+        end_for_learning = bool(terminated) or (atari and args.terminal_on_life_loss and lost)
+        store.add(obs, action, float(np.sign(reward)) if clip else float(reward), next_obs, end_for_learning,
+                  bool(truncated) and not end_for_learning)
+        global_step += 1
+        if terminated or truncated:
+            state["episodes"] += 1
+            report.episode(global_step, float(info["episode"]["r"]), int(info["episode"]["l"]))
+            obs, info = env.reset()
+            _, lives = life_lost(info, None)
+            stacker.reset(obs)
+        elif end_for_learning:
+            obs = next_obs
+            stacker.reset(obs)
+        else:
+            obs = next_obs
+            stacker.push(obs)
+
+        if global_step > args.learning_starts and global_step % args.train_frequency == 0:
+            if dataset_iter is None and len(store) >= args.batch_size + args.n_step:
+                dataset = store.as_dataset(args.batch_size, n_step=args.n_step, gamma=args.gamma,
+                                           prioritized=args.prioritized, alpha=args.alpha, beta=args.beta,
+                                           threads=args.sample_threads, seed=args.seed * 1_000_003 + global_step)
+                prefetcher = dataset._replaystore_prefetcher
+                dataset_iter = iter(dataset)
+            if dataset_iter is not None:
+                t0 = time.perf_counter()
+                batch = next(dataset_iter)
+                sample_s = time.perf_counter() - t0
+                loss, q_mean, abs_td = agent.train(batch, args.gamma)
+                if args.prioritized:
+                    store.update_priorities(batch["index"].numpy(), abs_td.numpy() + PRIORITY_EPS)
+                report.trained(float(loss), float(q_mean), sample_s)
+            if global_step % args.target_network_frequency < args.train_frequency:
+                agent.update_target(args.tau)
+
+        if global_step % REPORT_STEPS == 0:
+            report.periodic(global_step, epsilon=epsilon, replay_size=len(store), cache_hit_rate=store.cache_hit_rate)
+        if global_step % 100 == 0:
+            report.tick(global_step, epsilon=epsilon, replay_size=len(store))
+        state["epsilon"] = epsilon
+        if global_step % args.checkpoint_frequency == 0:
+            state["global_step"] = global_step
+            save_checkpoint(Path(args.run_dir), store, agent, rng, state, report)
+        if args.eval_episodes and args.eval_frequency and global_step % args.eval_frequency == 0:
+            record_eval(args, agent, global_step, report)
+    if global_step % REPORT_STEPS:
+        report.periodic(global_step, epsilon=state["epsilon"], replay_size=len(store), cache_hit_rate=store.cache_hit_rate)
+    state["stored"] = len(store)
+    return global_step, prefetcher
+
+
+def save_checkpoint(run_dir: Path, store: ReplayStore, agent: Any, rng: np.random.Generator, state: dict[str, Any],
+                    report: Any) -> None:
+    """Flush the store first, so the checkpoint never runs ahead of the replay data it trained on."""
+    store.flush()
+    state["rng"] = rng.bit_generator.state
+    state["train_steps"] = agent.train_steps
+    state["stored"] = len(store)
+    checkpoint.save(run_dir, agent.state(), state)
+    report.flush()
+
+
+def evaluate(agent: Any, args: Args, episodes: int, *, seed: int) -> list[float]:
+    """Returns of ``episodes`` full episodes played with ``eval_epsilon``-greedy actions."""
+    env = make_env(args.env_id)
+    rng = np.random.default_rng(seed)
+    stacker = FrameStacker(args.frame_stack, env.observation_space.shape, env.observation_space.dtype)
+    returns = []
+    try:
+        for i in range(episodes):
+            obs, info = env.reset(seed=seed + i)
+            _, lives = life_lost(info, None)
+            stacker.reset(obs)
+            while True:
+                if rng.random() < args.eval_epsilon:
+                    action = int(rng.integers(env.action_space.n))
+                else:
+                    action = agent.act(stacker.stack)
+                obs, _, terminated, truncated, info = env.step(action)
+                if terminated or truncated:
+                    returns.append(float(info["episode"]["r"]))
+                    break
+                lost, lives = life_lost(info, lives)
+                if lost and is_atari(args.env_id) and args.terminal_on_life_loss:
+                    stacker.reset(obs)  # the agent learned on stacks that restart at a lost life
+                else:
+                    stacker.push(obs)
+    finally:
+        env.close()
+    return returns
+
+
+def record_eval(args: Args, agent: Any, step: int, report: Any) -> None:
+    returns = evaluate(agent, args, args.eval_episodes, seed=args.seed + 100_000)
+    mean = float(np.mean(returns))
+    report.scalars(step, {"eval/mean_return": mean})
+    with open(Path(args.run_dir) / EVALS, "a") as f:
+        f.write(json.dumps({"step": step, "mean_return": mean, "returns": returns}) + "\n")
+    report.print(f"eval at step {step:,}: mean return {mean:.1f} over {len(returns)} episodes")
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set (VmHWM), in MB."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

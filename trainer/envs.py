@@ -1,0 +1,85 @@
+"""Environments and the agent's frame stacks.
+
+``make_env`` builds any gymnasium env with a Discrete action space. ``ALE/...`` ids get the standard
+Atari preprocessing (AtariPreprocessing on a ``frameskip=1`` base env: 84x84 gray, frame skip 4, up
+to 30 no-op starts). ``RecordEpisodeStatistics`` sits outside, so logged returns are raw game scores;
+reward clipping and "terminal on life loss" are done by the training loop (``life_lost``), which
+ends the *store's* episode at a lost life without resetting the game (like cleanrl's EpisodicLife).
+
+``FrameStacker`` builds the agent's observation exactly as the store builds a stack at sample time:
+the last ``k`` frames of the store's episode, the episode's first frame repeated as padding (the
+same as gymnasium's ``FrameStackObservation(padding_type="reset")``; tests/test_trainer.py checks it
+against ``store.sample``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from trainer.args import TrainerError
+
+
+def is_atari(env_id: str) -> bool:
+    return env_id.startswith("ALE/")
+
+
+def make_env(env_id: str) -> gym.Env:
+    """The environment for ``env_id``, wrapped for training; raises TrainerError for an unusable id."""
+    if is_atari(env_id):
+        import ale_py
+
+        gym.register_envs(ale_py)
+    try:
+        if is_atari(env_id):
+            env = gym.wrappers.AtariPreprocessing(gym.make(env_id, frameskip=1), noop_max=30, frame_skip=4,
+                                                  screen_size=84, terminal_on_life_loss=False, grayscale_obs=True)
+        else:
+            env = gym.make(env_id)
+    except gym.error.Error as exc:
+        raise TrainerError(f"unknown environment id {env_id!r} ({exc}); use a registered id such as CartPole-v1 "
+                           "or ALE/Breakout-v5") from exc
+    if not isinstance(env.action_space, gym.spaces.Discrete):
+        env.close()
+        raise TrainerError(f"{env_id} has action space {env.action_space}; DQN needs a Discrete action space "
+                           "(try CartPole-v1 or an ALE/... game)")
+    if not isinstance(env.observation_space, gym.spaces.Box):
+        env.close()
+        raise TrainerError(f"{env_id} has observation space {env.observation_space}; the trainer needs a Box "
+                           "(images or vectors)")
+    return gym.wrappers.RecordEpisodeStatistics(env)
+
+
+def default_frame_stack(observation_space: gym.spaces.Box) -> int:
+    """4 for images (2-D or 3-D frames), 1 for vectors."""
+    return 4 if len(observation_space.shape) >= 2 else 1
+
+
+def life_lost(info: dict[str, Any], lives: int | None) -> tuple[bool, int | None]:
+    """Whether the step that returned ``info`` cost a life, and the lives now (None if not Atari)."""
+    now = info.get("lives")
+    if now is None:
+        return False, None
+    return lives is not None and int(now) < lives, int(now)
+
+
+class FrameStacker:
+    """The last ``k`` frames of the current episode, oldest first; one reused buffer."""
+
+    def __init__(self, k: int, frame_shape: tuple[int, ...], dtype: Any) -> None:
+        self.k = k
+        self.stack = np.zeros((k, *frame_shape), dtype=dtype)
+
+    def reset(self, frame: np.ndarray) -> np.ndarray:
+        """Start an episode at ``frame``: every slot holds it (the store's padding)."""
+        self.stack[:] = frame
+        return self.stack
+
+    def push(self, frame: np.ndarray) -> np.ndarray:
+        """The episode moved on to ``frame``."""
+        if self.k > 1:
+            self.stack[:-1] = self.stack[1:]
+        self.stack[-1] = frame
+        return self.stack

@@ -1,0 +1,34 @@
+"""Q-networks (Keras 3): the Nature DQN CNN for image stacks and an MLP for vector observations.
+
+Both take the stack exactly as the store returns it, ``(batch, frame_stack, *frame_shape)`` in the
+store's dtype, so no preprocessing happens outside the model: images are scaled by 1/255 and moved to
+channels-last inside it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import numpy as np
+from keras import layers
+
+
+def build_q_network(stack_shape: tuple[int, ...], dtype: Any, n_actions: int, *, hidden_sizes: list[int],
+                    name: str) -> keras.Model:
+    """The Nature CNN (Mnih et al. 2015) when frames are 2-D images, else an MLP of ``hidden_sizes``."""
+    inputs = keras.Input(shape=stack_shape, dtype=np.dtype(dtype).name, name="stack")
+    if len(stack_shape) == 3:  # (frame_stack, height, width) images
+        x = layers.Rescaling(1.0 / 255.0)(inputs)
+        x = layers.Permute((2, 3, 1))(x)  # channels-last: the stack becomes the channels
+        x = layers.Conv2D(32, 8, strides=4, activation="relu")(x)
+        x = layers.Conv2D(64, 4, strides=2, activation="relu")(x)
+        x = layers.Conv2D(64, 3, strides=1, activation="relu")(x)
+        x = layers.Flatten()(x)
+        x = layers.Dense(512, activation="relu")(x)
+    else:
+        x = layers.Flatten()(layers.Rescaling(1.0)(inputs))  # Rescaling casts to float32
+        for width in hidden_sizes:
+            x = layers.Dense(width, activation="relu")(x)
+    outputs = layers.Dense(n_actions, name="q_values")(x)
+    return keras.Model(inputs, outputs, name=name)
