@@ -119,6 +119,8 @@ def train(args: Args, *, resuming: bool) -> int:
         rng.bit_generator.state = state["rng"]
         state["resumes"] += 1
     ended = store.end_episode() if resuming else False
+    if resuming:
+        store.warm_cache()  # the compressed chunks, up to --cache-mb: ~65 MB and ~1 s for 1M Atari frames
     start = int(state["global_step"])
     report = Report(run_dir, total=args.total_timesteps, start=start, progress=args.progress)
     if resuming:
@@ -139,7 +141,8 @@ def train(args: Args, *, resuming: bool) -> int:
             prefetcher.close()
             prefetcher = None
         save_checkpoint(run_dir, store, agent, rng, state, report)
-        if not stop and args.eval_episodes:
+        evaluated = bool(args.eval_frequency) and global_step % args.eval_frequency == 0 and global_step > start
+        if not stop and args.eval_episodes and not evaluated:
             record_eval(args, agent, global_step, report)
     finally:
         if prefetcher is not None:

@@ -32,6 +32,7 @@ class Report:
         self._train_sums = [0.0, 0.0, 0.0]
         self._n_train = 0
         self._last = (start, self.start_time)
+        self.learner = ""  # the latest averaged loss and Q, once learning has started
         self.line_every = max(REFRESH_STEPS, (total - start) // 20)
         self.last_line = start
         self.progress: Progress | None = None
@@ -39,10 +40,11 @@ class Report:
             self.progress = Progress(
                 TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
                 TextColumn("{task.fields[sps]:>5.0f} SPS  return {task.fields[ret]}  eps {task.fields[eps]:.3f}  "
-                           "replay {task.fields[size]:,}"),
+                           "replay {task.fields[size]:,}{task.fields[learner]}"),
                 TimeRemainingColumn(), console=self.console, refresh_per_second=4,
             )
-            self.task = self.progress.add_task("train", total=total, completed=start, sps=0.0, ret="-", eps=1.0, size=0)
+            self.task = self.progress.add_task("train", total=total, completed=start, sps=0.0, ret="-", eps=1.0, size=0,
+                                           learner="")
             self.progress.start()
 
     def sps(self, step: int) -> float:
@@ -76,6 +78,7 @@ class Report:
         if self._n_train:
             loss, q, sample_s = (v / self._n_train for v in self._train_sums)
             values.update({"losses/td_loss": loss, "losses/q_values": q, "replay/sample_ms": 1000 * sample_s})
+            self.learner = f"  loss {loss:.4f}  Q {q:.3f}"
             self._train_sums = [0.0, 0.0, 0.0]
             self._n_train = 0
         self.scalars(step, values)
@@ -84,11 +87,11 @@ class Report:
         """Called every REFRESH_STEPS steps."""
         if self.progress is not None:
             self.progress.update(self.task, completed=step, sps=self.sps(step), ret=self.recent_return(), eps=epsilon,
-                                 size=replay_size)
+                                 size=replay_size, learner=self.learner)
         elif step - self.last_line >= self.line_every or step >= self.total:
             self.last_line = step
             self.print(f"step {step:,}/{self.total:,}  {self.sps(step):.0f} SPS  return {self.recent_return()}  "
-                       f"eps {epsilon:.3f}  replay {replay_size:,}")
+                       f"eps {epsilon:.3f}  replay {replay_size:,}{self.learner}")
 
     def print(self, message: str) -> None:
         self.console.print(message, highlight=False, soft_wrap=True)
