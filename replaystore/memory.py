@@ -20,7 +20,10 @@ RAM), naming the part that is largest and the knob that shrinks it.
 
 from __future__ import annotations
 
+import numbers
 import os
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -79,3 +82,16 @@ def check_budget(parts: dict[str, int], budget: int | None, *, path: str) -> Non
         f"the largest part is the {largest.replace('_', ' ')}: lower {_KNOBS[largest]}"
         + (", or raise memory_budget" if budget is not None else "")
     )
+
+
+def check_config(schema: Schema, layout: Layout, root: Path, *, writable: bool, cache_bytes: Any,
+                  memory_budget: Any, decode_threads: Any) -> None:
+    """Validate the RAM knobs of ``create``/``open``, then refuse a configuration over ``memory_budget``."""
+    for name, value, low in (("cache_bytes", cache_bytes, 0), ("decode_threads", decode_threads, 1)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+            raise ConfigError(f"{name} is {value!r}; it must be an int >= {low}")
+    if memory_budget is not None and (isinstance(memory_budget, bool) or not isinstance(memory_budget, numbers.Integral)
+                                      or memory_budget <= 0):
+        raise ConfigError(f"memory_budget is {memory_budget!r}; it must be a positive number of bytes, or None")
+    parts = estimate(schema, layout, writable=writable, cache_bytes=int(cache_bytes), decode_threads=int(decode_threads))
+    check_budget(parts, None if memory_budget is None else int(memory_budget), path=str(root))

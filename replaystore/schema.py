@@ -15,6 +15,7 @@ becomes a ``CorruptStoreError`` naming the bad key rather than a crash deep insi
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -288,3 +289,22 @@ def from_attrs(attrs: Any, *, path: str) -> tuple[Schema, Layout, State]:
     if state.episode_in_progress and added == 0:
         raise CorruptStoreError(f"{where}.state says an episode is in progress in an empty store")
     return Schema(box, discrete, capacity, frame_stack), layout, state
+
+
+CHUNK_TARGET_BYTES = 64 * 2**10
+SHARD_BUFFER_MAX_BYTES = 32 * 2**20
+DEFAULT_SHARD_LEN = 4096
+
+
+def default_layout(frame_bytes: int, capacity: int = DEFAULT_SHARD_LEN) -> Layout:
+    """The measured default: ~64 KiB frame chunks (8 Atari frames), 4096-step shards, zstd-3; a store
+    of fewer than 4 * 4096 steps gets power-of-two shards of at most a quarter of its capacity.
+
+    See README "Choosing the layout" for the measurements behind these numbers.
+    """
+    shard_len = min(DEFAULT_SHARD_LEN, 1 << int(math.log2(max(capacity // 4, 1))))  # >= 4 shards a ring
+    chunk_len = 1 << max(0, int(math.log2(max(1, CHUNK_TARGET_BYTES // max(frame_bytes, 1)))))
+    chunk_len = min(chunk_len, shard_len)
+    while shard_len > chunk_len and shard_len * frame_bytes > SHARD_BUFFER_MAX_BYTES:
+        shard_len //= 2
+    return Layout(shard_len=shard_len, obs_chunk_len=chunk_len, codec=CodecSpec())

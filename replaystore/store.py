@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import numbers
 import shutil
 import threading
@@ -47,7 +46,7 @@ from replaystore.errors import (
     StoreExistsError,
 )
 from replaystore.lock import LOCK_NAME, WriterLock
-from replaystore.memory import check_budget, estimate
+from replaystore.memory import check_config
 from replaystore.priority import Priorities
 from replaystore.reader import FrameReader
 from replaystore.ring import Ring
@@ -56,11 +55,11 @@ from replaystore.schema import (
     ATTR_KEY,
     MAX_CAPACITY,
     SCALAR_FIELDS,
-    CodecSpec,
     Layout,
     Schema,
     State,
     box_from_space,
+    default_layout,
     discrete_from_space,
     from_attrs,
     to_attrs,
@@ -81,23 +80,6 @@ from replaystore.writer import Writer, load_scalars, write_group_json
 log = logging.getLogger(__name__)
 
 DEFAULT_CACHE_BYTES = 256 * 2**20
-CHUNK_TARGET_BYTES = 64 * 2**10
-SHARD_BUFFER_MAX_BYTES = 32 * 2**20
-DEFAULT_SHARD_LEN = 4096
-
-
-def default_layout(frame_bytes: int, capacity: int = DEFAULT_SHARD_LEN) -> Layout:
-    """The measured default: ~64 KiB frame chunks (8 Atari frames), 4096-step shards, zstd-3; a store
-    of fewer than 4 * 4096 steps gets power-of-two shards of at most a quarter of its capacity.
-
-    See README "Choosing the layout" for the measurements behind these numbers.
-    """
-    shard_len = min(DEFAULT_SHARD_LEN, 1 << int(math.log2(max(capacity // 4, 1))))  # >= 4 shards a ring
-    chunk_len = 1 << max(0, int(math.log2(max(1, CHUNK_TARGET_BYTES // max(frame_bytes, 1)))))
-    chunk_len = min(chunk_len, shard_len)
-    while shard_len > chunk_len and shard_len * frame_bytes > SHARD_BUFFER_MAX_BYTES:
-        shard_len //= 2
-    return Layout(shard_len=shard_len, obs_chunk_len=chunk_len, codec=CodecSpec())
 
 
 class ReplayStore(Sampling):
@@ -161,7 +143,7 @@ class ReplayStore(Sampling):
         layout = layout or default_layout(box.frame_bytes, int(capacity))
         validate_layout(layout, int(capacity))
         schema = Schema(box, discrete, int(capacity), int(frame_stack))
-        _check_memory(schema, layout, root, writable=True, cache_bytes=cache_bytes, memory_budget=memory_budget,
+        check_config(schema, layout, root, writable=True, cache_bytes=cache_bytes, memory_budget=memory_budget,
                       decode_threads=decode_threads)
 
         lock: WriterLock | None = None
@@ -225,7 +207,7 @@ class ReplayStore(Sampling):
         doc = read_group_doc(root)
         schema, layout, state = from_attrs(doc.get("attributes"), path=str(root))
         check_arrays(root, schema, layout)
-        _check_memory(schema, layout, root, writable=mode == "a", cache_bytes=cache_bytes, memory_budget=memory_budget,
+        check_config(schema, layout, root, writable=mode == "a", cache_bytes=cache_bytes, memory_budget=memory_budget,
                       decode_threads=decode_threads)
         lock = None
         if mode == "a":
@@ -399,14 +381,3 @@ class ReplayStore(Sampling):
             raise ReadOnlyError(f"cannot {what}: {self.path} is open read-only; open it with mode='a' to append")
         return self._writer
 
-
-def _check_memory(schema: Schema, layout: Layout, root: Path, *, writable: bool, cache_bytes: Any,
-                  memory_budget: Any, decode_threads: Any) -> None:
-    for name, value, low in (("cache_bytes", cache_bytes, 0), ("decode_threads", decode_threads, 1)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-            raise ConfigError(f"{name} is {value!r}; it must be an int >= {low}")
-    if memory_budget is not None and (isinstance(memory_budget, bool) or not isinstance(memory_budget, numbers.Integral)
-                                      or memory_budget <= 0):
-        raise ConfigError(f"memory_budget is {memory_budget!r}; it must be a positive number of bytes, or None")
-    parts = estimate(schema, layout, writable=writable, cache_bytes=int(cache_bytes), decode_threads=int(decode_threads))
-    check_budget(parts, None if memory_budget is None else int(memory_budget), path=str(root))

@@ -73,6 +73,12 @@ def test_atari_run_learns_from_the_store(tmp_path: Path) -> None:
         assert batch.obs.shape == (4, 4, 84, 84) and set(np.unique(batch.reward)) <= {-1.0, 0.0, 1.0}
 
 
+def _start(run: Path, *argv: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "trainer.dqn", *CARTPOLE, "--total-timesteps", "100000",
+                             *argv, "--run-dir", str(run)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+
+
 def _wait_for_checkpoint(run: Path, proc: subprocess.Popen, step: int) -> dict:
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
@@ -90,10 +96,7 @@ def _wait_for_checkpoint(run: Path, proc: subprocess.Popen, step: int) -> dict:
 
 def test_sigkill_then_resume_continues_from_the_checkpoint(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "trainer.dqn", *CARTPOLE, "--total-timesteps", "100000",
-                             "--checkpoint-frequency", "300", "--run-dir", str(run)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    proc = _start(run, "--checkpoint-frequency", "300")
     _wait_for_checkpoint(run, proc, 900)
     time.sleep(0.3)
     proc.send_signal(signal.SIGKILL)
@@ -132,10 +135,7 @@ def test_sigkill_then_resume_continues_from_the_checkpoint(tmp_path: Path) -> No
 
 def test_sigterm_saves_a_checkpoint_and_flushes(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "trainer.dqn", *CARTPOLE, "--total-timesteps", "100000",
-                             "--checkpoint-frequency", "500", "--run-dir", str(run)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    proc = _start(run, "--checkpoint-frequency", "500")
     _wait_for_checkpoint(run, proc, 500)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=60)
