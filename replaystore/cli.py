@@ -1,4 +1,5 @@
-"""The ``replaystore`` command: ``inspect`` and ``verify`` a store without loading its frames.
+"""The ``replaystore`` command: ``inspect`` and ``verify`` a store without loading its frames, and
+``compact`` it (compact.py).
 
 ``main(argv) -> int``; one handler maps every ``ReplayStoreError`` (and OS error) to a one-line
 ``error: ...`` and exit status 1. No TensorFlow is imported, so the command starts fast.
@@ -43,6 +44,37 @@ def _verify(args: argparse.Namespace) -> int:
     return 0 if report.ok else 2
 
 
+def _compact(args: argparse.Namespace) -> int:
+    from rich.progress import Progress
+
+    from replaystore.compact import compact_store
+    from replaystore.schema import CodecSpec
+
+    codec = None
+    if args.codec is not None or args.level is not None:
+        name, _, cname = (args.codec or "zstd").partition(":")
+        codec = CodecSpec(name=name, level=3 if args.level is None else args.level, cname=cname or "zstd")
+    with Progress(transient=True, disable=args.quiet or not sys.stderr.isatty()) as bar:
+        tasks: dict[str, int] = {}
+
+        def progress(phase: str, done: int, total: int) -> None:
+            if phase not in tasks:
+                tasks[phase] = bar.add_task({"verify": "verifying", "write": "writing"}[phase], total=total)
+            bar.update(tasks[phase], completed=done, total=total)
+
+        r = compact_store(args.src, args.dst, capacity=args.capacity, codec=codec, chunk_len=args.chunk_len,
+                          shard_len=args.shard_len, drop_damaged=args.drop_damaged, progress=progress)
+    for line in r.dropped:
+        print(f"dropped damaged {line}")
+    if r.dropped:
+        print(f"dropped {r.steps_dropped:,} live steps with the episodes that touched damage")
+    if r.steps_cut:
+        print(f"left out the oldest {r.steps_cut:,} steps to fit capacity {args.capacity:,}")
+    print(f"compacted {r.src} -> {r.dst}: {r.transitions_before:,} -> {r.transitions_after:,} transitions, "
+          f"{r.steps_kept:,} steps in {r.episodes_kept:,} episodes; {r.bytes_before:,} -> {r.bytes_after:,} bytes on disk")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="replaystore", description="Look after replay stores on disk.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -54,6 +86,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_verify)
+    p = sub.add_parser("compact", help="rewrite a store oldest-first with only its live steps (atomically)",
+                       description="Rewrite SRC oldest-first with only its live steps, into DST or (no DST) in place, "
+                                   "atomically: a crash leaves either the old store or the new one.")
+    p.add_argument("src")
+    p.add_argument("dst", nargs="?", default=None, help="a new path (default: replace SRC)")
+    p.add_argument("--capacity", type=int, help="a new capacity in steps (smaller keeps the newest)")
+    p.add_argument("--codec", help="zstd (default) or blosc:CNAME, e.g. blosc:lz4")
+    p.add_argument("--level", type=int, help="compression level (zstd 1..22, blosc 0..9)")
+    p.add_argument("--chunk-len", type=int, help="frames per chunk")
+    p.add_argument("--shard-len", type=int, help="steps per shard file")
+    p.add_argument("--drop-damaged", action="store_true", help="drop the episodes that touch damaged chunks")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_compact)
     return parser
 
 

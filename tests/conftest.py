@@ -53,6 +53,18 @@ def fill(store: ReplayStore, steps: int, *, start: int = 0, episode_len: int = 7
         obs = frame(i + 1) if done else nxt
 
 
+def flip_byte_in_chunk(path: Path, shard: int, chunk: int, chunks_per_shard: int, array: str = "obs") -> None:
+    """Flip one byte in the middle of a chunk of ``array`` (its checksum then fails)."""
+    from replaystore.shards import CRC_BYTES, INDEX_ENTRY_BYTES, shard_key
+
+    f = path / shard_key(array, shard, len(OBS_SHAPE) if array == "obs" else 0)
+    raw = bytearray(f.read_bytes())
+    index = np.frombuffer(bytes(raw[-(chunks_per_shard * INDEX_ENTRY_BYTES + CRC_BYTES):-CRC_BYTES]), "<u8").reshape(-1, 2)
+    off, nbytes = index[chunk]
+    raw[int(off) + int(nbytes) // 2] ^= 0xFF
+    f.write_bytes(bytes(raw))
+
+
 @pytest.fixture
 def store_path(tmp_path: Path) -> Path:
     return tmp_path / "replay.zarr"

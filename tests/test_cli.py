@@ -9,11 +9,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import fill, make_store
+from conftest import fill, flip_byte_in_chunk, make_store
 
 from replaystore import ChunkChecksumError, ReplayStore
 from replaystore.cli import main
-from replaystore.shards import CRC_BYTES, INDEX_ENTRY_BYTES
 
 
 @pytest.fixture
@@ -47,17 +46,8 @@ def test_verify_clean(filled: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "OK" in capsys.readouterr().out
 
 
-def _flip_byte_in_chunk(path: Path, shard: int, chunk: int, chunks_per_shard: int) -> None:
-    f = path / "obs" / "c" / str(shard) / "0" / "0"
-    raw = bytearray(f.read_bytes())
-    index = np.frombuffer(bytes(raw[-(chunks_per_shard * INDEX_ENTRY_BYTES + CRC_BYTES):-CRC_BYTES]), "<u8").reshape(-1, 2)
-    off, nbytes = index[chunk]
-    raw[int(off) + int(nbytes) // 2] ^= 0xFF
-    f.write_bytes(bytes(raw))
-
-
 def test_corruption_is_named_by_verify_and_sample(filled: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    _flip_byte_in_chunk(filled, shard=1, chunk=2, chunks_per_shard=4)
+    flip_byte_in_chunk(filled, shard=1, chunk=2, chunks_per_shard=4)
     assert main(["verify", str(filled), "--quiet"]) == 2
     out = capsys.readouterr().out
     assert "DAMAGED obs shard 1 chunk 2 slots 24..27" in out and "1 problem(s)" in out
