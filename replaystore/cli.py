@@ -19,10 +19,16 @@ def _inspect(args: argparse.Namespace) -> int:
     from replaystore.inspect import format_summary, inspect_store
 
     info = inspect_store(args.path)
+    if args.plot:
+        from replaystore.plot import plot_store
+
+        info["plot"] = str(plot_store(args.path, args.plot))
     if args.json:
         print(json.dumps(info, indent=2))
     else:
         print("\n".join(format_summary(info)))
+        if args.plot:
+            print(f"plot              {info['plot']}")
     return 0
 
 
@@ -81,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="summarise a store without loading its frames")
     p.add_argument("path")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--plot", metavar="FILE.png", help="also draw episode returns and sampled frame stacks into FILE")
     p.set_defaults(func=_inspect)
     p = sub.add_parser("verify", help="read every chunk and check checksums and metadata")
     p.add_argument("path")

@@ -25,12 +25,15 @@ def disk_bytes(path: Path) -> dict[str, int]:
     return sizes
 
 
-def episode_stats(store: ReplayStore) -> dict[str, Any]:
-    """Count, return and length statistics of the complete episodes among the live steps."""
+def episodes(store: ReplayStore) -> dict[str, np.ndarray]:
+    """Per live episode, oldest first: ``returns``, ``lengths`` (moves), ``whole`` (start and end both
+    live), ``ended`` and ``end_step`` (position of its newest live step)."""
     ring = store.ring
     positions = np.arange(ring.lo, ring.added, dtype=np.int64)
     if positions.size == 0:
-        return {"complete": 0, "partial": 0}
+        empty = np.zeros(0)
+        return {"returns": empty, "lengths": empty.astype(np.int64), "whole": empty.astype(bool),
+                "ended": empty.astype(bool), "end_step": empty.astype(np.int64), "moves": empty.astype(bool)}
     slots = positions % ring.capacity
     starts = ring.ep_step[slots] == 0
     episode = np.cumsum(starts) - (0 if starts[0] else -1) - 1  # index of each step's episode
@@ -44,14 +47,28 @@ def episode_stats(store: ReplayStore) -> dict[str, Any]:
     whole = ended.copy()
     if not starts[0]:
         whole[0] = False  # its start was overwritten
-    out: dict[str, Any] = {"complete": int(whole.sum()), "partial": int(n_eps - whole.sum())}
+    end_step = np.zeros(n_eps, dtype=np.int64)
+    end_step[episode] = positions  # the last write per episode wins: its newest step
+    return {"returns": returns, "lengths": lengths, "whole": whole, "ended": ended, "end_step": end_step,
+            "moves": moves}
+
+
+def episode_stats(store: ReplayStore) -> dict[str, Any]:
+    """Count, return and length statistics of the complete episodes among the live steps."""
+    eps = episodes(store)
+    whole = eps["whole"]
+    if whole.size == 0:
+        return {"complete": 0, "partial": 0}
+    out: dict[str, Any] = {"complete": int(whole.sum()), "partial": int(whole.size - whole.sum())}
     if whole.any():
-        r, n = returns[whole], lengths[whole]
+        ring = store.ring
+        slots = np.arange(ring.lo, ring.added, dtype=np.int64) % ring.capacity
+        r, n = eps["returns"][whole], eps["lengths"][whole]
         out.update(
             return_mean=float(r.mean()), return_min=float(r.min()), return_max=float(r.max()),
             return_last=float(r[-1]), length_mean=float(n.mean()), length_min=int(n.min()), length_max=int(n.max()),
-            terminated=int(np.count_nonzero(ring.terminated[slots] & moves)),
-            truncated=int(np.count_nonzero(ring.truncated[slots] & moves)),
+            terminated=int(np.count_nonzero(ring.terminated[slots] & eps["moves"])),
+            truncated=int(np.count_nonzero(ring.truncated[slots] & eps["moves"])),
         )
     return out
 

@@ -73,3 +73,15 @@ def test_help_and_no_tensorflow() -> None:
         with pytest.raises(SystemExit) as exc:
             main(argv)
         assert exc.value.code == 0
+
+
+def test_inspect_plot_draws_returns_and_stacks(filled: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "store.png"
+    assert main(["inspect", str(filled), "--plot", str(out)]) == 0
+    assert f"plot              {out}" in capsys.readouterr().out
+    head = out.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+    assert width > 500 and height > 500
+    assert main(["inspect", str(filled), "--plot", str(tmp_path / "no_such_dir" / "x.png")]) == 1
+    assert capsys.readouterr().err.startswith("error: ")

@@ -54,8 +54,11 @@ def test_cartpole_run_writes_store_checkpoint_logs(tmp_path: Path, capsys: pytes
     assert all(np.isfinite(scalars["losses/td_loss"]))
     with ReplayStore.open(run / "replay.zarr") as store:
         assert store.added >= 1200 and len(store) == 1200 and store.frame_stack == 1
-    assert cli_main(["inspect", str(run / "replay.zarr")]) == 0
-    assert "1,200" in capsys.readouterr().out
+    assert cli_main(["inspect", str(run / "replay.zarr"), "--plot", str(tmp_path / "run.png")]) == 0
+    assert "1,200" in capsys.readouterr().out and (tmp_path / "run.png").stat().st_size > 10_000
+    assert cli_main(["verify", str(run / "replay.zarr"), "--quiet"]) == 0
+    assert cli_main(["compact", str(run / "replay.zarr"), "--capacity", "1000", "--quiet"]) == 0
+    assert "1,000 steps in" in capsys.readouterr().out
 
 
 def test_atari_run_learns_from_the_store(tmp_path: Path) -> None:

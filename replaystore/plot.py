@@ -1,0 +1,96 @@
+"""``replaystore inspect --plot FILE.png``: a picture of what a store holds.
+
+Top: the return of every complete live episode, oldest first, with a running mean. Below: a grid of
+sampled transitions, one row each: the frame stack the agent saw and the next frame, labelled with
+the action, reward and how the move ended. Image frames are drawn as images; vector observations as
+one heat map per stack. Uses matplotlib's object API (no pyplot, no display needed).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from replaystore.errors import ConfigError
+from replaystore.inspect import episodes
+from replaystore.store import ReplayStore
+
+SAMPLES = 4
+
+
+def plot_store(path: str | Path, out: str | Path, *, samples: int = SAMPLES, seed: int = 0) -> Path:
+    """Draw the store at ``path`` into the image ``out`` (any format matplotlib writes, by suffix)."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise ConfigError("inspect --plot needs matplotlib: pip install matplotlib") from exc
+    out = Path(out)
+    with ReplayStore.open(path) as store:
+        eps = episodes(store)
+        k = store.frame_stack
+        images = len(store.schema.observation.shape) >= 2
+        n = min(samples, len(store))
+        cols = k + 1 if images else 1
+        fig = Figure(figsize=(max(8.0, 1.6 * cols), 3.0 + 1.7 * max(n, 1)), layout="constrained")
+        grid = fig.add_gridspec(1 + max(n, 1), cols, height_ratios=[1.6] + [1.0] * max(n, 1))
+        ax = fig.add_subplot(grid[0, :])
+        _plot_returns(ax, eps)
+        if n == 0:
+            ax = fig.add_subplot(grid[1, :])
+            ax.text(0.5, 0.5, "no sampleable transitions", ha="center", va="center")
+            ax.set_axis_off()
+        else:
+            batch = store.sample(n, rng=np.random.default_rng(seed))
+            for row in range(n):
+                label = (f"slot {int(batch.index[row])}: action {int(batch.action[row])}, reward {float(batch.reward[row]):g}"
+                         + (", terminated" if batch.terminated[row] else ", truncated" if batch.truncated[row] else ""))
+                if images:
+                    frames = [*batch.obs[row], batch.next_obs[row][-1]]
+                    for col, frame in enumerate(frames):
+                        a = fig.add_subplot(grid[1 + row, col])
+                        _show_frame(a, frame)
+                        a.set_title("next" if col == k else (label if col == 0 else _age(k - 1 - col)),
+                                    fontsize=7, loc="left" if col == 0 else "center")
+                else:
+                    a = fig.add_subplot(grid[1 + row, 0])
+                    stack = np.concatenate([batch.obs[row], batch.next_obs[row][-1:]]).reshape(k + 1, -1)
+                    im = a.imshow(stack.astype(np.float64), aspect="auto", cmap="viridis")
+                    a.set_yticks(range(k + 1), [_age(k - 1 - i) for i in range(k)] + ["next"], fontsize=7)
+                    a.set_title(label, fontsize=8, loc="left")
+                    a.set_xlabel("observation component", fontsize=7)
+                    fig.colorbar(im, ax=a)
+        fig.suptitle(f"{path}: {len(store):,} transitions, capacity {store.capacity:,}", fontsize=10)
+        fig.savefig(out, dpi=90)
+    return out
+
+
+def _age(steps_back: int) -> str:
+    return "t" if steps_back == 0 else f"t-{steps_back}"
+
+
+def _plot_returns(ax, eps: dict[str, np.ndarray]) -> None:  # noqa: ANN001 - a matplotlib Axes
+    whole = eps["whole"]
+    returns = eps["returns"][whole]
+    if returns.size == 0:
+        ax.text(0.5, 0.5, "no complete episode among the live steps", ha="center", va="center")
+        ax.set_axis_off()
+        return
+    x = eps["end_step"][whole]
+    ax.plot(x, returns, ".", markersize=3, alpha=0.5, label="episode return")
+    window = max(1, min(100, returns.size // 10))
+    if window > 1:
+        mean = np.convolve(returns, np.ones(window) / window, mode="valid")
+        ax.plot(x[window - 1:], mean, "-", linewidth=1.5, label=f"mean of {window}")
+    ax.set_xlabel("step (position the episode ended at)")
+    ax.set_ylabel("return")
+    ax.set_title(f"{returns.size:,} complete episodes", fontsize=9)
+    ax.legend(fontsize=7, loc="best")
+
+
+def _show_frame(ax, frame: np.ndarray) -> None:  # noqa: ANN001 - a matplotlib Axes
+    if frame.ndim == 3 and frame.shape[-1] in (3, 4):
+        ax.imshow(frame)
+    else:
+        ax.imshow(frame if frame.ndim == 2 else frame[..., 0], cmap="gray")
+    ax.set_axis_off()
