@@ -22,6 +22,11 @@ chunks (bounded by ``cache_bytes``, LRU) and decoding on demand keeps every read
 Consistency for readers in other processes: the index and the chunk bytes of a shard always come
 from the same open file (a rewritten shard is a new file renamed over the old, so an open descriptor
 keeps the old, whole version). The writing process drops its cache of a shard whenever it rewrites it.
+A read-only store calls ``snapshot()`` when it opens: every frame shard file is opened then and kept
+open, so however far a writer in another process moves on (and wraps the ring), the reader keeps
+reading the files of the commit it opened at (up to SNAPSHOT_MAX_SHARDS shards, 2M steps at the
+default layout; a bigger store opens shards lazily, and a reader that outlives a
+whole lap of the writer can then read newer frames: reopen such readers).
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ from replaystore.shards import (
 log = logging.getLogger(__name__)
 
 MAX_OPEN_SHARDS = 128
+SNAPSHOT_MAX_SHARDS = 512  # file descriptors: stay well inside the usual limit of 1024
 #: Below this many chunks a batch is decoded on the calling thread alone (pool overhead ~20 us).
 MIN_CHUNKS_PER_TASK = 8
 #: Recycled output blocks per sampling thread (enough for a prefetch queue and a training step).
@@ -96,6 +102,7 @@ class FrameReader:
         self._pool: ThreadPoolExecutor | None = None
         self.hits = 0
         self.misses = 0
+        self.max_open_shards = MAX_OPEN_SHARDS
 
     # ---------------------------------------------------------------------------------------------
     # Public
@@ -189,6 +196,24 @@ class FrameReader:
                 self._held += len(payload)
                 added += len(payload)
         return added
+
+    def snapshot(self) -> bool:
+        """Open every frame shard file now and keep them all open (see the module docstring); returns
+        False, doing nothing, for a store of more than SNAPSHOT_MAX_SHARDS shards."""
+        n_shards = -(-self.capacity // self.shard_len)
+        if n_shards > SNAPSHOT_MAX_SHARDS:
+            return False
+        self.max_open_shards = max(MAX_OPEN_SHARDS, n_shards)
+        for shard in range(n_shards):
+            try:
+                self._handle(shard)
+            except ChunkChecksumError:
+                pass  # missing or damaged: reported when (and if) a read needs it
+            except OSError as exc:  # out of file descriptors: fall back to opening shards lazily
+                log.warning("could not keep all %d shard files of %s open (%s); opening them lazily", n_shards,
+                            self.root, exc)
+                return False
+        return True
 
     def invalidate(self, shard: int) -> None:
         """Forget everything cached about ``shard`` (the writer just rewrote it)."""
@@ -312,7 +337,7 @@ class FrameReader:
             raise
         handle = (fd, index, size - tail_len)
         self._handles[shard] = handle
-        if len(self._handles) > MAX_OPEN_SHARDS:
+        if len(self._handles) > self.max_open_shards:
             _, (old_fd, _, _) = self._handles.popitem(last=False)
             os.close(old_fd)
         return handle

@@ -83,9 +83,8 @@ def create_array_metadata(
     codec: CodecSpec,
 ) -> None:
     """Write ``root/name/zarr.json`` for a sharded array of ``length`` steps (no data)."""
-    zarr.create_array(
-        str(root),
-        name=name,
+    zarr.create_array(  # stored at root/name itself, so zarr writes no group zarr.json (store.py writes it last)
+        str(root / name),
         shape=(length, *item_shape),
         dtype=dtype,
         chunks=(chunk_len, *item_shape),

@@ -27,25 +27,24 @@ Example:
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import logging
 import numbers
-import shutil
 import threading
 from pathlib import Path
 from typing import Any, Self
 
 import numpy as np
-import zarr
 
 from replaystore.errors import (
     ConfigError,
+    CorruptStoreError,
     InvalidTransitionError,
     ReadOnlyError,
     StoreClosedError,
-    StoreExistsError,
+    StoreLockedError,
 )
-from replaystore.lock import LOCK_NAME, WriterLock
+from replaystore.lock import WriterLock, claim_directory
 from replaystore.memory import check_config
 from replaystore.priority import Priorities
 from replaystore.reader import FrameReader
@@ -71,7 +70,6 @@ from replaystore.validate import (
     check_flag,
     check_obs,
     check_reward,
-    is_store_dir,
     read_group_doc,
     validate_layout,
 )
@@ -111,6 +109,8 @@ class ReplayStore(Sampling):
         self.ring.rebuild_valid()
         self._priorities = Priorities(self.ring)
         self._head_obs: np.ndarray | None = None
+        if not writable:
+            self.reader.snapshot()  # read the files of this commit even while a writer moves on
         if writable:
             self._writer = Writer(root, schema, layout, self.ring, self.reader, group_doc, state)
             if self._episode_in_progress():
@@ -146,41 +146,18 @@ class ReplayStore(Sampling):
         check_config(schema, layout, root, writable=True, cache_bytes=cache_bytes, memory_budget=memory_budget,
                       decode_threads=decode_threads)
 
-        lock: WriterLock | None = None
-        if root.exists():
-            if not root.is_dir():
-                raise StoreExistsError(f"{root} exists and is a file; choose another path for the store")
-            entries = [p for p in root.iterdir() if p.name != LOCK_NAME]
-            if entries:
-                if not is_store_dir(root):
-                    raise StoreExistsError(
-                        f"{root} holds files that are not a replay store; choose an empty or new path"
-                    )
-                if not overwrite:
-                    raise StoreExistsError(
-                        f"a replay store already exists at {root}; open it with ReplayStore.open({str(root)!r}, mode='a') "
-                        "or pass overwrite=True to replace it"
-                    )
-                lock = WriterLock(root)
-                lock.acquire()
-                for p in root.iterdir():
-                    if p.name == LOCK_NAME:
-                        continue
-                    shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
-        root.mkdir(parents=True, exist_ok=True)
-        if lock is None:
-            lock = WriterLock(root)
-            lock.acquire()
+        lock = claim_directory(root, overwrite=overwrite)
         try:
-            zarr.create_group(str(root))
             create_array_metadata(root, "obs", length=schema.capacity, item_shape=box.shape, dtype=box.dtype,
                                   chunk_len=layout.obs_chunk_len, shard_len=layout.shard_len, codec=layout.codec)
             for name, dtype in SCALAR_FIELDS.items():
                 create_array_metadata(root, name, length=schema.capacity, item_shape=(), dtype=dtype,
                                       chunk_len=layout.shard_len, shard_len=layout.shard_len, codec=layout.codec)
-            doc = json.loads((root / "zarr.json").read_bytes())
+            # The group's zarr.json goes last, whole and atomically: until it exists the directory is
+            # not a store, so a reader never sees one half made.
             state = State()
-            doc.setdefault("attributes", {})[ATTR_KEY] = to_attrs(schema, layout, state)
+            doc = {"attributes": {ATTR_KEY: to_attrs(schema, layout, state)}, "zarr_format": 3,
+                   "consolidated_metadata": None, "node_type": "group"}
             write_group_json(root, doc)
         except BaseException:
             lock.release()
@@ -224,16 +201,32 @@ class ReplayStore(Sampling):
             except BaseException:
                 lock.release()
                 raise
-        for _ in range(10):
-            store = cls(root, schema, layout, state, doc, writable=False, cache_bytes=cache_bytes, lock=None,
-                        decode_threads=decode_threads)
+        # A writer may commit while we load. It always commits a higher live start *before* it
+        # overwrites any step, so every step at or above the live start committed *after* our loads
+        # was intact in the files we read (scalars) and opened (frame shards, kept open): drop the
+        # steps below it from this view and the view is consistent, with no retry.
+        for _ in range(100):
+            try:
+                store = cls(root, schema, layout, state, doc, writable=False, cache_bytes=cache_bytes, lock=None,
+                            decode_threads=decode_threads)
+            except CorruptStoreError:
+                doc = read_group_doc(root)
+                _, _, again = from_attrs(doc.get("attributes"), path=str(root))
+                if again.live_start(schema.capacity) == state.live_start(schema.capacity):
+                    raise  # nothing moved: the store really is damaged
+                state = again  # torn by a writer overwriting what we read: load again at the new state
+                continue
             doc = read_group_doc(root)
             _, _, again = from_attrs(doc.get("attributes"), path=str(root))
-            if (again.added, again.oldest) == (state.added, state.oldest):
+            safe_lo = again.live_start(schema.capacity)
+            if safe_lo <= state.live_start(schema.capacity):
+                return store
+            if safe_lo < state.added:
+                store._hide_below(safe_lo)
                 return store
             store.close()
-            state = again  # a writer committed while we loaded: load again at the new state
-        return store
+            state = again  # the writer lapped everything we loaded: load again at the new state
+        raise StoreLockedError(f"{root} is being rewritten faster than it can be read; open it again")
 
     # ---------------------------------------------------------------------------------------------
     # Writing
@@ -366,6 +359,11 @@ class ReplayStore(Sampling):
 
     # ---------------------------------------------------------------------------------------------
     # Validation
+
+    def _hide_below(self, oldest: int) -> None:
+        """Drop steps below ``oldest`` from a read-only view (a writer has since overwritten them)."""
+        self.ring.set_oldest(oldest)
+        self._committed = dataclasses.replace(self._committed, oldest=oldest)
 
     def _episode_in_progress(self) -> bool:
         ring = self.ring

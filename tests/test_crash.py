@@ -1,6 +1,6 @@
 """Crash safety: a child appending transitions is SIGKILLed at random moments, again and again.
 
-After every kill the store must open, hold every transition it had committed (the child logs each
+After every kill the store must verify clean, open, hold every transition it had committed (the child logs each
 commit), have every live step's frame and move exactly as written, and sample correctly; then a new
 child continues it, so kills land in every phase (mid-shard, at a shard boundary, while wrapping).
 """
@@ -20,11 +20,14 @@ from conftest import frame
 from crash_child import SHAPE, move
 
 from replaystore import ReplayStore
+from replaystore.verify import verify_store
 
 CHILD = Path(__file__).parent / "crash_child.py"
 
 
 def check_store(path: Path, committed_at_least: int) -> int:
+    report = verify_store(path)
+    assert report.ok, [p.message for p in report.problems]
     store = ReplayStore.open(path)
     ring = store.ring
     assert store.committed.added >= committed_at_least, "a committed transition was lost"
@@ -72,9 +75,46 @@ def kill_rounds(tmp_path: Path, rounds: int, seed: int) -> None:
 
 
 def test_sigkill_at_random_moments(tmp_path: Path) -> None:
-    kill_rounds(tmp_path, rounds=8, seed=1)
+    kill_rounds(tmp_path, rounds=24, seed=1)
 
 
 @pytest.mark.slow
 def test_sigkill_at_many_random_moments(tmp_path: Path) -> None:
-    kill_rounds(tmp_path, rounds=60, seed=2)
+    kill_rounds(tmp_path, rounds=100, seed=2)
+
+
+def test_a_reader_during_writing_sees_a_consistent_store(tmp_path: Path) -> None:
+    """A writer appends and wraps a small ring as fast as it can; readers opened at random moments
+    keep reading for a while. Each must see exactly the steps of the commit it opened at."""
+    path, log = tmp_path / "r.zarr", tmp_path / "commits.log"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    child = subprocess.Popen([sys.executable, str(CHILD), str(path), str(log), "5"], env=env, stderr=subprocess.PIPE)
+    rng = np.random.default_rng(3)
+    readers = 0
+    try:
+        deadline = time.monotonic() + 20
+        while not (path / "zarr.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        end = time.monotonic() + 6
+        while time.monotonic() < end:
+            store = ReplayStore.open(path)
+            time.sleep(float(rng.uniform(0, 0.05)))  # the writer moves on, and wraps, meanwhile
+            ring = store.ring
+            positions = np.arange(ring.lo, ring.added, dtype=np.int64)
+            frames = store.reader.gather(positions)
+            for p, f in zip(positions.tolist(), frames):
+                np.testing.assert_array_equal(f, frame(p, SHAPE), err_msg=f"reader saw a newer frame at step {p}")
+            if len(store) >= 8:
+                batch = store.sample(8, rng=rng)
+                for i, slot in enumerate(batch.index.tolist()):
+                    p = int(positions[positions % ring.capacity == slot][0])
+                    np.testing.assert_array_equal(batch.next_obs[i][-1], frame(p + 1, SHAPE))
+            store.close()
+            readers += 1
+        assert child.poll() is None, child.stderr.read().decode() if child.stderr else "writer exited"
+        with ReplayStore.open(path) as final:
+            assert final.committed.added > 4 * final.capacity, "the writer did not wrap while readers read"
+    finally:
+        child.kill()
+        child.wait()
+    assert readers > 20

@@ -207,3 +207,36 @@ def test_end_episode_closes_it_as_truncated_and_survives_reopen(store_path: Path
     ro = ReplayStore.open(store_path)
     with pytest.raises(ReadOnlyError):
         ro.end_episode()
+
+
+def test_disk_full_raises_a_clear_error_and_keeps_the_last_commit(store_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    from replaystore import StoreWriteError
+    from replaystore.verify import verify_store
+
+    store = make_store(store_path, capacity=64)
+    fill(store, 21, episode_len=7)
+    store.flush()
+    fill(store, 14, start=21, episode_len=7)  # starts a new episode (21 is a multiple of 7)
+    committed = store.committed.added  # a full shard was committed on the way
+    assert committed < store.added
+    real_write = os.write
+
+    def full(fd: int, data: bytes) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", full)
+    with pytest.raises(StoreWriteError, match="disk full") as exc:
+        store.flush()
+    monkeypatch.setattr(os, "write", real_write)
+    assert exc.value.errno == errno.ENOSPC
+    assert not list(store_path.rglob("*.partial"))
+    reader = ReplayStore.open(store_path)  # another process's view: the last commit, intact
+    assert reader.committed.added == committed and verify_store(store_path).ok
+    reader.close()
+    store.flush()  # space is back: the same writer completes its commit
+    store.close()
+    again = ReplayStore.open(store_path)
+    assert again.committed.added == store.added and len(again) == 35 and verify_store(store_path).ok
