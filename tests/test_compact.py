@@ -132,7 +132,17 @@ def test_compact_refuses_a_store_being_written(wrapped: Path) -> None:
     writer.close()
 
 
-def test_sigkill_while_compacting_leaves_old_or_new(wrapped: Path, tmp_path: Path) -> None:
+def test_sigkill_while_compacting_leaves_old_or_new(tmp_path: Path) -> None:
+    kill_compaction(tmp_path, rounds=20, seed=0)
+
+
+@pytest.mark.slow
+def test_sigkill_while_compacting_many_times(tmp_path: Path) -> None:
+    kill_compaction(tmp_path, rounds=80, seed=1)
+
+
+def kill_compaction(tmp_path: Path, *, rounds: int, seed: int) -> None:
+    """Kill ``compact`` in place at random moments; each time the path holds the old or the new store."""
     big = tmp_path / "big.zarr"
     store = make_store(big, capacity=2048, shard_len=128, chunk_len=8, shape=(32, 32))
     obs = np.zeros((32, 32), np.uint8)
@@ -150,9 +160,9 @@ def test_sigkill_while_compacting_leaves_old_or_new(wrapped: Path, tmp_path: Pat
     t0 = time.monotonic()
     subprocess.run(cmd, check=True, capture_output=True)
     full = time.monotonic() - t0
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     outcomes = {"old": 0, "new": 0}
-    for _ in range(20):
+    for _ in range(rounds):
         shutil.rmtree(big)
         shutil.copytree(original, big)
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
