@@ -41,10 +41,7 @@ def _verify(args: argparse.Namespace) -> int:
         task = bar.add_task("verifying shards", total=None)
         report = verify_store(args.path, progress=lambda done, total: bar.update(task, completed=done, total=total))
     for p in report.problems:
-        where = f"{p.array}" + (f" shard {p.shard}" if p.shard is not None else "") + (f" chunk {p.chunk}" if p.chunk is not None else "")
-        slots = f" slots {p.slots[0]}..{p.slots[1]}" if p.slots else ""
-        live = f"; holds live steps {p.live_steps[0]}..{p.live_steps[1]}" if p.live_steps else "; holds no live steps"
-        print(f"DAMAGED {where}{slots}{live}: {p.message}")
+        print(f"DAMAGED {p.where()}: {p.message}")
     status = "OK" if report.ok else f"{len(report.problems)} problem(s)"
     print(f"{args.path}: {report.chunks_checked} chunks checked, {status}")
     return 0 if report.ok else 2

@@ -116,7 +116,7 @@ def compact_store(src: str | Path, dst: str | Path | None = None, *, capacity: i
     return CompactReport(
         src=str(root), dst=str(target), transitions_before=transitions_before, transitions_after=after_transitions,
         steps_kept=int(keep.size), episodes_kept=episodes, bytes_before=before, bytes_after=sum(disk_bytes(target).values()),
-        dropped=[_describe(p) for p in report.problems], steps_dropped=dropped_steps, steps_cut=cut,
+        dropped=[p.where() for p in report.problems], steps_dropped=dropped_steps, steps_cut=cut,
     )
 
 
@@ -250,9 +250,3 @@ def _remove_leftovers(target: Path) -> None:
     """Temporary directories of compactions that crashed (an unfinished copy, or a swapped-out original)."""
     for p in target.parent.glob(f".{target.name}.compact-*"):
         shutil.rmtree(p, ignore_errors=True)
-
-
-def _describe(p: Problem) -> str:
-    where = p.array + (f" shard {p.shard}" if p.shard is not None else "") + (f" chunk {p.chunk}" if p.chunk is not None else "")
-    live = f" (live steps {p.live_steps[0]}..{p.live_steps[1]})" if p.live_steps else " (no live steps)"
-    return where + live

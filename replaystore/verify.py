@@ -39,6 +39,14 @@ class Problem:
     live_steps: tuple[int, int] | None  # first, last live position in those slots
     message: str
 
+    def where(self) -> str:
+        """``obs shard 1 chunk 2 slots 24..27; holds live steps 88..91``"""
+        out = self.array + (f" shard {self.shard}" if self.shard is not None else "")
+        out += f" chunk {self.chunk}" if self.chunk is not None else ""
+        out += f" slots {self.slots[0]}..{self.slots[1]}" if self.slots else ""
+        live = self.live_steps
+        return out + (f"; holds live steps {live[0]}..{live[1]}" if live else "; holds no live steps")
+
 
 @dataclass
 class Report:
