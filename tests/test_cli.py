@@ -69,7 +69,7 @@ def test_help_and_no_tensorflow() -> None:
                            "import replaystore.inspect, replaystore.verify; print('tensorflow' in sys.modules)"],
                           capture_output=True, text=True)
     assert proc.stdout.strip() == "False"
-    for argv in (["--help"], ["inspect", "--help"], ["verify", "--help"]):
+    for argv in (["--help"], ["inspect", "--help"], ["verify", "--help"], ["compact", "--help"]):
         with pytest.raises(SystemExit) as exc:
             main(argv)
         assert exc.value.code == 0
