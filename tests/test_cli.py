@@ -128,3 +128,32 @@ def test_hostile_files_get_one_line_errors_from_every_command(filled: Path, dama
             assert status == 1, (argv, out, err)
             assert err.startswith("error: ") and err.count("\n") == 1, err
     assert not (tmp_path / "out.zarr").exists()
+
+
+@pytest.mark.parametrize("libzstd", [True, False], ids=["libzstd", "zstandard"])
+def test_a_chunk_that_passes_its_checksum_but_does_not_decode_is_named(filled: Path, libzstd: bool,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bytes that are not a zstd frame, with a valid crc32c: either decoder path names the chunk."""
+    from replaystore import decoders
+    from replaystore.shards import encode_shard
+
+    if libzstd and decoders.LIBZSTD is None:
+        pytest.skip("this machine has no libzstd shared library; the zstandard path is tested")
+    if not libzstd:
+        monkeypatch.setattr(decoders, "LIBZSTD", None)
+
+    store = ReplayStore.open(filled)
+    shard_len, chunk_len = store.layout.shard_len, store.layout.obs_chunk_len
+    store.close()
+
+    class NotZstd:  # a codec that writes garbage payloads (encode_shard adds the crc32c)
+        @staticmethod
+        def encode(data: np.ndarray) -> bytes:
+            return b"\x00garbage" * 5
+
+    f = filled / "obs" / "c" / "1" / "0" / "0"
+    f.write_bytes(encode_shard(np.zeros((shard_len, 3, 4), np.uint8), chunk_len=chunk_len, rows=shard_len, codec=NotZstd))
+    store = ReplayStore.open(filled)
+    with pytest.raises(ChunkChecksumError, match="of shard 1 of 'obs' passed its checksum but does not decompress"):
+        for seed in range(200):
+            store.sample(16, rng=np.random.default_rng(seed))
