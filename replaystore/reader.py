@@ -17,7 +17,7 @@ while the expensive part runs without any lock:
 
 Why compressed bytes and not decoded chunks: measured here, a decoded-chunk LRU barely helps uniform
 sampling (1-13% hits), while a whole 1M-frame Atari store is ~65 MB compressed, so caching compressed
-chunks (bounded by ``cache_bytes``, LRU) and decoding on demand keeps every read in RAM.
+chunks (bounded by ``cache_bytes``, first in first out) and decoding on demand keeps every read in RAM.
 
 Consistency for readers in other processes: the index and the chunk bytes of a shard always come
 from the same open file (a rewritten shard is a new file renamed over the old, so an open descriptor
