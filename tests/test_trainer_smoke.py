@@ -148,3 +148,19 @@ def test_sigterm_saves_a_checkpoint_and_flushes(tmp_path: Path) -> None:
     with ReplayStore.open(run / "replay.zarr") as store:
         assert store.committed.added == store.added and len(store) == state["stored"] == state["global_step"]
     assert json.loads((run / "args.json").read_text())["env_id"] == "CartPole-v1"
+
+
+def test_resume_before_the_first_checkpoint_starts_over_and_keeps_the_store(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    first = _train(*CARTPOLE, "--total-timesteps", "300", "--run-dir", str(run))
+    assert first.returncode == 0, first.stderr[-3000:]
+    (run / checkpoint.CHECKPOINT).unlink()  # as if killed while TensorFlow was still loading
+    with ReplayStore.open(run / "replay.zarr") as store:
+        before = store.added
+    again = _train("--resume", str(run), "--total-timesteps", "300")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"resuming {run} at step 0" in again.stdout
+    _, state = checkpoint.load(run)
+    assert state["global_step"] == 300
+    with ReplayStore.open(run / "replay.zarr") as store:
+        assert store.added >= before + 300

@@ -47,12 +47,12 @@ def save(run_dir: Path, arrays: dict[str, list[np.ndarray]], state: dict[str, An
     return path
 
 
-def load(run_dir: Path) -> tuple[dict[str, list[np.ndarray]], dict[str, Any]]:
-    """The arrays and state of the run's checkpoint; TrainerError if it is missing or unreadable."""
+def load(run_dir: Path) -> tuple[dict[str, list[np.ndarray]], dict[str, Any]] | None:
+    """The arrays and state of the run's checkpoint, or None if the run stopped before its first one
+    (it is written as soon as the networks exist); TrainerError if it is unreadable."""
     path = run_dir / CHECKPOINT
     if not path.is_file():
-        raise TrainerError(f"cannot resume: {run_dir} has no {CHECKPOINT}; the run stopped before its first "
-                           "checkpoint, so start it again without --resume")
+        return None
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays: dict[str, list[np.ndarray]] = {part: [] for part in PARTS}

@@ -130,23 +130,22 @@ def train(args: Args, *, resuming: bool) -> int:
 
     stop: list[int] = []
     handlers = {sig: signal.signal(sig, lambda signum, _: stop.append(signum)) for sig in (signal.SIGINT, signal.SIGTERM)}
-    prefetcher = None
+    sampling: dict[str, Any] = {}  # the tf.data pipeline's prefetcher, once learning starts
     global_step = start
     try:
         if saved is None:
             save_checkpoint(run_dir, store, agent, rng, state, report)
-        global_step, prefetcher = run_loop(args, env, store, agent, rng, state, report, stop)
+        global_step = run_loop(args, env, store, agent, rng, state, report, stop, sampling)
         state["global_step"] = global_step
-        if prefetcher is not None:
-            prefetcher.close()
-            prefetcher = None
+        if "prefetcher" in sampling:
+            sampling.pop("prefetcher").close()
         save_checkpoint(run_dir, store, agent, rng, state, report)
         evaluated = bool(args.eval_frequency) and global_step % args.eval_frequency == 0 and global_step > start
         if not stop and args.eval_episodes and not evaluated:
             record_eval(args, agent, global_step, report)
     finally:
-        if prefetcher is not None:
-            prefetcher.close()
+        if "prefetcher" in sampling:
+            sampling.pop("prefetcher").close()
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
         report.close()
@@ -164,7 +163,7 @@ def train(args: Args, *, resuming: bool) -> int:
 
 
 def run_loop(args: Args, env: Any, store: ReplayStore, agent: Any, rng: np.random.Generator, state: dict[str, Any],
-             report: Any, stop: list[int]) -> tuple[int, Any]:
+             report: Any, stop: list[int], sampling: dict[str, Any]) -> int:
     """Act, store, learn, report and checkpoint from ``state['global_step']`` to ``total_timesteps``."""
     atari = is_atari(args.env_id)
     clip = atari and args.clip_reward
@@ -174,7 +173,7 @@ def run_loop(args: Args, env: Any, store: ReplayStore, agent: Any, rng: np.rando
     stacker.reset(obs)
     _, lives = life_lost(info, None)
     duration = args.exploration_fraction * args.total_timesteps
-    dataset_iter = prefetcher = None
+    dataset_iter = None
     global_step = int(state["global_step"])
     while global_step < args.total_timesteps and not stop:
         epsilon = linear_schedule(args.start_e, args.end_e, duration, global_step)
@@ -206,7 +205,7 @@ def run_loop(args: Args, env: Any, store: ReplayStore, agent: Any, rng: np.rando
                 dataset = store.as_dataset(args.batch_size, n_step=args.n_step, gamma=args.gamma,
                                            prioritized=args.prioritized, alpha=args.alpha, beta=args.beta,
                                            threads=args.sample_threads, seed=args.seed * 1_000_003 + global_step)
-                prefetcher = dataset._replaystore_prefetcher
+                sampling["prefetcher"] = dataset._replaystore_prefetcher
                 dataset_iter = iter(dataset)
             if dataset_iter is not None:
                 t0 = time.perf_counter()
@@ -232,7 +231,7 @@ def run_loop(args: Args, env: Any, store: ReplayStore, agent: Any, rng: np.rando
     if global_step % REPORT_STEPS:
         report.periodic(global_step, epsilon=state["epsilon"], replay_size=len(store), cache_hit_rate=store.cache_hit_rate)
     state["stored"] = len(store)
-    return global_step, prefetcher
+    return global_step
 
 
 def save_checkpoint(run_dir: Path, store: ReplayStore, agent: Any, rng: np.random.Generator, state: dict[str, Any],
