@@ -53,8 +53,7 @@ class Pending:
 
     def finish(self, reader: FrameReader) -> Batch:
         frames = reader.finish(self.plan)
-        k = self.frame_stack
-        return replace(self.batch, obs=frames[:, :k], next_obs=frames[:, k:])
+        return replace(self.batch, obs=frames[0], next_obs=frames[1])
 
 
 def assemble(ring: Ring, reader: FrameReader, positions: np.ndarray, *, n_step: int = 1, gamma: float = 0.99,
@@ -86,7 +85,8 @@ def prepare(ring: Ring, reader: FrameReader, positions: np.ndarray, *, n_step: i
     truncated = ring.truncated[last_slots].copy()
     discount = np.where(terminated, np.float32(0.0), np.float32(gamma) ** m.astype(np.float32)).astype(np.float32)
 
-    both = np.concatenate([ring.stack_positions(positions), ring.stack_positions(next_positions)], axis=1)
+    # (2, n, k): one gather whose two halves are ``obs`` and ``next_obs``, each contiguous (no copy to split)
+    both = np.stack([ring.stack_positions(positions), ring.stack_positions(next_positions)])
     empty = np.empty((0,), dtype=reader.dtype)
     batch = Batch(
         obs=empty,

@@ -17,6 +17,7 @@ share the priorities of the moment it was drawn (like any prefetching prioritize
 from __future__ import annotations
 
 import collections
+import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
@@ -28,10 +29,12 @@ from replaystore.errors import SampleError
 if TYPE_CHECKING:
     from replaystore.store import ReplayStore
 
-#: A block's fields. ``frames`` holds each transition's ``2 * frame_stack`` frames: the stack at the
-#: sampled step, then the stack ``n`` steps on (split into ``obs``/``next_obs`` by the consumer; one
-#: contiguous array hands over faster than two overlapping views).
-FIELDS = ("frames", "action", "reward", "terminated", "truncated", "discount", "index", "weight")
+#: A block's fields, each shaped ``(batches_per_block, batch_size, ...)`` and contiguous: ``obs`` and
+#: ``next_obs`` are the two halves of one gather, so handing them to TensorFlow needs no split.
+#: Frame blocks a consumer may still hold beyond those in flight (tf.data's prefetch buffer).
+BLOCKS_IN_USE = 4
+
+FIELDS = ("obs", "next_obs", "action", "reward", "terminated", "truncated", "discount", "index", "weight")
 
 
 class Prefetcher:
@@ -56,6 +59,8 @@ class Prefetcher:
         self._next = 0
         self._lock = threading.Lock()
         self._closed = False
+        self._blocks: list[tuple[np.ndarray, np.ndarray]] = []
+        self._blocks_lock = threading.Lock()
 
     def next_block(self) -> dict[str, np.ndarray]:
         """The next block: each field shaped ``(batches_per_block, batch_size, ...)``."""
@@ -79,10 +84,32 @@ class Prefetcher:
         self._pool.shutdown(wait=True)
 
     def _draw(self, j: int) -> dict[str, np.ndarray]:
+        """Block ``j``: its batches drawn one by one with ``default_rng([seed, j])``, gathered into the
+        block's frame arrays. Batch by batch, not one big draw: measured here, one 256-transition
+        draw decodes ~380 chunks (21 MB) before gathering any, and ran at 1,126 batches/s on one
+        thread against ~1,900 for 32-transition draws, whose chunks stay in cache."""
         rng = np.random.default_rng([self.seed, j])
         k, b = self.batches_per_block, self.batch_size
-        pending = self.store._prepare(k * b, rng=rng, min_available=b, **self.sample_kwargs)
-        frames = self.store.reader.finish(pending.plan)
-        block = {name: getattr(pending.batch, name) for name in FIELDS[1:]}
-        block["frames"] = frames
-        return {name: value.reshape(k, b, *value.shape[1:]) for name, value in block.items()}
+        obs, next_obs = self._frame_blocks()
+        scalars: dict[str, list[np.ndarray]] = {name: [] for name in FIELDS[2:]}
+        for i in range(k):
+            batch = self.store._prepare(b, rng=rng, **self.sample_kwargs).finish(self.store.reader)
+            obs[i] = batch.obs
+            next_obs[i] = batch.next_obs
+            for name, values in scalars.items():
+                values.append(getattr(batch, name))
+        return {"obs": obs, "next_obs": next_obs, **{name: np.stack(values) for name, values in scalars.items()}}
+
+    def _frame_blocks(self) -> tuple[np.ndarray, np.ndarray]:
+        """Two ``(batches_per_block, batch_size, frame_stack, *frame_shape)`` arrays, recycled once
+        nothing refers to them any more (fresh memory costs page faults; see reader._output)."""
+        with self._blocks_lock:
+            for pair in self._blocks:
+                if sys.getrefcount(pair[0]) == 2 and sys.getrefcount(pair[1]) == 2:  # the pair's and the call's
+                    return pair
+            schema = self.store.schema
+            shape = (self.batches_per_block, self.batch_size, schema.frame_stack, *schema.observation.shape)
+            pair = (np.empty(shape, schema.observation.dtype), np.empty(shape, schema.observation.dtype))
+            if len(self._blocks) < self.depth + BLOCKS_IN_USE:
+                self._blocks.append(pair)
+            return pair
