@@ -164,3 +164,16 @@ def test_resume_before_the_first_checkpoint_starts_over_and_keeps_the_store(tmp_
     assert state["global_step"] == 300
     with ReplayStore.open(run / "replay.zarr") as store:
         assert store.added >= before + 300
+
+
+def test_prioritized_n_step_run_with_the_progress_bar(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    argv = [a for a in CARTPOLE if a != "--no-progress"]
+    done = _train(*argv, "--total-timesteps", "700", "--prioritized", "--n-step", "3", "--run-dir", str(run))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "done: 700 steps" in done.stdout and "train" in done.stdout  # rich's bar, rendered once off a terminal
+    with ReplayStore.open(run / "replay.zarr") as store:
+        live = np.flatnonzero(store.ring.valid)
+        priorities = store.priorities(live)
+        # the learner sent |td| + eps back for the transitions it trained on: not all at the initial 1.0
+        assert np.unique(priorities).size > 10 and priorities.min() < 1.0
