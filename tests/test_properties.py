@@ -1,7 +1,8 @@
 """A Hypothesis state machine drives ReplayStore and a plain in-RAM model side by side.
 
 The model is a list of steps (frame, action, reward, flags, ep_step, is_last) by position. Rules add
-transitions with random episode ends, flush, close-and-reopen, and sample with random n-step; every
+transitions with random episode ends, flush, close-and-reopen, compact in place (with a random chunk
+length), and sample with random n-step; every
 sampled transition is recomputed from the model with a textbook n-step return and must match.
 Small capacities with tiny shards make the ring wrap many times per run.
 """
@@ -25,6 +26,7 @@ from hypothesis.stateful import (
 )
 
 from replaystore import Layout, ReplayStore
+from replaystore.compact import compact_store
 
 SHAPE = (2, 3)
 
@@ -103,6 +105,15 @@ class StoreVersusModel(RuleBasedStateMachine):
     def reopen(self) -> None:
         self.store.close()
         self.store = ReplayStore.open(self.path, mode="a")
+
+    @rule(chunk_len=st.sampled_from([None, 1, 2, 4]))
+    def compact(self, chunk_len: int | None) -> None:
+        """Rewrite the store in place; the model's live steps become positions 0.. (oldest first)."""
+        self.store.close()
+        compact_store(self.path, chunk_len=chunk_len)
+        self.steps = self.steps[self.lo:]
+        self.store = ReplayStore.open(self.path, mode="a")
+        assert self.store.added == len(self.steps)
 
     @rule(data=st.data())
     def obs_must_continue_episode(self, data: st.DataObject) -> None:
