@@ -106,10 +106,10 @@ class Prefetcher:
         with self._blocks_lock:
             for pair in self._blocks:
                 if sys.getrefcount(pair[0]) == 2 and sys.getrefcount(pair[1]) == 2:  # the pair's and the call's
-                    return pair
+                    return (pair[0], pair[1])  # a new tuple, made under the lock: no other worker can take them now
             schema = self.store.schema
             shape = (self.batches_per_block, self.batch_size, schema.frame_stack, *schema.observation.shape)
             pair = (np.empty(shape, schema.observation.dtype), np.empty(shape, schema.observation.dtype))
             if len(self._blocks) < self.depth + BLOCKS_IN_USE:
                 self._blocks.append(pair)
-            return pair
+            return (pair[0], pair[1])
