@@ -11,9 +11,9 @@ while the expensive part runs without any lock:
     crc32c and remembered. The bytes are immutable, so the plan stays valid whatever the writer does
     next.
 ``finish(plan)`` (no lock)
-    decodes the chunks into a reused per-thread area (split across a thread pool when
-    ``decode_threads > 1``; the zstd decoder releases the GIL) and gathers the frames with one numpy
-    fancy index. There is no per-transition Python loop: the only loop is over distinct chunks.
+    decodes the chunks into a reused per-thread area (one libzstd call for the whole batch where it
+    can, see decoders.py; split across a thread pool when ``decode_threads > 1``) and gathers the
+    frames with one ``np.take``. There is no per-transition Python loop: the only loop is over distinct chunks.
 
 Why compressed bytes and not decoded chunks: measured here, a decoded-chunk LRU barely helps uniform
 sampling (1-13% hits), while a whole 1M-frame Atari store is ~65 MB compressed, so caching compressed
@@ -75,8 +75,10 @@ class Plan:
     rows: np.ndarray  # rows of ``out`` to fill from decoded chunks
     which: np.ndarray  # for each of ``rows``: index into ``payloads``
     offset: np.ndarray  # for each of ``rows``: frame offset inside its chunk
-    payloads: list[tuple[int, bytes | None]]  # (global chunk id, verified compressed bytes or None = empty)
+    ids: list[int]  # the distinct global chunk ids the rows need
+    payloads: list[bytes | None]  # for each of ``ids``: verified compressed bytes, or None (an empty chunk)
     shape: tuple[int, ...]  # the shape of the positions array
+    as_one: bool  # every payload may be decoded joined with the others (decoders.ChunkDecoder.decode_many)
 
 
 class FrameReader:
@@ -98,6 +100,9 @@ class FrameReader:
         self._handles: OrderedDict[int, tuple[int, np.ndarray, int]] = OrderedDict()  # shard -> (fd, index, size)
         self._chunks: dict[int, bytes] = {}  # global chunk id -> verified payload, oldest cached first
         self._held = 0
+        self._odd: set[int] = set()  # chunk ids seen whose payload cannot be decoded joined (see ChunkDecoder)
+        self._chunk_nbytes = self.chunk_len * int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        self._joinable = self.decoder.joinable
         self._local = threading.local()  # per-thread decode area
         self._pool: ThreadPoolExecutor | None = None
         self.hits = 0
@@ -146,8 +151,8 @@ class FrameReader:
         self.hits += len(ids) - len(misses)
         for i in misses:
             found[i] = self._payload(ids[i])
-        payloads = list(zip(ids, found, strict=True))
-        return Plan(out, rows, which.reshape(-1), slots % self.chunk_len, payloads, np.shape(positions))
+        as_one = self._joinable and None not in found and (not self._odd or self._odd.isdisjoint(ids))
+        return Plan(out, rows, which.reshape(-1), slots % self.chunk_len, ids, found, np.shape(positions), as_one)
 
     def finish(self, plan: Plan) -> np.ndarray:
         """Phase 2 (no lock needed): decode the planned chunks and gather the frames."""
@@ -158,13 +163,13 @@ class FrameReader:
             if tasks > 1:
                 bounds = np.linspace(0, n, tasks + 1).astype(int)
                 pool = self._get_pool()
-                futures = [pool.submit(self._decode_range, plan.payloads, area, bounds[i], bounds[i + 1])
+                futures = [pool.submit(self._decode_range, plan, area, bounds[i], bounds[i + 1])
                            for i in range(1, tasks)]
-                self._decode_range(plan.payloads, area, 0, bounds[1])
+                self._decode_range(plan, area, 0, bounds[1])
                 for f in futures:
                     f.result()
             else:
-                self._decode_range(plan.payloads, area, 0, n)
+                self._decode_range(plan, area, 0, n)
             # np.take into existing memory: a fancy-index temporary (a second fresh 1-2 MB block per
             # batch) tripled the cost of this line through page faults.
             flat_area = area.reshape(-1, *self.shape)
@@ -198,6 +203,7 @@ class FrameReader:
                 first = cid * self.chunk_len
                 payload = bytes(check_chunk(memoryview(raw)[off : off + nbytes], name="obs", shard=shard, chunk=chunk,
                                             first_step=first, steps=self.chunk_len))
+                self._admit(cid, payload)
                 self._chunks[cid] = payload
                 self._held += len(payload)
                 added += len(payload)
@@ -231,6 +237,8 @@ class FrameReader:
             payload = self._chunks.pop(cid, None)
             if payload is not None:
                 self._held -= len(payload)
+        if self._odd:
+            self._odd.difference_update(range(first, first + self.chunks_per_shard))
 
     def close(self) -> None:
         if self._pool is not None:
@@ -284,8 +292,14 @@ class FrameReader:
             scratch = self._local.scratch = np.empty((max(n, 256), *self.shape), dtype=self.dtype)
         return scratch[:n]
 
-    def _decode_range(self, payloads: list[tuple[int, bytes | None]], area: np.ndarray, start: int, stop: int) -> None:
-        self.decoder.decode_many(payloads, area, start, stop, name="obs", chunks_per_shard=self.chunks_per_shard)
+    def _decode_range(self, plan: Plan, area: np.ndarray, start: int, stop: int) -> None:
+        self.decoder.decode_many(plan.ids, plan.payloads, area, start, stop, name="obs",
+                                 chunks_per_shard=self.chunks_per_shard, as_one=plan.as_one)
+
+    def _admit(self, cid: int, payload: bytes | None) -> None:
+        """Note a chunk whose payload cannot be decoded joined with others (see ``Plan.as_one``)."""
+        if payload is not None and self._joinable and not self.decoder.declares_chunk(payload, self._chunk_nbytes):
+            self._odd.add(cid)
 
     def _payload(self, cid: int) -> bytes | None:
         """A chunk not in the cache: read it, and cache it, evicting the oldest-cached chunks.
@@ -296,6 +310,7 @@ class FrameReader:
         """
         self.misses += 1
         payload = self._fetch(cid)
+        self._admit(cid, payload)
         if payload is not None and len(payload) <= self.cache_bytes:
             self._chunks[cid] = payload
             self._held += len(payload)

@@ -1,0 +1,106 @@
+"""The batch decoder: one libzstd call for a batch's joined chunks, and what it must not trust.
+
+A batch's chunks are decoded by a single ``ZSTD_decompressDCtx`` call on their joined payloads only
+when each payload is one zstd frame declaring exactly one chunk's size. Anything else (a frame that
+does not record its size, declares another size, or is not a frame) is decoded on its own, and a
+frame that declares the right size but does not decode makes the joined call fail, after which the
+chunks are decoded one by one to name the bad one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zstandard
+
+from replaystore import ReplayStore, decoders
+from replaystore.errors import ChunkChecksumError
+from replaystore.shards import encode_shard
+from replaystore.verify import verify_store
+from tests.conftest import fill, make_store
+
+pytestmark = pytest.mark.skipif(decoders.LIBZSTD is None, reason="no libzstd shared library on this machine")
+
+CHUNK_LEN = 4
+
+
+@pytest.fixture
+def filled(store_path: Path) -> Path:
+    store = make_store(store_path, capacity=64, shard_len=16, chunk_len=CHUNK_LEN)
+    fill(store, 100, episode_len=9)
+    store.close()
+    return store_path
+
+
+def live_positions(store: ReplayStore) -> np.ndarray:
+    return np.arange(store.ring.lo, store.ring.added, dtype=np.int64)
+
+
+def rewrite_shard_1(path: Path, encode) -> None:
+    """Re-encode shard 1 of ``obs`` (its frames unchanged) with ``encode(chunk) -> payload``."""
+    store = ReplayStore.open(path)
+    shard_len = store.layout.shard_len
+    frames = store.reader.gather(np.arange(shard_len, 2 * shard_len, dtype=np.int64))
+    store.close()
+
+    class Codec:
+        @staticmethod
+        def encode(data: np.ndarray) -> bytes:
+            return encode(np.ascontiguousarray(data))
+
+    (path / "obs" / "c" / "1" / "0" / "0").write_bytes(
+        encode_shard(frames, chunk_len=CHUNK_LEN, rows=shard_len, codec=Codec))
+
+
+def test_a_batch_of_chunks_is_decoded_by_one_call_and_matches_chunk_by_chunk(filled: Path) -> None:
+    store = ReplayStore.open(filled)
+    positions = live_positions(store)
+    plan = store.reader.plan(positions)
+    assert plan.as_one and len(plan.ids) > 1
+    joined = store.reader.finish(plan).copy()
+    plan = store.reader.plan(positions)
+    one_by_one = plan.__class__(**{**plan.__dict__, "as_one": False})
+    np.testing.assert_array_equal(store.reader.finish(one_by_one), joined)
+
+
+def test_frames_without_a_recorded_size_are_decoded_on_their_own(filled: Path) -> None:
+    store = ReplayStore.open(filled)
+    positions = live_positions(store)
+    expected = store.reader.gather(positions).copy()
+    store.close()
+    compressor = zstandard.ZstdCompressor(level=3, write_content_size=False)
+    rewrite_shard_1(filled, lambda chunk: compressor.compress(chunk.tobytes()))
+
+    store = ReplayStore.open(filled)
+    plan = store.reader.plan(positions)
+    assert not plan.as_one  # shard 1's chunks do not declare their size
+    np.testing.assert_array_equal(store.reader.finish(plan), expected)
+    assert verify_store(filled).ok
+
+
+def test_a_frame_that_declares_another_size_is_named(filled: Path) -> None:
+    rewrite_shard_1(filled, lambda chunk: zstandard.ZstdCompressor().compress(chunk.tobytes()[: chunk.nbytes // 2]))
+    store = ReplayStore.open(filled)
+    with pytest.raises(ChunkChecksumError, match="of shard 1 of 'obs' passed its checksum but does not decompress"):
+        store.reader.gather(live_positions(store))
+
+
+def test_a_frame_that_declares_the_right_size_but_does_not_decode_is_named(filled: Path) -> None:
+    """A hand-made frame: header says one chunk's size, its one raw block holds 10 bytes."""
+
+    def short_frame(chunk: np.ndarray) -> bytes:
+        assert chunk.nbytes < 256
+        header = b"\x28\xb5\x2f\xfd" + bytes([0x20, chunk.nbytes])  # single segment, 1-byte content size
+        block = (10 << 3 | 1).to_bytes(3, "little") + bytes(10)  # last block, raw, 10 bytes
+        return header + block
+
+    frame = short_frame(np.zeros((CHUNK_LEN, 3, 4), np.uint8))
+    rewrite_shard_1(filled, short_frame)
+    store = ReplayStore.open(filled)
+    assert store.reader.decoder.declares_chunk(frame, CHUNK_LEN * 3 * 4)
+    plan = store.reader.plan(live_positions(store))
+    assert plan.as_one  # it passes every check that can be made without decoding
+    with pytest.raises(ChunkChecksumError, match="chunk 0 of shard 1 of 'obs' passed its checksum but does not decompress"):
+        store.reader.finish(plan)
