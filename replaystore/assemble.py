@@ -8,6 +8,9 @@ the stack at the step ``m`` moves later (``m = n_step``, or fewer if the episode
 the last move terminated (a truncation bootstraps from the stored last observation).
 Every frame a batch needs is fetched once, through one ``FrameReader`` plan. ``prepare`` reads the
 ring (call it under the store's lock); ``Pending.finish`` decodes the frames (no lock needed).
+``prepare(..., batches=K)`` prepares K batches at once (the prefetcher's blocks): the ring is read
+with one set of vectorised operations for all of them, and each batch gets its own plan, decoded
+on its own (one batch's chunks stay in cache between decoding and gathering; K batches' would not).
 """
 
 from __future__ import annotations
@@ -48,12 +51,17 @@ class Pending:
     """A batch whose scalars are read and whose frames are planned but not yet decoded."""
 
     batch: Batch  # obs/next_obs are empty placeholders
-    plan: Plan
+    plans: list[Plan]  # one per batch
     frame_stack: int
+    out: np.ndarray | None  # the caller's (batches, 2, n, ...) frame array, if it gave one
 
     def finish(self, reader: FrameReader) -> Batch:
-        frames = reader.finish(self.plan)
-        return replace(self.batch, obs=frames[0], next_obs=frames[1])
+        """Decode the frames. Given an ``out``, the fields hold all K batches (``obs`` and
+        ``next_obs`` as ``(K, n, ...)`` views of ``out``, the others ``(K * n,)``)."""
+        frames = [reader.finish(plan) for plan in self.plans]
+        if self.out is None:
+            return replace(self.batch, obs=frames[0][0], next_obs=frames[0][1])
+        return replace(self.batch, obs=self.out[:, 0], next_obs=self.out[:, 1])
 
 
 def assemble(ring: Ring, reader: FrameReader, positions: np.ndarray, *, n_step: int = 1, gamma: float = 0.99,
@@ -63,8 +71,12 @@ def assemble(ring: Ring, reader: FrameReader, positions: np.ndarray, *, n_step: 
 
 
 def prepare(ring: Ring, reader: FrameReader, positions: np.ndarray, *, n_step: int = 1, gamma: float = 0.99,
-            weight: np.ndarray | None = None) -> Pending:
-    """Read everything a batch needs from the ring and plan its frame reads."""
+            weight: np.ndarray | None = None, out: np.ndarray | None = None, batches: int = 1) -> Pending:
+    """Read everything ``batches`` batches need from the ring and plan their frame reads.
+
+    ``positions`` holds the batches one after another. ``out`` (optional with one batch, required
+    with more) is a C-contiguous ``(batches, 2, n, frame_stack, *obs_shape)`` array that receives
+    each batch's ``obs`` and ``next_obs``."""
     positions = np.asarray(positions, dtype=np.int64)
     cap = ring.capacity
     slots = positions % cap
@@ -85,8 +97,14 @@ def prepare(ring: Ring, reader: FrameReader, positions: np.ndarray, *, n_step: i
     truncated = ring.truncated[last_slots].copy()
     discount = np.where(terminated, np.float32(0.0), np.float32(gamma) ** m.astype(np.float32)).astype(np.float32)
 
-    # (2, n, k): one gather whose two halves are ``obs`` and ``next_obs``, each contiguous (no copy to split)
-    both = np.stack([ring.stack_positions(positions), ring.stack_positions(next_positions)])
+    # (batches, 2, n, k): per batch, one gather whose two halves are ``obs`` and ``next_obs``, each
+    # contiguous (no copy to split)
+    n = positions.size // batches
+    both = ring.stack_positions(np.concatenate([positions, next_positions])).reshape(2, batches, n, -1)
+    both = both.transpose(1, 0, 2, 3)
+    if batches > 1 and out is None:
+        raise ValueError("prepare(..., batches > 1) needs an out array for the frames")
+    outs = [None] if out is None else list(out)
     empty = np.empty((0,), dtype=reader.dtype)
     batch = Batch(
         obs=empty,
@@ -99,4 +117,4 @@ def prepare(ring: Ring, reader: FrameReader, positions: np.ndarray, *, n_step: i
         index=slots,
         weight=np.ones(positions.size, dtype=np.float32) if weight is None else weight.astype(np.float32),
     )
-    return Pending(batch, reader.plan(both), ring.frame_stack)
+    return Pending(batch, [reader.plan(both[i], outs[i]) for i in range(batches)], ring.frame_stack, out)

@@ -130,11 +130,20 @@ class FrameReader:
         """
         return self.finish(self.plan(positions))
 
-    def plan(self, positions: np.ndarray) -> Plan:
-        """Phase 1 (under the store's lock): RAM-buffer frames copied, chunk bytes collected."""
+    def plan(self, positions: np.ndarray, out: np.ndarray | None = None) -> Plan:
+        """Phase 1 (under the store's lock): RAM-buffer frames copied, chunk bytes collected.
+
+        ``out``: where ``finish`` puts the frames, a C-contiguous ``(*positions.shape, *obs_shape)``
+        array (default: one of this thread's recycled output blocks)."""
         flat = np.asarray(positions, dtype=np.int64).ravel()
         slots = flat % self.capacity
-        out = self._output(flat.size)
+        if out is None:
+            out = self._output(flat.size)
+        else:
+            if out.shape != (*np.shape(positions), *self.shape) or out.dtype != self.dtype or not out.flags.c_contiguous:
+                raise ValueError(f"out must be a C-contiguous {self.dtype} array of shape "
+                                 f"{(*np.shape(positions), *self.shape)}, got {out.dtype} {out.shape}")
+            out = out.reshape(flat.size, *self.shape)
         rows = np.arange(flat.size)
         region = self.live_region() if self.live_region is not None else None
         if region is not None:
@@ -171,14 +180,17 @@ class FrameReader:
             else:
                 self._decode_range(plan, area, 0, n)
             # np.take into existing memory: a fancy-index temporary (a second fresh 1-2 MB block per
-            # batch) tripled the cost of this line through page faults.
+            # batch) tripled the cost of this line through page faults. And mode="clip": with the
+            # default mode="raise" numpy gathers into a fresh copy of ``out`` and copies it back
+            # (so that a bad index leaves ``out`` untouched), measured 108 us against 35 us for a
+            # batch's 256 Atari frames. ``source`` is in range by construction.
             flat_area = area.reshape(-1, *self.shape)
             source = plan.which * self.chunk_len + plan.offset
             if plan.rows.size == plan.out.shape[0]:
-                np.take(flat_area, source, axis=0, out=plan.out)
+                np.take(flat_area, source, axis=0, out=plan.out, mode="clip")
             else:
                 scratch = self._scratch(plan.rows.size)
-                np.take(flat_area, source, axis=0, out=scratch)
+                np.take(flat_area, source, axis=0, out=scratch, mode="clip")
                 plan.out[plan.rows] = scratch
         return plan.out.reshape(*plan.shape, *self.shape)
 

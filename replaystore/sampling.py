@@ -68,30 +68,31 @@ class Sampling:
                              beta=beta).finish(self.reader)
 
     def _prepare(self, batch_size: int, *, rng: np.random.Generator | None, n_step: int, gamma: float,
-                 prioritized: bool, alpha: float, beta: float, min_available: int | None = None) -> Pending:
+                 prioritized: bool, alpha: float, beta: float, out: np.ndarray | None = None,
+                 batches: int = 1) -> Pending:
         """The locked half of ``sample``: draw positions, read the ring, plan the frame reads.
-
-        ``min_available`` (default ``batch_size``) is how many sampleable transitions must exist: the
-        prefetcher draws several batches at once and needs only one batch's worth.
-        """
+        ``batches`` > 1 draws that many batches at once (the prefetcher's blocks: one lock and one
+        set of vectorised ring reads for all of them); ``out`` receives the frames, see
+        ``assemble.prepare``."""
         rng = rng if rng is not None else np.random.default_rng()
         with self._mutex:
             self._check_open()
             available = _sampler.count_sampleable(self.ring, int(n_step))
-            needed = batch_size if min_available is None else min_available
-            if needed > available:
+            if batch_size > available:
                 raise SampleError(
-                    f"asked for {needed} transitions but {self.path} holds {available} sampleable "
+                    f"asked for {batch_size} transitions but {self.path} holds {available} sampleable "
                     f"(n_step={n_step}); add more transitions first or sample at most {available}"
                 )
             weight = None
             if prioritized:
                 tree = self._priorities.sync(float(alpha))
-                positions = _sampler.sample_prioritized(self.ring, tree, int(batch_size), rng, n_step=int(n_step))
+                positions = _sampler.sample_prioritized(self.ring, tree, batches * int(batch_size), rng,
+                                                        n_step=int(n_step))
                 weight = self._priorities.weights(tree, positions % self.capacity, float(beta))
             else:
-                positions = _sampler.sample_uniform(self.ring, int(batch_size), rng, n_step=int(n_step))
-            return prepare(self.ring, self.reader, positions, n_step=int(n_step), gamma=float(gamma), weight=weight)
+                positions = _sampler.sample_uniform(self.ring, batches * int(batch_size), rng, n_step=int(n_step))
+            return prepare(self.ring, self.reader, positions, n_step=int(n_step), gamma=float(gamma), weight=weight,
+                           out=out, batches=batches)
 
     def as_dataset(self, batch_size: int, *, n_step: int = 1, gamma: float = 0.99, prioritized: bool = False,
                    alpha: float = 0.6, beta: float = 0.4, prefetch: int = 4, threads: int = 2,

@@ -46,6 +46,29 @@ def test_element_spec_and_contents(filled: ReplayStore) -> None:
         assert not np.array_equal(nxt, batch["obs"].numpy())
 
 
+@pytest.mark.parametrize("batch_size", [16, 7], ids=["aligned-slices", "unaligned-slices"])
+def test_batches_held_by_the_consumer_stay_intact(filled: ReplayStore, batch_size: int) -> None:
+    """Frame blocks are handed to TensorFlow without a copy and recycled: a block must not be reused
+    while any tensor (or numpy view of one) from it is alive, however far iteration goes on."""
+    ds = filled.as_dataset(batch_size, seed=2, threads=2, batches_per_call=2, prefetch=2)
+    it = iter(ds)
+    for _ in range(100):  # a consumer that lets go of its batches: a few blocks, recycled
+        next(it)
+    assert ds._replaystore_prefetcher.blocks_made <= 8, "frame blocks are not being recycled"
+    held = [next(it) for _ in range(12)]
+    views = [b["next_obs"].numpy() for b in held[:4]]
+    for _ in range(120):  # many times the blocks in flight: free blocks are reused meanwhile
+        next(it)
+    ring = filled.ring
+    for batch, view in zip(held, views + [None] * len(held), strict=False):
+        index = batch["index"].numpy()
+        np.testing.assert_array_equal(batch["obs"].numpy(), expected_frames(filled, index))
+        nxt = ring.stack_positions(ring.lo + (index - ring.lo) % ring.capacity + 1)
+        np.testing.assert_array_equal(batch["next_obs"].numpy(), filled.reader.gather(nxt))
+        if view is not None:
+            np.testing.assert_array_equal(view, filled.reader.gather(nxt))
+
+
 def test_same_seed_same_batches(filled: ReplayStore) -> None:
     def first(seed: int, threads: int) -> list[np.ndarray]:
         ds = filled.as_dataset(8, seed=seed, n_step=2, threads=threads, batches_per_call=2)

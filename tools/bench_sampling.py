@@ -165,8 +165,10 @@ def child_ring(threads: int, seconds: float, transitions: int) -> dict:
         stacks = t[:, None] - np.minimum(offsets[None, :], ep_step[t][:, None])
         nxt = t + 1
         next_stacks = nxt[:, None] - np.minimum(offsets[None, :], ep_step[nxt][:, None])
-        np.take(frames, stacks, axis=0, out=local.obs)
-        np.take(frames, next_stacks, axis=0, out=local.next_obs)
+        # mode="clip" (indices are in range): the default "raise" gathers into a temporary copy of
+        # ``out`` first, ~3x slower; the store's reader does the same.
+        np.take(frames, stacks, axis=0, out=local.obs, mode="clip")
+        np.take(frames, next_stacks, axis=0, out=local.next_obs, mode="clip")
         return local.obs, local.next_obs
 
     return {"batches_per_s": run_threads(sample_once, threads, seconds)}
