@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import random
 import resource
 import shutil
@@ -78,8 +79,9 @@ def build_store(args: argparse.Namespace) -> dict:
 # Contenders (each in a child process)
 
 
-def run_threads(sample_once, threads: int, seconds: float) -> float:
-    """Batches/s of ``threads`` threads each calling ``sample_once(rng)`` for ``seconds``."""
+def run_threads(sample_once, threads: int, seconds: float, cpu: dict | None = None) -> float:
+    """Batches/s of ``threads`` threads each calling ``sample_once(rng)`` for ``seconds``; ``cpu`` (a
+    dict) receives the process's CPU microseconds per batch over the timed part."""
     counts = [0] * threads
     start = threading.Barrier(threads + 1)
     stop_at = [0.0]
@@ -102,10 +104,12 @@ def run_threads(sample_once, threads: int, seconds: float) -> float:
         t.start()
     stop_at[0] = time.perf_counter() + 1e9
     start.wait()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     stop_at[0] = t0 + seconds
     for t in pool:
         t.join()
+    if cpu is not None:
+        cpu["cpu_us_per_batch"] = (time.process_time() - c0) / max(sum(counts), 1) * 1e6
     return sum(counts) / (time.perf_counter() - t0)
 
 
@@ -119,9 +123,10 @@ def child_store(threads: int, seconds: float, prioritized: bool) -> dict:
     if prioritized:
         slots = np.flatnonzero(store.ring.valid)
         store.update_priorities(slots, np.random.default_rng(0).uniform(0.01, 2.0, slots.size))
-    rate = run_threads(lambda rng: store.sample(BATCH, rng=rng, prioritized=prioritized), threads, seconds)
+    cpu: dict = {}
+    rate = run_threads(lambda rng: store.sample(BATCH, rng=rng, prioritized=prioritized), threads, seconds, cpu)
     return {"batches_per_s": rate, "cache_hit_rate": store.cache_hit_rate, "cache_mb": store.cache_bytes_held / 2**20,
-            "warm_cache_mb": warmed / 2**20, "warm_cache_s": warm_s}
+            "warm_cache_mb": warmed / 2**20, "warm_cache_s": warm_s, **cpu}
 
 
 def store_frames(transitions: int):
@@ -198,21 +203,31 @@ def child_deque(threads: int, seconds: float, transitions: int) -> dict:
     return {"batches_per_s": run_threads(sample_once, threads, seconds), "transitions": len(memory)}
 
 
-def child_tfdata(threads: int, seconds: float, batches_per_call: int) -> dict:
+def child_tfdata(threads: int, seconds: float, batches_per_call: int, bridge_only: bool = False) -> dict:
+    """``as_dataset`` iterated by an empty consumer. ``bridge_only``: the prefetcher hands over a few
+    blocks drawn beforehand, over and over, so only TensorFlow's side (the ``numpy_function`` call,
+    the slicing, ``prefetch`` and the consumer's ``next``) is measured."""
     from replaystore import ReplayStore
 
     store = ReplayStore.open(STORE)
     store.warm_cache()
     import tensorflow as tf  # noqa: F401 - imported here so its start-up is not timed
 
-    it = iter(store.as_dataset(BATCH, threads=threads, batches_per_call=batches_per_call, prefetch=16, seed=0))
+    ds = store.as_dataset(BATCH, threads=threads, batches_per_call=batches_per_call, prefetch=16, seed=0)
+    if bridge_only:
+        prefetcher = ds._replaystore_prefetcher
+        blocks = [prefetcher.next_block() for _ in range(4)]
+        turn = iter(range(1 << 62))
+        prefetcher.next_block = lambda: blocks[next(turn) % len(blocks)]  # fetch() looks it up per call
+    it = iter(ds)
     for _ in range(100):
         next(it)
-    n, t0 = 0, time.perf_counter()
+    n, t0, c0 = 0, time.perf_counter(), time.process_time()
     while time.perf_counter() - t0 < seconds:
         next(it)
         n += 1
-    return {"batches_per_s": n / (time.perf_counter() - t0)}
+    return {"batches_per_s": n / (time.perf_counter() - t0), "cpu_us_per_batch": (time.process_time() - c0) / n * 1e6,
+            "batches_per_call": batches_per_call}
 
 
 # -------------------------------------------------------------------------------------------------
@@ -235,7 +250,8 @@ def main() -> None:
     ap.add_argument("--record", type=int, default=100_000, help="real Breakout steps recorded, then tiled")
     ap.add_argument("--deque-transitions", type=int, default=100_000)
     ap.add_argument("--seconds", type=float, default=5.0)
-    ap.add_argument("--batches-per-call", type=int, default=8)
+    ap.add_argument("--batches-per-call", type=int, default=32,
+                    help="as_dataset batches_per_call for the tf.data runs (the default of as_dataset is 8)")
     ap.add_argument("--reuse", action="store_true", help="reuse tools/out/bench_sampling.zarr if it exists")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
@@ -250,7 +266,7 @@ def main() -> None:
         elif kind == "deque":
             result = child_deque(args.threads, args.seconds, args.deque_transitions)
         else:
-            result = child_tfdata(args.threads, args.seconds, args.batches_per_call)
+            result = child_tfdata(args.threads, args.seconds, args.batches_per_call, kind == "tfdata-bridge")
         result["peak_rss_mb"] = peak_rss_mb()
         print(json.dumps(result))
         return
@@ -277,7 +293,8 @@ def main() -> None:
     # The store's runs go first: right after a process that freed 7 GB (the ring), the next one ran
     # up to 40% slower here (fresh memory is costly on these machines).
     for kind, threads in [("store", 1), ("store", 2), ("store-prioritized", 1), ("store-prioritized", 2),
-                          ("tfdata", 1), ("tfdata", 2), ("ring", 1), ("ring", 2), ("deque", 1), ("deque", 2)]:
+                          ("tfdata", 1), ("tfdata", 2), ("tfdata-bridge", 1), ("ring", 1), ("ring", 2), ("deque", 1),
+                          ("deque", 2)]:
         r = spawn(args, kind, threads)
         results["runs"][f"{kind}/{threads}"] = r
         rows.append((kind, threads, r))
@@ -291,6 +308,7 @@ def main() -> None:
     labels = {"ring": "numpy ring in RAM (ceiling)", "store": "replaystore uniform",
               "store-prioritized": "replaystore prioritized", "tfdata": "replaystore as_dataset (tf.data)",
               "deque": "deque of tuples (tutorial)"}
+    labels["tfdata"] += f" K={args.batches_per_call}"
     for kind, label in labels.items():
         one, two = runs[f"{kind}/1"], runs[f"{kind}/2"]
         rss = f"{max(one['peak_rss_mb'], two['peak_rss_mb']):,.0f}"
@@ -308,6 +326,14 @@ def main() -> None:
         "store_vs_deque_2_threads": runs["store/2"]["batches_per_s"] / runs["deque/2"]["batches_per_s"],
     }
     results["ratios"] = ratios
+    bridge = runs["tfdata-bridge/1"]
+    sampler_cpu = runs["store/2"]["cpu_us_per_batch"]
+    ceiling = sampler_cpu / (sampler_cpu + bridge["cpu_us_per_batch"])
+    results["tfdata_2_thread_ceiling"] = ceiling
+    print(f"\ntf.data bridge alone (pre-drawn blocks, batches_per_call={args.batches_per_call}): "
+          f"{bridge['batches_per_s']:,.0f} batches/s, {bridge['cpu_us_per_batch']:.0f} us of CPU a batch (consumer included)")
+    print(f"2 threads on {os.cpu_count()} cores: the sampler alone uses {sampler_cpu:.0f} us of CPU a batch, so with the "
+          f"bridge's CPU on top tf.data can reach at most {ceiling:.2f}x its rate")
     print()
     print(f"on disk: {disk / 2**20:,.1f} MB for the store; frames {results['obs_mb_per_1m_frames']:.1f} MB per 1M frames (target <= 150)")
     if built["write_transitions_per_s"]:
