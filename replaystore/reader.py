@@ -170,7 +170,7 @@ class FrameReader:
             area = self._decode_area(n)
             tasks = min(self.decode_threads, n // MIN_CHUNKS_PER_TASK) if self.decode_threads > 1 else 1
             if tasks > 1:
-                bounds = np.linspace(0, n, tasks + 1).astype(int)
+                bounds = np.linspace(0, n, tasks + 1).astype(int).tolist()  # Python ints: ctypes takes no numpy ints
                 pool = self._get_pool()
                 futures = [pool.submit(self._decode_range, plan, area, bounds[i], bounds[i + 1])
                            for i in range(1, tasks)]

@@ -104,3 +104,24 @@ def test_a_frame_that_declares_the_right_size_but_does_not_decode_is_named(fille
     assert plan.as_one  # it passes every check that can be made without decoding
     with pytest.raises(ChunkChecksumError, match="chunk 0 of shard 1 of 'obs' passed its checksum but does not decompress"):
         store.reader.finish(plan)
+
+
+@pytest.mark.parametrize("libzstd", [True, False], ids=["libzstd", "zstandard"])
+def test_decoding_on_several_threads_gives_the_same_batches(store_path: Path, libzstd: bool,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """``decode_threads`` > 1 splits a batch's chunks between threads (each part joined on its own)."""
+    if not libzstd:
+        monkeypatch.setattr(decoders, "LIBZSTD", None)
+    store = make_store(store_path, capacity=2048, shard_len=256, chunk_len=CHUNK_LEN)
+    fill(store, 2000, episode_len=37)
+    store.close()
+    batches = []
+    for threads in (1, 3):
+        with ReplayStore.open(store_path, decode_threads=threads) as s:
+            plan = s.reader.plan(live_positions(s)[:400])
+            assert len(plan.ids) >= 3 * 8 and plan.as_one == libzstd  # enough chunks for 3 tasks
+            batches.append([s.sample(128, rng=np.random.default_rng(seed), n_step=3) for seed in range(5)])
+    for one, three in zip(*batches, strict=True):
+        np.testing.assert_array_equal(one.obs, three.obs)
+        np.testing.assert_array_equal(one.next_obs, three.next_obs)
+        np.testing.assert_array_equal(one.reward, three.reward)
