@@ -53,15 +53,15 @@ class Pending:
     batch: Batch  # obs/next_obs are empty placeholders
     plans: list[Plan]  # one per batch
     frame_stack: int
-    out: np.ndarray | None  # the caller's (batches, 2, n, ...) frame array, if it gave one
+    out: tuple[np.ndarray, np.ndarray] | None  # the caller's (batches, n, ...) obs and next_obs arrays, if given
 
     def finish(self, reader: FrameReader) -> Batch:
         """Decode the frames. Given an ``out``, the fields hold all K batches (``obs`` and
-        ``next_obs`` as ``(K, n, ...)`` views of ``out``, the others ``(K * n,)``)."""
+        ``next_obs`` are the ``(K, n, ...)`` arrays of ``out``, the others ``(K * n,)``)."""
         frames = [reader.finish(plan) for plan in self.plans]
         if self.out is None:
             return replace(self.batch, obs=frames[0][0], next_obs=frames[0][1])
-        return replace(self.batch, obs=self.out[:, 0], next_obs=self.out[:, 1])
+        return replace(self.batch, obs=self.out[0], next_obs=self.out[1])
 
 
 def assemble(ring: Ring, reader: FrameReader, positions: np.ndarray, *, n_step: int = 1, gamma: float = 0.99,
@@ -71,12 +71,13 @@ def assemble(ring: Ring, reader: FrameReader, positions: np.ndarray, *, n_step: 
 
 
 def prepare(ring: Ring, reader: FrameReader, positions: np.ndarray, *, n_step: int = 1, gamma: float = 0.99,
-            weight: np.ndarray | None = None, out: np.ndarray | None = None, batches: int = 1) -> Pending:
+            weight: np.ndarray | None = None, out: tuple[np.ndarray, np.ndarray] | None = None,
+            batches: int = 1) -> Pending:
     """Read everything ``batches`` batches need from the ring and plan their frame reads.
 
     ``positions`` holds the batches one after another. ``out`` (optional with one batch, required
-    with more) is a C-contiguous ``(batches, 2, n, frame_stack, *obs_shape)`` array that receives
-    each batch's ``obs`` and ``next_obs``."""
+    with more) is a pair of C-contiguous ``(batches, n, frame_stack, *obs_shape)`` arrays that
+    receive the batches' ``obs`` and ``next_obs``."""
     positions = np.asarray(positions, dtype=np.int64)
     cap = ring.capacity
     slots = positions % cap
@@ -97,14 +98,14 @@ def prepare(ring: Ring, reader: FrameReader, positions: np.ndarray, *, n_step: i
     truncated = ring.truncated[last_slots].copy()
     discount = np.where(terminated, np.float32(0.0), np.float32(gamma) ** m.astype(np.float32)).astype(np.float32)
 
-    # (batches, 2, n, k): per batch, one gather whose two halves are ``obs`` and ``next_obs``, each
-    # contiguous (no copy to split)
+    # (batches, 2, n, k): per batch, one plan whose two rows are ``obs`` and ``next_obs`` (without an
+    # ``out``, one contiguous output split without a copy)
     n = positions.size // batches
     both = ring.stack_positions(np.concatenate([positions, next_positions])).reshape(2, batches, n, -1)
     both = both.transpose(1, 0, 2, 3)
     if batches > 1 and out is None:
         raise ValueError("prepare(..., batches > 1) needs an out array for the frames")
-    outs = [None] if out is None else list(out)
+    outs: list = [None] if out is None else [[out[0][i], out[1][i]] for i in range(batches)]
     empty = np.empty((0,), dtype=reader.dtype)
     batch = Batch(
         obs=empty,
@@ -117,4 +118,4 @@ def prepare(ring: Ring, reader: FrameReader, positions: np.ndarray, *, n_step: i
         index=slots,
         weight=np.ones(positions.size, dtype=np.float32) if weight is None else weight.astype(np.float32),
     )
-    return Pending(batch, [reader.plan(both[i], outs[i]) for i in range(batches)], ring.frame_stack, out)
+    return Pending(batch, reader.plan_many(both, outs), ring.frame_stack, out)

@@ -35,20 +35,25 @@ BLOCKS_IN_USE = 4
 #: (Eigen's alignment with AVX-512); numpy's own arrays are aligned to 16.
 ALIGN = 64
 
-#: A block's fields: ``frames`` is ``(2 * batches_per_block, batch_size, frame_stack, *frame_shape)``,
-#: rows ``2i`` and ``2i + 1`` being batch ``i``'s ``obs`` and ``next_obs``; the others are
-#: ``(batches_per_block, batch_size)``.
-FIELDS = ("frames", "action", "reward", "terminated", "truncated", "discount", "index", "weight")
-SCALARS = FIELDS[1:]
+#: A block's fields: ``obs`` and ``next_obs`` are ``(batches_per_block, batch_size, frame_stack,
+#: *frame_shape)``, the others ``(batches_per_block, batch_size)``; row ``i`` of each is batch ``i``.
+FIELDS = ("obs", "next_obs", "action", "reward", "terminated", "truncated", "discount", "index", "weight")
+SCALARS = FIELDS[2:]
 
 
-def aligned_empty(shape: tuple[int, ...], dtype: np.dtype | str, align: int = ALIGN) -> np.ndarray:
-    """An uninitialised C-contiguous array whose data starts on an ``align``-byte boundary."""
-    dtype = np.dtype(dtype)
+def frame_pair(owner: np.ndarray, shape: tuple[int, ...], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """``obs`` and ``next_obs`` of a block: two ``shape`` arrays in ``owner``'s memory, each starting
+    on an ``ALIGN``-byte boundary (``owner`` comes from ``frame_memory``)."""
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    raw = np.empty(nbytes + align, dtype=np.uint8)
-    start = -raw.ctypes.data % align
-    return raw[start : start + nbytes].view(dtype).reshape(shape)
+    second = -(-nbytes // ALIGN) * ALIGN
+    start = -owner.ctypes.data % ALIGN
+    return tuple(owner[start + at : start + at + nbytes].view(dtype).reshape(shape) for at in (0, second))
+
+
+def frame_memory(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """The memory ``frame_pair`` cuts two aligned ``shape`` arrays from."""
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    return np.empty(2 * (-(-nbytes // ALIGN) * ALIGN) + ALIGN, dtype=np.uint8)
 
 
 class Prefetcher:
@@ -101,7 +106,7 @@ class Prefetcher:
     def _draw(self, j: int) -> dict[str, np.ndarray]:
         """Block ``j``: its transitions drawn with ``default_rng([seed, j])`` and its ring reads done
         in one locked step for all its batches (``store._prepare(..., batches=k)``), then each
-        batch's frames decoded and gathered straight into the block's frame array (no copy).
+        batch's frames decoded and gathered straight into the block's frame arrays (no copy).
 
         One step for the whole block keeps the worker's GIL-holding Python work to ~1/k of a
         per-batch draw, which is what lets the workers, TensorFlow's threads and the consumer share
@@ -110,26 +115,28 @@ class Prefetcher:
         ~2,500 batch by batch, whose chunks stay in cache."""
         rng = np.random.default_rng([self.seed, j])
         k, b = self.batches_per_block, self.batch_size
-        frames = self._frame_block()
-        pairs = frames.reshape(k, 2, *frames.shape[1:])  # a view: pairs[i] is batch i's (obs, next_obs)
-        batch = self.store._prepare(b, rng=rng, out=pairs, batches=k, **self.sample_kwargs).finish(self.store.reader)
-        scalars = {name: getattr(batch, name).reshape(k, b) for name in SCALARS}
-        del pairs, batch  # views of ``frames``: only the block itself may refer to it when it is handed out
-        return {"frames": frames, **scalars}
+        schema = self.store.schema
+        owner = self._frame_memory()
+        pair = frame_pair(owner, (k, b, schema.frame_stack, *schema.observation.shape), np.dtype(schema.observation.dtype))
+        del owner  # only the pool and the views may refer to it once the block is handed out
+        batch = self.store._prepare(b, rng=rng, out=pair, batches=k, **self.sample_kwargs).finish(self.store.reader)
+        block = {"obs": pair[0], "next_obs": pair[1]}
+        block.update((name, getattr(batch, name).reshape(k, b)) for name in SCALARS)
+        return block
 
-    def _frame_block(self) -> np.ndarray:
-        """A ``(2 * batches_per_block, batch_size, frame_stack, *frame_shape)`` array, aligned so that
-        TensorFlow takes it without a copy, and recycled once nothing refers to it any more (fresh
-        memory costs page faults; see reader._output). A consumer's tensors hold a reference to the
-        very array handed out, which is why this array (not a view of it) is what a block carries."""
+    def _frame_memory(self) -> np.ndarray:
+        """Memory for a block's ``obs`` and ``next_obs`` (see ``frame_pair``), recycled once nothing
+        refers to it any more (fresh memory costs page faults; see reader._output). The two frame
+        arrays are views of it, and a consumer's tensors hold a reference to the very arrays handed
+        out, so its reference count says whether any batch of the block is still alive."""
         with self._blocks_lock:
             for i in range(len(self._blocks)):
                 if sys.getrefcount(self._blocks[i]) == 2:  # the list's and the call's: nobody else's
                     return self._blocks[i]  # returned under the lock: no other worker can take it now
             schema = self.store.schema
-            shape = (2 * self.batches_per_block, self.batch_size, schema.frame_stack, *schema.observation.shape)
-            block = aligned_empty(shape, schema.observation.dtype)
+            shape = (self.batches_per_block, self.batch_size, schema.frame_stack, *schema.observation.shape)
+            owner = frame_memory(shape, np.dtype(schema.observation.dtype))
             self.blocks_made += 1
             if len(self._blocks) < self.depth + BLOCKS_IN_USE:
-                self._blocks.append(block)
-            return block
+                self._blocks.append(owner)
+            return owner

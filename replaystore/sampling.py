@@ -68,7 +68,7 @@ class Sampling:
                              beta=beta).finish(self.reader)
 
     def _prepare(self, batch_size: int, *, rng: np.random.Generator | None, n_step: int, gamma: float,
-                 prioritized: bool, alpha: float, beta: float, out: np.ndarray | None = None,
+                 prioritized: bool, alpha: float, beta: float, out: tuple[np.ndarray, np.ndarray] | None = None,
                  batches: int = 1) -> Pending:
         """The locked half of ``sample``: draw positions, read the ring, plan the frame reads.
         ``batches`` > 1 draws that many batches at once (the prefetcher's blocks: one lock and one

@@ -6,18 +6,26 @@ and a ``numpy_function`` per batch ~800/s, against thousands a second from the s
 ``numpy_function`` call hands over a whole *block* of batches drawn ahead by ``prefetch.Prefetcher``
 on background threads, and the block is cut into batches inside TensorFlow without copying:
 
-- the block's frames are one array, ``(2k, batch, stack, ...)`` with batch ``i``'s ``obs`` and
-  ``next_obs`` at rows ``2i`` and ``2i + 1``, aligned to 64 bytes: TensorFlow wraps an aligned
-  numpy array as it is, while numpy's usual 16-byte alignment made it copy every block (measured on
-  the bridge alone, with pre-made blocks: 5,064 batches/s unaligned, 10,937 aligned);
-- ``flat_map`` over ``range(k)`` takes row slices, which TensorFlow shares rather than copies
-  (``unbatch`` copies every element: 1.8 MB per Atari batch);
+- a block's ``obs`` and ``next_obs`` are ``(k, batch, stack, ...)`` arrays aligned to 64 bytes:
+  TensorFlow wraps an aligned numpy array as it is, while numpy's usual 16-byte alignment made it
+  copy every block (measured on the bridge alone: 5,064 batches/s unaligned, 10,937 aligned);
+- ``from_tensor_slices`` cuts a block into its k batches. Its slices share the block's memory
+  when they start on a 64-byte boundary (Atari batches do; odd shapes are copied), and it runs no
+  function per batch: a ``map`` over ``range(k)`` per block ran a graph function for every batch,
+  whose hand-offs between TensorFlow's threads cost ~70 us of CPU a batch;
+- no ``tf.data`` prefetch: the workers already keep ``prefetch`` batches ready, so the consumer's
+  own thread takes a block (one ``numpy_function`` call) and slices it, with no hand-over between
+  threads. Bridge alone, pre-drawn blocks, 32 a call, empty Python consumer: ~150 -> ~90 us of CPU
+  a batch, of which ~75 us is TensorFlow's own ``next()`` (the floor: a ``from_tensors().repeat()``
+  dataset costs the same);
 - the workers gather each batch straight into the block (no copy) and recycle a block once no
-  tensor refers to it any more (the tensors hold a reference to the very array handed over).
+  tensor refers to it any more (the tensors hold a reference to the arrays handed over).
 
-``prefetch`` then keeps batches ready ahead of the consumer. Measured with an empty consumer on
-the 1M-frame benchmark store: 1,145 batches/s before these changes, ~2,100-2,300 after, with one
-sampling thread (tools/bench_sampling.py has the side-by-side numbers).
+Measured with an empty consumer on the 1M-frame benchmark store (tools/bench_sampling.py has the
+side-by-side numbers): a Python ``for`` loop pays ``next()``'s ~75 us with the GIL held, beside the
+workers, and gets ~0.75x the sampler's own rate with one worker; a consumer inside a
+``tf.function`` (Keras's ``fit``, a compiled training step) runs no Python per batch and keeps up
+with the workers.
 
 Each element is a dict with the fields of ``Batch``; ``index`` and ``weight`` ride along so a learner
 can call ``store.update_priorities(batch["index"], new_priorities)``.
@@ -31,7 +39,7 @@ import numpy as np
 import tensorflow as tf
 
 from replaystore.errors import SampleError
-from replaystore.prefetch import FIELDS, SCALARS, Prefetcher
+from replaystore.prefetch import FIELDS, Prefetcher
 
 if TYPE_CHECKING:
     from replaystore.store import ReplayStore
@@ -60,33 +68,27 @@ def as_dataset(store: ReplayStore, batch_size: int, *, n_step: int = 1, gamma: f
     prefetcher = Prefetcher(store, batch_size, batches_per_block=batches_per_call, threads=threads,
                             depth=max(2, -(-prefetch // batches_per_call) + threads), seed=seed, n_step=n_step,
                             gamma=gamma, prioritized=prioritized, alpha=alpha, beta=beta)
-    frames_shape = (2 * batches_per_call, batch_size, store.frame_stack, *store.schema.observation.shape)
-    frame_dtype = tf.as_dtype(np.dtype(store.schema.observation.dtype))
-    out_types = [frame_dtype] + [_DTYPES[name] for name in SCALARS]
+    frame_shape = (batches_per_call, batch_size, store.frame_stack, *store.schema.observation.shape)
+    spec = element_spec(store, batch_size)
+    out_types = [spec[name].dtype for name in FIELDS]
 
     def fetch() -> list[np.ndarray]:
         block = prefetcher.next_block()
         return [block[name] for name in FIELDS]
 
-    def to_block(_: tf.Tensor) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+    def to_block(_: tf.Tensor) -> dict[str, tf.Tensor]:
         values = tf.numpy_function(fetch, [], out_types, stateful=True, name="replaystore_sample")
-        frames = tf.ensure_shape(values[0], frames_shape)
-        return frames, {name: tf.ensure_shape(v, (batches_per_call, batch_size)) for name, v in zip(SCALARS, values[1:])}
+        return {name: tf.ensure_shape(value, frame_shape if name in ("obs", "next_obs") else (batches_per_call, batch_size))
+                for name, value in zip(FIELDS, values)}
 
-    def batches(frames: tf.Tensor, scalars: dict[str, tf.Tensor]) -> tf.data.Dataset:
-        def batch(i: tf.Tensor) -> dict[str, tf.Tensor]:
-            # Slices along the first axis of an aligned tensor: TensorFlow shares the block's memory.
-            element = {"obs": frames[2 * i], "next_obs": frames[2 * i + 1]}
-            element.update({name: value[i] for name, value in scalars.items()})
-            return element
-
-        return tf.data.Dataset.range(batches_per_call).map(batch)
-
-    ds = tf.data.Dataset.from_tensors(np.int64(0)).repeat().map(to_block, num_parallel_calls=1).flat_map(batches)
+    # A plain (sequential) map: the consumer's own thread calls ``fetch`` once per block, and the
+    # slices of a block are taken on that same thread; no per-batch function and no hand-over
+    # between threads (the Prefetcher's workers already keep blocks ready ahead of the consumer).
+    ds = tf.data.Dataset.from_tensors(np.int64(0)).repeat().map(to_block).flat_map(tf.data.Dataset.from_tensor_slices)
     options = tf.data.Options()
     options.deterministic = True
     options.experimental_optimization.inject_prefetch = False
-    ds = ds.with_options(options).prefetch(prefetch)
+    ds = ds.with_options(options)
     if device == "auto":
         device = "/GPU:0" if tf.config.list_physical_devices("GPU") else None
     if device is not None:

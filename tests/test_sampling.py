@@ -247,3 +247,29 @@ def test_samplers_on_other_threads_while_adding(store_path: Path) -> None:
 def test_layout_rejects_nothing_new(store_path: Path) -> None:
     assert Layout(16, 4).shard_len == 16
     assert frame(1).shape == (3, 4)
+
+
+def test_block_plans_match_batch_by_batch_reads(store_path: Path) -> None:
+    """``plan_many`` (one unique and one cache pass for several batches, as the prefetcher plans its
+    blocks) reads exactly what separate ``gather`` calls read, with part of every batch in the
+    writer's RAM buffer, chunks shared between batches, and ``obs``/``next_obs`` kept apart."""
+    store = make_store(store_path, capacity=64, frame_stack=3, shard_len=16, chunk_len=4)
+    fill(store, 90, episode_len=7)  # wrapped; the newest steps are still in the RAM buffer
+    reader, ring = store.reader, store.ring
+    assert reader.live_region() is not None
+    rng = np.random.default_rng(5)
+    k, n = 4, 6
+    for _ in range(20):
+        positions = ring.lo + rng.integers(0, len(store) - 2, (k, 2, n))
+        stacks = ring.stack_positions(positions.ravel()).reshape(k, 2, n, -1)
+        obs = np.empty((k, n, stacks.shape[-1], *reader.shape), reader.dtype)
+        nxt = np.empty_like(obs)
+        plans = reader.plan_many(stacks, [[obs[i], nxt[i]] for i in range(k)])
+        for i, plan in enumerate(plans):
+            reader.finish(plan)
+            expected = reader.gather(stacks[i])
+            np.testing.assert_array_equal(obs[i], expected[0])
+            np.testing.assert_array_equal(nxt[i], expected[1])
+    single = reader.plan(stacks[0])  # one array out, the plain sampler's way
+    np.testing.assert_array_equal(reader.finish(single), reader.gather(stacks[0]))
+    store.close()

@@ -69,6 +69,19 @@ def test_batches_held_by_the_consumer_stay_intact(filled: ReplayStore, batch_siz
             np.testing.assert_array_equal(view, filled.reader.gather(nxt))
 
 
+def test_batches_share_the_prefetched_memory(filled: ReplayStore) -> None:
+    """With 64-byte aligned batch slices TensorFlow copies nothing: a batch's tensors show what is
+    written to the prefetcher's block memory afterwards (a copy anywhere in the pipeline would not)."""
+    ds = filled.as_dataset(16, seed=3, threads=1, batches_per_call=4, prefetch=4)  # 16 * 3 * 3 * 4 = 9 * 64 bytes
+    it = iter(ds)
+    held = [next(it) for _ in range(6)]  # from two blocks
+    for owner in ds._replaystore_prefetcher._blocks:
+        owner[...] = 255
+    for batch in held:
+        assert (batch["obs"].numpy() == 255).all() and (batch["next_obs"].numpy() == 255).all()
+    ds._replaystore_prefetcher.close()
+
+
 def test_same_seed_same_batches(filled: ReplayStore) -> None:
     def first(seed: int, threads: int) -> list[np.ndarray]:
         ds = filled.as_dataset(8, seed=seed, n_step=2, threads=threads, batches_per_call=2)
