@@ -11,7 +11,9 @@ stacks and next stacks, n_step=1) for ``--seconds`` on 1 and 2 threads, and repo
 - deque: ``collections.deque`` of ``(s, a, r, s2, done)`` tuples of stacked frames, sampled with
   ``random.sample`` as in the common tutorial code, at ``--deque-transitions`` (its RAM at 1M is
   extrapolated linearly and labelled so: 1M of them would not fit on this machine);
-- tf.data: ``store.as_dataset`` iterated by an empty consumer.
+- tf.data: ``store.as_dataset`` iterated by an empty consumer: a Python ``for`` loop, and a
+  ``tf.function`` loop (the way Keras's ``fit`` and a compiled training step pull batches); and the
+  bridge alone, on blocks drawn beforehand.
 
 Prints a table and the ratios the targets are stated in, and writes tools/out/bench_sampling.json.
 Run: python tools/bench_sampling.py  (about 10 minutes on 2 cores the first time, mostly recording
@@ -203,15 +205,18 @@ def child_deque(threads: int, seconds: float, transitions: int) -> dict:
     return {"batches_per_s": run_threads(sample_once, threads, seconds), "transitions": len(memory)}
 
 
-def child_tfdata(threads: int, seconds: float, batches_per_call: int, bridge_only: bool = False) -> dict:
-    """``as_dataset`` iterated by an empty consumer. ``bridge_only``: the prefetcher hands over a few
-    blocks drawn beforehand, over and over, so only TensorFlow's side (the ``numpy_function`` call,
-    the slicing, ``prefetch`` and the consumer's ``next``) is measured."""
+def child_tfdata(threads: int, seconds: float, batches_per_call: int, bridge_only: bool = False,
+                 in_graph: bool = False) -> dict:
+    """``as_dataset`` iterated by an empty consumer: a Python ``next`` per batch, or (``in_graph``) a
+    ``tf.function`` that pulls 64 batches per call the way Keras's ``fit`` and a compiled training
+    step do, so that no Python runs per batch on the consumer's side. ``bridge_only``: the
+    prefetcher hands over a few blocks drawn beforehand, over and over, so only TensorFlow's side
+    (the ``numpy_function`` call, the slicing and the consumer's ``next``) is measured."""
     from replaystore import ReplayStore
 
     store = ReplayStore.open(STORE)
     store.warm_cache()
-    import tensorflow as tf  # noqa: F401 - imported here so its start-up is not timed
+    import tensorflow as tf  # imported here so its start-up is not timed
 
     ds = store.as_dataset(BATCH, threads=threads, batches_per_call=batches_per_call, prefetch=16, seed=0)
     if bridge_only:
@@ -220,12 +225,22 @@ def child_tfdata(threads: int, seconds: float, batches_per_call: int, bridge_onl
         turn = iter(range(1 << 62))
         prefetcher.next_block = lambda: blocks[next(turn) % len(blocks)]  # fetch() looks it up per call
     it = iter(ds)
-    for _ in range(100):
-        next(it)
+    per_call = 64 if in_graph else 1
+
+    @tf.function
+    def pull() -> tf.Tensor:  # an empty consumer inside the graph: only the loop and one scalar per batch
+        total = tf.constant(0, tf.int64)
+        for _ in tf.range(per_call):
+            total += next(it)["index"][0]
+        return total
+
+    step = pull if in_graph else (lambda: next(it))
+    for _ in range(200 // per_call):
+        step()
     n, t0, c0 = 0, time.perf_counter(), time.process_time()
     while time.perf_counter() - t0 < seconds:
-        next(it)
-        n += 1
+        step()
+        n += per_call
     return {"batches_per_s": n / (time.perf_counter() - t0), "cpu_us_per_batch": (time.process_time() - c0) / n * 1e6,
             "batches_per_call": batches_per_call}
 
@@ -266,7 +281,8 @@ def main() -> None:
         elif kind == "deque":
             result = child_deque(args.threads, args.seconds, args.deque_transitions)
         else:
-            result = child_tfdata(args.threads, args.seconds, args.batches_per_call, kind == "tfdata-bridge")
+            result = child_tfdata(args.threads, args.seconds, args.batches_per_call, kind == "tfdata-bridge",
+                                  kind == "tfdata-graph")
         result["peak_rss_mb"] = peak_rss_mb()
         print(json.dumps(result))
         return
@@ -293,8 +309,8 @@ def main() -> None:
     # The store's runs go first: right after a process that freed 7 GB (the ring), the next one ran
     # up to 40% slower here (fresh memory is costly on these machines).
     for kind, threads in [("store", 1), ("store", 2), ("store-prioritized", 1), ("store-prioritized", 2),
-                          ("tfdata", 1), ("tfdata", 2), ("tfdata-bridge", 1), ("ring", 1), ("ring", 2), ("deque", 1),
-                          ("deque", 2)]:
+                          ("tfdata", 1), ("tfdata", 2), ("tfdata-graph", 1), ("tfdata-graph", 2), ("tfdata-bridge", 1),
+                          ("ring", 1), ("ring", 2), ("deque", 1), ("deque", 2)]:
         r = spawn(args, kind, threads)
         results["runs"][f"{kind}/{threads}"] = r
         rows.append((kind, threads, r))
@@ -306,9 +322,8 @@ def main() -> None:
     print()
     print(f"{'contender':34s} {'batches/s 1 thr':>15s} {'2 thr':>9s} {'peak RSS MB':>12s}")
     labels = {"ring": "numpy ring in RAM (ceiling)", "store": "replaystore uniform",
-              "store-prioritized": "replaystore prioritized", "tfdata": "replaystore as_dataset (tf.data)",
-              "deque": "deque of tuples (tutorial)"}
-    labels["tfdata"] += f" K={args.batches_per_call}"
+              "store-prioritized": "replaystore prioritized", "tfdata": "as_dataset, Python loop",
+              "tfdata-graph": "as_dataset, in-graph loop", "deque": "deque of tuples (tutorial)"}
     for kind, label in labels.items():
         one, two = runs[f"{kind}/1"], runs[f"{kind}/2"]
         rss = f"{max(one['peak_rss_mb'], two['peak_rss_mb']):,.0f}"
@@ -323,6 +338,8 @@ def main() -> None:
         / max(runs["ring/1"]["peak_rss_mb"], runs["ring/2"]["peak_rss_mb"]),
         "tfdata_vs_sampler_1_thread": runs["tfdata/1"]["batches_per_s"] / runs["store/1"]["batches_per_s"],
         "tfdata_vs_sampler_2_threads": runs["tfdata/2"]["batches_per_s"] / runs["store/2"]["batches_per_s"],
+        "tfdata_in_graph_vs_sampler_1_thread": runs["tfdata-graph/1"]["batches_per_s"] / runs["store/1"]["batches_per_s"],
+        "tfdata_in_graph_vs_sampler_2_threads": runs["tfdata-graph/2"]["batches_per_s"] / runs["store/2"]["batches_per_s"],
         "store_vs_deque_2_threads": runs["store/2"]["batches_per_s"] / runs["deque/2"]["batches_per_s"],
     }
     results["ratios"] = ratios
@@ -333,15 +350,21 @@ def main() -> None:
     print(f"\ntf.data bridge alone (pre-drawn blocks, batches_per_call={args.batches_per_call}): "
           f"{bridge['batches_per_s']:,.0f} batches/s, {bridge['cpu_us_per_batch']:.0f} us of CPU a batch (consumer included)")
     print(f"2 threads on {os.cpu_count()} cores: the sampler alone uses {sampler_cpu:.0f} us of CPU a batch, so with the "
-          f"bridge's CPU on top tf.data can reach at most {ceiling:.2f}x its rate")
+          f"bridge's CPU on top tf.data can reach at most {ceiling:.2f}x its rate (an upper bound: beside the workers "
+          f"the consumer's next() costs more than alone)")
+    print(f"tf.data runs: batches_per_call={args.batches_per_call}; CPU per batch, Python loop "
+          f"{runs['tfdata/1']['cpu_us_per_batch']:.0f} / {runs['tfdata/2']['cpu_us_per_batch']:.0f} us, in-graph "
+          f"{runs['tfdata-graph/1']['cpu_us_per_batch']:.0f} / {runs['tfdata-graph/2']['cpu_us_per_batch']:.0f} us, "
+          f"sampler alone {runs['store/1']['cpu_us_per_batch']:.0f} / {sampler_cpu:.0f} us (1 / 2 threads)")
     print()
     print(f"on disk: {disk / 2**20:,.1f} MB for the store; frames {results['obs_mb_per_1m_frames']:.1f} MB per 1M frames (target <= 150)")
     if built["write_transitions_per_s"]:
         print(f"write: {built['write_transitions_per_s']:,.0f} transitions/s on one core (target >= 20,000)")
     targets = {"store_uniform_vs_ring_2_threads": ">= 0.25", "store_rss_vs_ring_rss": "<= 0.05",
-               "tfdata_vs_sampler_1_thread": ">= 0.8", "tfdata_vs_sampler_2_threads": ">= 0.8"}
+               "tfdata_vs_sampler_1_thread": ">= 0.8", "tfdata_vs_sampler_2_threads": ">= 0.8",
+               "tfdata_in_graph_vs_sampler_1_thread": ">= 0.8", "tfdata_in_graph_vs_sampler_2_threads": ">= 0.8"}
     for name, value in ratios.items():
-        print(f"ratio {name:38s} {value:8.3f}  {('target ' + targets[name]) if name in targets else ''}")
+        print(f"ratio {name:40s} {value:8.3f}  {('target ' + targets[name]) if name in targets else ''}")
     (OUT / "bench_sampling.json").write_text(json.dumps(results, indent=2))
     print(f"\nwrote {OUT / 'bench_sampling.json'}")
 
