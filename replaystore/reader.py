@@ -6,9 +6,8 @@ while the expensive part runs without any lock:
 ``plan(positions)`` (called under the store's lock)
     maps the frames to their chunks, copies frames still in the writer's RAM buffer (the shard being
     filled: the newest data is served without touching disk), and collects each distinct on-disk
-    chunk's compressed bytes: from the compressed-chunk cache, or with one ``pread`` using the
-    shard's index (read once per shard file and kept with its open descriptor), checked against its
-    crc32c and remembered. The bytes are immutable, so the plan stays valid whatever the writer does
+    chunk's compressed bytes: from the compressed-chunk cache, or read from its shard file (one
+    ``pread``, checked against its crc32c; see shardfiles.py) and remembered. The bytes are immutable, so the plan stays valid whatever the writer does
     next.
 ``finish(plan)`` (no lock)
     decodes the chunks into a reused per-thread area (one libzstd call for the whole batch where it
@@ -19,23 +18,14 @@ Why compressed bytes and not decoded chunks: measured here, a decoded-chunk LRU 
 sampling (1-13% hits), while a whole 1M-frame Atari store is ~65 MB compressed, so caching compressed
 chunks (bounded by ``cache_bytes``, first in first out) and decoding on demand keeps every read in RAM.
 
-Consistency for readers in other processes: the index and the chunk bytes of a shard always come
-from the same open file (a rewritten shard is a new file renamed over the old, so an open descriptor
-keeps the old, whole version). The writing process drops its cache of a shard whenever it rewrites it.
-A read-only store calls ``snapshot()`` when it opens: every frame shard file is opened then and kept
-open, so however far a writer in another process moves on (and wraps the ring), the reader keeps
-reading the files of the commit it opened at (up to SNAPSHOT_MAX_SHARDS shards, 2M steps at the
-default layout; a bigger store opens shards lazily, and a reader that outlives a
-whole lap of the writer can then read newer frames: reopen such readers).
+Where the bytes come from (open shard files, their indexes, snapshots for readers in other
+processes) is shardfiles.py.
 """
 
 from __future__ import annotations
 
-import logging
-import os
 import sys
 import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -44,21 +34,10 @@ from pathlib import Path
 import numpy as np
 
 from replaystore.decoders import ChunkDecoder
-from replaystore.errors import ChunkChecksumError
 from replaystore.schema import Layout, Schema
-from replaystore.shards import (
-    CRC_BYTES,
-    EMPTY,
-    INDEX_ENTRY_BYTES,
-    check_chunk,
-    parse_index,
-    shard_key,
-)
+from replaystore.shardfiles import ShardFiles
+from replaystore.shards import EMPTY
 
-log = logging.getLogger(__name__)
-
-MAX_OPEN_SHARDS = 128
-SNAPSHOT_MAX_SHARDS = 512  # file descriptors: stay well inside the usual limit of 1024
 #: Below this many chunks a batch is decoded on the calling thread alone (pool overhead ~20 us).
 MIN_CHUNKS_PER_TASK = 8
 #: Recycled output blocks per sampling thread (enough for a prefetch queue and a training step).
@@ -99,7 +78,8 @@ class FrameReader:
         self.cache_bytes = cache_bytes
         self.live_region = live_region
         self.decode_threads = max(1, int(decode_threads))
-        self._handles: OrderedDict[int, tuple[int, np.ndarray, int]] = OrderedDict()  # shard -> (fd, index, size)
+        self.files = ShardFiles(root, ndim=len(self.shape), capacity=self.capacity, shard_len=self.shard_len,
+                                chunk_len=self.chunk_len)
         self._chunks: dict[int, bytes] = {}  # global chunk id -> verified payload, oldest cached first
         self._held = 0
         self._odd: set[int] = set()  # chunk ids seen whose payload cannot be decoded joined (see ChunkDecoder)
@@ -109,7 +89,6 @@ class FrameReader:
         self._pool: ThreadPoolExecutor | None = None
         self.hits = 0
         self.misses = 0
-        self.max_open_shards = MAX_OPEN_SHARDS
 
     # ---------------------------------------------------------------------------------------------
     # Public
@@ -229,22 +208,17 @@ class FrameReader:
         chunk checked), stopping when the cache is full; returns the bytes added."""
         added = 0
         for shard in shards:
-            path = self.root / shard_key("obs", shard, len(self.shape))
-            try:
-                raw = path.read_bytes()
-            except FileNotFoundError:
+            read = self.files.whole(shard)
+            if read is None:
                 continue
-            tail = self.chunks_per_shard * INDEX_ENTRY_BYTES + CRC_BYTES
-            index = parse_index(memoryview(raw)[max(0, len(raw) - tail):], self.chunks_per_shard, name="obs", shard=shard)
-            for chunk, (off, nbytes) in enumerate(index.tolist()):
+            raw, index = read
+            for chunk, (off, nbytes) in enumerate(index):
                 cid = shard * self.chunks_per_shard + chunk
                 if off == int(EMPTY) or cid in self._chunks:
                     continue
-                if off + nbytes > len(raw) - tail or self._held + nbytes > self.cache_bytes:
+                if off + nbytes > len(raw) or self._held + nbytes > self.cache_bytes:
                     return added
-                first = cid * self.chunk_len
-                payload = bytes(check_chunk(memoryview(raw)[off : off + nbytes], name="obs", shard=shard, chunk=chunk,
-                                            first_step=first, steps=self.chunk_len))
+                payload = self.files.check(raw[off : off + nbytes], cid)
                 self._admit(cid, payload)
                 self._chunks[cid] = payload
                 self._held += len(payload)
@@ -252,28 +226,12 @@ class FrameReader:
         return added
 
     def snapshot(self) -> bool:
-        """Open every frame shard file now and keep them all open (see the module docstring); returns
-        False, doing nothing, for a store of more than SNAPSHOT_MAX_SHARDS shards."""
-        n_shards = -(-self.capacity // self.shard_len)
-        if n_shards > SNAPSHOT_MAX_SHARDS:
-            return False
-        self.max_open_shards = max(MAX_OPEN_SHARDS, n_shards)
-        for shard in range(n_shards):
-            try:
-                self._handle(shard)
-            except ChunkChecksumError:
-                pass  # missing or damaged: reported when (and if) a read needs it
-            except OSError as exc:  # out of file descriptors: fall back to opening shards lazily
-                log.warning("could not keep all %d shard files of %s open (%s); opening them lazily", n_shards,
-                            self.root, exc)
-                return False
-        return True
+        """Keep every shard file open from now on (``ShardFiles.snapshot``)."""
+        return self.files.snapshot()
 
     def invalidate(self, shard: int) -> None:
         """Forget everything cached about ``shard`` (the writer just rewrote it)."""
-        handle = self._handles.pop(shard, None)
-        if handle is not None:
-            os.close(handle[0])
+        self.files.drop(shard)
         first = shard * self.chunks_per_shard
         for cid in range(first, first + self.chunks_per_shard):
             payload = self._chunks.pop(cid, None)
@@ -286,9 +244,7 @@ class FrameReader:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
-        for fd, _, _ in self._handles.values():
-            os.close(fd)
-        self._handles.clear()
+        self.files.close()
         self._chunks.clear()
         self._held = 0
 
@@ -365,7 +321,7 @@ class FrameReader:
         batch). The newest data never waits here anyway: it is in the writer's buffer.
         """
         self.misses += 1
-        payload = self._fetch(cid)
+        payload = self.files.chunk(cid)
         self._admit(cid, payload)
         if payload is not None and len(payload) <= self.cache_bytes:
             self._chunks[cid] = payload
@@ -373,51 +329,6 @@ class FrameReader:
             while self._held > self.cache_bytes:
                 self._held -= len(self._chunks.pop(next(iter(self._chunks))))
         return payload
-
-    def _fetch(self, cid: int) -> bytes | None:
-        shard, chunk = divmod(cid, self.chunks_per_shard)
-        fd, index, size = self._handle(shard)
-        off, nbytes = index[chunk]
-        if off == EMPTY:
-            return None
-        first_slot = cid * self.chunk_len
-        if int(off) + int(nbytes) > size or nbytes < CRC_BYTES:
-            raise ChunkChecksumError(
-                f"chunk {chunk} of shard {shard} of 'obs' (slots {first_slot}..{first_slot + self.chunk_len - 1}) "
-                "points outside its shard file; the store is damaged: run `replaystore verify`",
-                array="obs", shard=shard, chunk=chunk,
-            )
-        raw = os.pread(fd, int(nbytes), int(off))
-        payload = check_chunk(raw, name="obs", shard=shard, chunk=chunk, first_step=first_slot, steps=self.chunk_len)
-        return bytes(payload)
-    def _handle(self, shard: int) -> tuple[int, np.ndarray, int]:
-        handle = self._handles.get(shard)
-        if handle is not None:
-            self._handles.move_to_end(shard)
-            return handle
-        path = self.root / shard_key("obs", shard, len(self.shape))
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            raise ChunkChecksumError(
-                f"shard {shard} of 'obs' ({path}) is missing although the store's state says it holds live steps; "
-                "the store is damaged: run `replaystore verify`",
-                array="obs", shard=shard, chunk=None,
-            ) from None
-        try:
-            size = os.fstat(fd).st_size
-            tail_len = self.chunks_per_shard * INDEX_ENTRY_BYTES + CRC_BYTES
-            tail = os.pread(fd, tail_len, max(0, size - tail_len))
-            index = parse_index(tail, self.chunks_per_shard, name="obs", shard=shard)
-        except BaseException:
-            os.close(fd)
-            raise
-        handle = (fd, index, size - tail_len)
-        self._handles[shard] = handle
-        if len(self._handles) > self.max_open_shards:
-            _, (old_fd, _, _) = self._handles.popitem(last=False)
-            os.close(old_fd)
-        return handle
 
 
 def _scatter(parts: list[np.ndarray], bounds: list[int], rows: np.ndarray, values: np.ndarray) -> None:
