@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from itertools import accumulate
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -129,7 +130,7 @@ class FrameReader:
         slots = positions.reshape(k, -1) % self.capacity
         m = slots.shape[1]
         parts = [[self._output(m)] if out is None else self._check_out(out, shape) for out in outs]
-        bounds = [np.cumsum([0] + [part.shape[0] for part in p]).tolist() for p in parts]
+        bounds = [list(accumulate((part.shape[0] for part in p), initial=0)) for p in parts]
         rows = [np.arange(m)] * k
         region = self.live_region() if self.live_region is not None else None
         if region is not None:
@@ -140,15 +141,19 @@ class FrameReader:
                     hit = np.flatnonzero(in_buffer[i])
                     _scatter(parts[i], bounds[i], hit, buffer[slots[i, hit] - shard * self.shard_len])
                     rows[i] = np.flatnonzero(~in_buffer[i])
-        # One np.unique for all the batches: chunk c of batch i is the key i * stride + c.
         counts = [r.size for r in rows]
-        batch_of = np.repeat(np.arange(k, dtype=np.int64), counts)
         kept = slots.ravel() if sum(counts) == k * m else np.concatenate([slots[i, r] for i, r in enumerate(rows)])
-        stride = self.capacity // self.chunk_len + 1
-        keys, inverse = np.unique(batch_of * stride + kept // self.chunk_len, return_inverse=True)
-        ids = (keys % stride).tolist()
-        starts = np.searchsorted(keys // stride, np.arange(k + 1)).tolist()
-        which = inverse.reshape(-1) - np.asarray(starts[:-1], dtype=np.int64)[batch_of]
+        chunk_of = kept // self.chunk_len
+        if k == 1:  # the plain sampler's one batch: no keys to combine (~20 us less a call)
+            keys, which = np.unique(chunk_of, return_inverse=True)
+            ids, starts = keys.tolist(), [0, keys.size]
+        else:  # one np.unique for all the batches: chunk c of batch i is the key i * stride + c
+            stride = self.capacity // self.chunk_len + 1
+            batch_of = np.repeat(np.arange(k, dtype=np.int64), counts)
+            keys, inverse = np.unique(batch_of * stride + chunk_of, return_inverse=True)
+            ids = (keys % stride).tolist()
+            starts = np.searchsorted(keys // stride, np.arange(k + 1)).tolist()
+            which = inverse.reshape(-1) - np.asarray(starts[:-1], dtype=np.int64)[batch_of]
         offset = kept % self.chunk_len
         found = list(map(self._chunks.get, ids))  # the hot path: one C-level pass over the cache
         misses = [i for i, payload in enumerate(found) if payload is None]
@@ -159,7 +164,7 @@ class FrameReader:
                 cid = ids[i]
                 found[i] = fetched[cid] = fetched[cid] if cid in fetched else self._payload(cid)
         joinable = self._joinable and None not in found and (not self._odd or self._odd.isdisjoint(ids))
-        cuts = np.cumsum([0, *counts]).tolist()
+        cuts = list(accumulate(counts, initial=0))
         plans = []
         for i in range(k):
             a, b = starts[i], starts[i + 1]
