@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import sys
 import threading
-from itertools import accumulate
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 
 import numpy as np
