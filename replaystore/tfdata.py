@@ -23,9 +23,9 @@ on background threads, and the block is cut into batches inside TensorFlow witho
 
 Measured with an empty consumer on the 1M-frame benchmark store (tools/bench_sampling.py has the
 side-by-side numbers): a Python ``for`` loop pays ``next()``'s ~75 us with the GIL held, beside the
-workers, and gets ~0.75x the sampler's own rate with one worker; a consumer inside a
-``tf.function`` (Keras's ``fit``, a compiled training step) runs no Python per batch and keeps up
-with the workers.
+workers, and gets 0.65-0.8x the sampler's own rate with one worker (0.68 with two); a consumer
+inside a ``tf.function`` (Keras's ``fit``, a compiled training step) runs no Python per batch and
+gets ~0.9x (0.83 with two).
 
 Each element is a dict with the fields of ``Batch``; ``index`` and ``weight`` ride along so a learner
 can call ``store.update_priorities(batch["index"], new_priorities)``.
