@@ -7,8 +7,8 @@ while the expensive part runs without any lock:
     maps the frames to their chunks, copies frames still in the writer's RAM buffer (the shard being
     filled: the newest data is served without touching disk), and collects each distinct on-disk
     chunk's compressed bytes: from the compressed-chunk cache, or read from its shard file (one
-    ``pread``, checked against its crc32c; see shardfiles.py) and remembered. The bytes are immutable, so the plan stays valid whatever the writer does
-    next.
+    ``pread``, checked against its crc32c; see shardfiles.py) and remembered. The bytes are
+    immutable, so the plan stays valid whatever the writer does next.
 ``finish(plan)`` (no lock)
     decodes the chunks into a reused per-thread area (one libzstd call for the whole batch where it
     can, see decoders.py; split across a thread pool when ``decode_threads > 1``) and gathers the
