@@ -54,7 +54,7 @@ def test_batches_held_by_the_consumer_stay_intact(filled: ReplayStore, batch_siz
     it = iter(ds)
     for _ in range(100):  # a consumer that lets go of its batches: a few blocks, recycled
         next(it)
-    assert ds._replaystore_prefetcher.blocks_made <= 8, "frame blocks are not being recycled"
+    assert ds.prefetcher.blocks_made <= 8, "frame blocks are not being recycled"
     held = [next(it) for _ in range(12)]
     views = [b["next_obs"].numpy() for b in held[:4]]
     for _ in range(120):  # many times the blocks in flight: free blocks are reused meanwhile
@@ -75,11 +75,32 @@ def test_batches_share_the_prefetched_memory(filled: ReplayStore) -> None:
     ds = filled.as_dataset(16, seed=3, threads=1, batches_per_call=4, prefetch=4)  # 16 * 3 * 3 * 4 = 9 * 64 bytes
     it = iter(ds)
     held = [next(it) for _ in range(6)]  # from two blocks
-    for owner in ds._replaystore_prefetcher._blocks:
+    for owner in ds.prefetcher._blocks:
         owner[...] = 255
     for batch in held:
         assert (batch["obs"].numpy() == 255).all() and (batch["next_obs"].numpy() == 255).all()
-    ds._replaystore_prefetcher.close()
+    ds.prefetcher.close()
+
+
+def test_python_iterator_matches_tensorflows_own(filled: ReplayStore) -> None:
+    """A Python loop over the dataset gets its dicts from ``BatchIterator``; anything built on the
+    dataset (here ``take``) and a ``tf.function`` go through TensorFlow's stock iterator. Both must
+    give the same batches, with the element_spec's keys, dtypes and static shapes."""
+    ds = filled.as_dataset(16, seed=7, n_step=3, threads=2, batches_per_call=3)
+    assert isinstance(ds, tf.data.Dataset)
+    spec = ds.element_spec
+    ours = [next(iter_) for iter_ in [iter(ds)] for _ in range(7)]
+    stock = list(filled.as_dataset(16, seed=7, n_step=3, threads=1, batches_per_call=3).take(7))
+    for mine, theirs in zip(ours, stock, strict=True):
+        assert list(mine) == list(theirs) and set(mine) == set(spec)
+        for name, tensor in mine.items():
+            assert tensor.shape == spec[name].shape and tensor.dtype == spec[name].dtype, name
+            np.testing.assert_array_equal(tensor.numpy(), theirs[name].numpy(), err_msg=name)
+
+    it = iter(filled.as_dataset(16, seed=7, n_step=3, threads=1, batches_per_call=3))
+    in_graph = tf.function(lambda: next(it)["reward"])  # the iterator as a tf.function captures it
+    np.testing.assert_array_equal(in_graph().numpy(), stock[0]["reward"].numpy())
+    np.testing.assert_array_equal(next(it)["reward"].numpy(), stock[1]["reward"].numpy())
 
 
 def test_same_seed_same_batches(filled: ReplayStore) -> None:

@@ -220,7 +220,7 @@ def child_tfdata(threads: int, seconds: float, batches_per_call: int, bridge_onl
 
     ds = store.as_dataset(BATCH, threads=threads, batches_per_call=batches_per_call, prefetch=16, seed=0)
     if bridge_only:
-        prefetcher = ds._replaystore_prefetcher
+        prefetcher = ds.prefetcher
         blocks = [prefetcher.next_block() for _ in range(4)]
         turn = iter(range(1 << 62))
         prefetcher.next_block = lambda: blocks[next(turn) % len(blocks)]  # fetch() looks it up per call

@@ -205,7 +205,7 @@ def run_loop(args: Args, env: Any, store: ReplayStore, agent: Any, rng: np.rando
                 dataset = store.as_dataset(args.batch_size, n_step=args.n_step, gamma=args.gamma,
                                            prioritized=args.prioritized, alpha=args.alpha, beta=args.beta,
                                            threads=args.sample_threads, seed=args.seed * 1_000_003 + global_step)
-                sampling["prefetcher"] = dataset._replaystore_prefetcher
+                sampling["prefetcher"] = dataset.prefetcher
                 dataset_iter = iter(dataset)
             if dataset_iter is not None:
                 t0 = time.perf_counter()
