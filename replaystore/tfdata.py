@@ -142,11 +142,15 @@ class BatchIterator(iterator_ops.OwnedIterator):
         self._names = list(dataset.element_spec)  # the element_spec's order, as the stock iterator gives
         flat = tf.nest.flatten({name: i for i, name in enumerate(self._names)})  # the order tf.data flattens in
         self._pick = operator.itemgetter(*[flat.index(i) for i in range(len(flat))])
+        # the op's attributes as plain ints and lists, which the eager fast path reads ~7 us a call
+        # quicker than DType and TensorShape objects (the shapes are all fully known here)
+        self._types = [dtype.as_datatype_enum for dtype in self._flat_output_types]
+        self._shapes = [shape.as_list() for shape in self._flat_output_shapes]
 
     def _next_internal(self) -> dict[str, tf.Tensor]:
         if not context.executing_eagerly():
             return super()._next_internal()
         with context.execution_mode(context.SYNC):  # as the stock iterator: the end of data must raise here
-            flat = gen_dataset_ops.iterator_get_next(self._iterator_resource, output_types=self._flat_output_types,
-                                                     output_shapes=self._flat_output_shapes)
+            flat = gen_dataset_ops.iterator_get_next(self._iterator_resource, output_types=self._types,
+                                                     output_shapes=self._shapes)
         return dict(zip(self._names, self._pick(flat)))
