@@ -15,17 +15,20 @@ on background threads, and the block is cut into batches inside TensorFlow witho
   whose hand-offs between TensorFlow's threads cost ~70 us of CPU a batch;
 - no ``tf.data`` prefetch: the workers already keep ``prefetch`` batches ready, so the consumer's
   own thread takes a block (one ``numpy_function`` call) and slices it, with no hand-over between
-  threads. Bridge alone, pre-drawn blocks, 32 a call, empty Python consumer: ~150 -> ~90 us of CPU
-  a batch, of which ~75 us is TensorFlow's own ``next()`` (the floor: a ``from_tensors().repeat()``
-  dataset costs the same);
+  threads;
 - the workers gather each batch straight into the block (no copy) and recycle a block once no
-  tensor refers to it any more (the tensors hold a reference to the arrays handed over).
+  tensor refers to it any more (the tensors hold a reference to the arrays handed over);
+- a Python loop's ``next()`` goes through ``BatchIterator``: TensorFlow's stock ``next()`` spent
+  ~45 of its ~70 us a batch (9 tensors) in Python, with the GIL held, re-checking shapes and
+  rebuilding the dict, and that beside the workers was what kept a Python loop at 0.65-0.8x the
+  sampler's rate.
 
-Measured with an empty consumer on the 1M-frame benchmark store (tools/bench_sampling.py has the
-side-by-side numbers): a Python ``for`` loop pays ``next()``'s ~75 us with the GIL held, beside the
-workers, and gets 0.65-0.8x the sampler's own rate with one worker (0.68 with two); a consumer
-inside a ``tf.function`` (Keras's ``fit``, a compiled training step) runs no Python per batch and
-gets ~0.9x (0.83 with two).
+Bridge alone (pre-drawn blocks, 32 a call, empty Python loop): ~150 us of CPU a batch with a graph
+function per batch and a prefetch thread, ~90 us without them, ~37 us with ``BatchIterator``
+(~30,000 batches/s). With the workers, on the 1M-frame benchmark store (tools/bench_sampling.py
+has the side-by-side numbers), an empty Python loop got 0.90-0.95x the sampler's own rate with one
+worker and 0.86-0.88x with two in paired runs; a consumer inside a ``tf.function`` (Keras's ``fit``,
+a compiled training step) runs no Python per batch at all.
 
 Each element is a dict with the fields of ``Batch``; ``index`` and ``weight`` ride along so a learner
 can call ``store.update_priorities(batch["index"], new_priorities)``.
@@ -102,9 +105,9 @@ def as_dataset(store: ReplayStore, batch_size: int, *, n_step: int = 1, gamma: f
 
 class ReplayDataset(tf.data.Dataset):
     """What ``as_dataset`` returns: the pipeline built there, as a ``tf.data.Dataset`` like any other
-    (the same graph; ``map``, ``take``, ``with_options``, Keras's ``fit`` and ``tf.function`` see a
-    plain dataset), which also keeps the ``prefetcher`` whose workers feed it (``prefetcher.close()`` stops them)
-    and which a Python loop iterates through ``BatchIterator``."""
+    (the same graph: ``map``, ``take``, ``with_options``, Keras's ``fit`` and ``tf.function`` see a
+    plain dataset). It keeps the ``prefetcher`` whose workers feed it (``prefetcher.close()`` stops
+    them), and a Python loop over it iterates through ``BatchIterator``."""
 
     def __init__(self, pipeline: tf.data.Dataset, prefetcher: Prefetcher) -> None:
         self._pipeline = pipeline
@@ -130,11 +133,11 @@ class BatchIterator(iterator_ops.OwnedIterator):
     The stock ``next()`` runs tf.data's generic structure code on every element: it rebuilds the
     dict through ``nest`` and calls ``set_shape`` on each of the 9 tensors, which for an eager
     tensor only checks in Python a shape the graph has already fixed (``ensure_shape`` and
-    ``from_tensor_slices`` above). That was ~40 of the ~70 us of a bare ``next()`` here, all of it
-    holding the GIL the sampling workers need: an empty Python loop went from ~2,700-3,300 to
-    ~3,800-4,000 batches/s with two workers (tools/bench_sampling.py). The op, its error handling
-    (``StopIteration`` at the end of a ``take``, synchronous execution) and everything else is
-    the stock iterator's; inside a ``tf.function`` the stock code runs as before.
+    ``from_tensor_slices`` above). Measured on a bare ``from_tensors(...).repeat()`` of such dicts:
+    ~67 us a ``next()``, against ~24 us for the op alone and ~17 us with its attributes passed as
+    plain lists. All of it holds the GIL the sampling workers need. The op and everything else are
+    the stock iterator's (an error while sampling raises from this ``next()``); inside a
+    ``tf.function``, or where eager execution was made asynchronous, the stock ``next()`` runs.
     """
 
     def __init__(self, dataset: ReplayDataset) -> None:
@@ -146,11 +149,16 @@ class BatchIterator(iterator_ops.OwnedIterator):
         # quicker than DType and TensorShape objects (the shapes are all fully known here)
         self._types = [dtype.as_datatype_enum for dtype in self._flat_output_types]
         self._shapes = [shape.as_list() for shape in self._flat_output_shapes]
+        # The stock next() runs the op under a fresh synchronous executor, so that an error (the end
+        # of the data) raises in next() even when eager execution is asynchronous. Eager execution
+        # is synchronous unless asked otherwise, and that scope's executor calls release and retake
+        # the GIL: without it the consumer used ~35-40 against ~45-55 us of CPU a batch beside two
+        # workers, with fewer thread switches. So the stock next() runs only where it matters.
+        self._stock = context.context().is_async()
 
     def _next_internal(self) -> dict[str, tf.Tensor]:
-        if not context.executing_eagerly():
+        if self._stock or not context.executing_eagerly():
             return super()._next_internal()
-        with context.execution_mode(context.SYNC):  # as the stock iterator: the end of data must raise here
-            flat = gen_dataset_ops.iterator_get_next(self._iterator_resource, output_types=self._types,
-                                                     output_shapes=self._shapes)
+        flat = gen_dataset_ops.iterator_get_next(self._iterator_resource, output_types=self._types,
+                                                 output_shapes=self._shapes)
         return dict(zip(self._names, self._pick(flat)))

@@ -103,6 +103,22 @@ def test_python_iterator_matches_tensorflows_own(filled: ReplayStore) -> None:
     np.testing.assert_array_equal(next(it)["reward"].numpy(), stock[1]["reward"].numpy())
 
 
+def test_asynchronous_eager_execution_gets_the_same_batches(filled: ReplayStore) -> None:
+    """Where eager execution is asynchronous the iterator keeps TensorFlow's stock ``next()``."""
+    stock = list(filled.as_dataset(8, seed=9, threads=1, batches_per_call=2).take(3))
+    tf.config.experimental.set_synchronous_execution(False)
+    try:
+        it = iter(filled.as_dataset(8, seed=9, threads=1, batches_per_call=2))
+        assert it._stock
+        ours = [next(it) for _ in range(3)]
+        for mine, theirs in zip(ours, stock, strict=True):
+            for name in theirs:
+                np.testing.assert_array_equal(mine[name].numpy(), theirs[name].numpy(), err_msg=name)
+    finally:
+        tf.config.experimental.set_synchronous_execution(True)
+    assert not iter(filled.as_dataset(8, seed=9, threads=1))._stock
+
+
 def test_same_seed_same_batches(filled: ReplayStore) -> None:
     def first(seed: int, threads: int) -> list[np.ndarray]:
         ds = filled.as_dataset(8, seed=seed, n_step=2, threads=threads, batches_per_call=2)
