@@ -105,7 +105,7 @@ class Sampling:
         of the consumer and ``prefetch`` batches are kept ready. A larger ``batches_per_call``
         spreads the bridge's per-call cost over more batches (measured on Atari with an empty
         Python loop, against the sampler's own rate: ~0.8x at 8 and ~0.9x at 32 with one worker,
-        ~0.7x and ~0.87x with two) but holds more RAM: a block holds
+        ~0.7x and ~0.75x with two) but holds more RAM: a block holds
         ``batches_per_call`` batches of frames (``obs`` and ``next_obs``: 1.8 MB for Atari at batch
         32), and up to ``threads + ceil(prefetch / batches_per_call) + 4`` blocks can be alive (the
         default, 8, with 2 threads and prefetch 4: ~100 MB for Atari). ``device="auto"`` places batches on the
