@@ -26,42 +26,18 @@ wrong size) raises ``ChunkChecksumError`` naming it.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import threading
 from typing import Any
 
 import numpy as np
 import zstandard
 
+from replaystore.decodeworker import load_libzstd
 from replaystore.errors import ChunkChecksumError
 from replaystore.schema import CodecSpec
 from replaystore.shards import numcodecs_codec
 
-
-def _load_libzstd() -> Any:
-    """The system's libzstd through ctypes, or None: ``ZSTD_decompressDCtx`` writes a chunk straight
-    into the decode area (no intermediate bytes object and copy), with the GIL released by ctypes."""
-    name = ctypes.util.find_library("zstd")
-    if name is None:
-        return None
-    try:
-        lib = ctypes.CDLL(name)
-        lib.ZSTD_createDCtx.restype = ctypes.c_void_p
-        lib.ZSTD_freeDCtx.argtypes = [ctypes.c_void_p]
-        lib.ZSTD_decompressDCtx.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p,
-                                            ctypes.c_size_t]
-        lib.ZSTD_decompressDCtx.restype = ctypes.c_size_t
-        lib.ZSTD_getFrameContentSize.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
-        lib.ZSTD_getFrameContentSize.restype = ctypes.c_ulonglong
-        lib.ZSTD_findFrameCompressedSize.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
-        lib.ZSTD_findFrameCompressedSize.restype = ctypes.c_size_t
-    except (OSError, AttributeError):
-        return None
-    return lib
-
-
-LIBZSTD = _load_libzstd()
+LIBZSTD = load_libzstd()
 
 
 class _DCtx:

@@ -12,6 +12,12 @@ for the oldest and queues the next, so the consumer never waits while the worker
 runs outside the store's lock (see reader.py), so workers run side by side with each other and with
 an acting thread that ``add``s to the same store. With prioritized sampling the batches of a block
 share the priorities of the moment it was drawn (like any prefetching prioritized sampler).
+
+With ``processes`` (the default where it is available, see decodeprocs.py) a block is planned on a
+worker thread as before, but decoded and gathered by one of ``threads`` decode *processes* into
+block memory shared with them: on two cores the threads spent a quarter of their time waiting for
+the GIL beside a consumer. There are then two threads per process, so that one plans the next
+block while the other's is decoded. The batches are the same either way.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from replaystore.decodeprocs import DecodeProcesses, unavailable
 from replaystore.errors import SampleError
 
 if TYPE_CHECKING:
@@ -50,10 +57,15 @@ def frame_pair(owner: np.ndarray, shape: tuple[int, ...], dtype: np.dtype) -> tu
     return tuple(owner[start + at : start + at + nbytes].view(dtype).reshape(shape) for at in (0, second))
 
 
+def frame_nbytes(shape: tuple[int, ...], dtype: np.dtype) -> int:
+    """The bytes of memory ``frame_pair`` cuts two aligned ``shape`` arrays from."""
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    return 2 * (-(-nbytes // ALIGN) * ALIGN) + ALIGN
+
+
 def frame_memory(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """The memory ``frame_pair`` cuts two aligned ``shape`` arrays from."""
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    return np.empty(2 * (-(-nbytes // ALIGN) * ALIGN) + ALIGN, dtype=np.uint8)
+    return np.empty(frame_nbytes(shape, dtype), dtype=np.uint8)
 
 
 class Prefetcher:
@@ -61,7 +73,8 @@ class Prefetcher:
 
     def __init__(self, store: ReplayStore, batch_size: int, *, batches_per_block: int = 8, threads: int = 2,
                  depth: int = 4, seed: int | None = None, n_step: int = 1, gamma: float = 0.99,
-                 prioritized: bool = False, alpha: float = 0.6, beta: float = 0.4) -> None:
+                 prioritized: bool = False, alpha: float = 0.6, beta: float = 0.4,
+                 processes: bool | None = None) -> None:
         for name, value in (("batch_size", batch_size), ("batches_per_block", batches_per_block),
                             ("threads", threads), ("depth", depth)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -73,12 +86,25 @@ class Prefetcher:
         self.sample_kwargs = {"n_step": n_step, "gamma": gamma, "prioritized": prioritized, "alpha": alpha, "beta": beta}
         store.sample(batch_size, rng=np.random.default_rng(0), **self.sample_kwargs)  # bad arguments fail here, now
         self.seed = int(np.random.SeedSequence(seed).entropy) if seed is None else int(seed)
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="replaystore-sample")
+        why_not = unavailable(store.reader)
+        if processes and why_not:
+            raise SampleError(f"decode processes were asked for, but {why_not}; pass processes=False "
+                              "(or None: processes where available) to decode on threads")
+        schema = store.schema
+        self.block_shape = (batches_per_block, batch_size, schema.frame_stack, *schema.observation.shape)
+        self.frame_dtype = np.dtype(schema.observation.dtype)
+        self._blocks: list[np.ndarray] = []
+        self.processes: DecodeProcesses | None = None
+        if processes or (processes is None and why_not is None):
+            self.processes = DecodeProcesses(store.reader, processes=threads, blocks=depth + BLOCKS_IN_USE,
+                                             block_nbytes=frame_nbytes(self.block_shape, self.frame_dtype))
+            self._blocks = self.processes.take_blocks()  # the shared blocks, made once, recycled
+        self._shared = len(self._blocks)
+        self._pool = ThreadPoolExecutor(threads * (2 if self.processes else 1), thread_name_prefix="replaystore-sample")
         self._inflight: collections.deque[Future] = collections.deque()
         self._next = 0
         self._lock = threading.Lock()
         self._closed = False
-        self._blocks: list[np.ndarray] = []
         self.blocks_made = 0  # frame blocks allocated so far (recycling keeps this small)
         self._blocks_lock = threading.Lock()
 
@@ -102,44 +128,48 @@ class Prefetcher:
                 f.cancel()
             self._inflight.clear()
         self._pool.shutdown(wait=True)
+        if self.processes is not None:
+            self.processes.close()
 
     def _draw(self, j: int) -> dict[str, np.ndarray]:
         """Block ``j``: its transitions drawn with ``default_rng([seed, j])`` and its ring reads done
         in one locked step for all its batches (``store._prepare(..., batches=k)``), then each
         batch's frames decoded and gathered straight into the block's frame arrays (no copy).
 
-        One step for the whole block keeps the worker's GIL-holding Python work to ~1/k of a
-        per-batch draw, which is what lets the workers, TensorFlow's threads and the consumer share
-        two cores (measured: see tfdata.py). Its cost: the step holds the GIL for ~1.2 ms at
-        k=32, and a second worker waits for it (two workers keep ~1.77 cores busy, two threads
-        calling ``store.sample`` 1.93). A step per batch kept 1.85 busy with no consumer but ran
-        slower beside one (~3,200 against ~3,700 batches/s). Decoding stays per batch: one 256-transition plan
-        decodes ~380 chunks (21 MB) before gathering any and ran at ~1,900 batches/s against
-        ~2,500 batch by batch, whose chunks stay in cache."""
+        The decoding and gathering go to a decode process when the block is in shared memory, else
+        they run here. One planning step for the whole block keeps the GIL-holding Python work to
+        ~1/k of a per-batch draw (~36 against ~78 us a batch at k=32). On threads alone its cost
+        was that the step holds the GIL for ~1.2 ms, and a second worker waits for it (two workers
+        kept ~1.77 cores busy, two threads calling ``store.sample`` 1.93); a step per batch ran
+        slower beside a consumer. Decoding stays per batch: one 256-transition plan decodes ~380
+        chunks (21 MB) before gathering any and ran at ~1,900 batches/s against ~2,500 batch by
+        batch, whose chunks stay in cache."""
         rng = np.random.default_rng([self.seed, j])
         k, b = self.batches_per_block, self.batch_size
-        schema = self.store.schema
-        owner = self._frame_memory()
-        pair = frame_pair(owner, (k, b, schema.frame_stack, *schema.observation.shape), np.dtype(schema.observation.dtype))
+        owner, shared = self._frame_memory()
+        pair = frame_pair(owner, self.block_shape, self.frame_dtype)
         del owner  # only the pool and the views may refer to it once the block is handed out
-        batch = self.store._prepare(b, rng=rng, out=pair, batches=k, **self.sample_kwargs).finish(self.store.reader)
+        pending = self.store._prepare(b, rng=rng, out=pair, batches=k, **self.sample_kwargs)
+        done = self.processes.fill(pending.plans, pair) if shared else 0
+        for plan in pending.plans[done:]:  # on this thread: no processes, or a batch they could not decode
+            self.store.reader.finish(plan)
         block = {"obs": pair[0], "next_obs": pair[1]}
-        block.update((name, getattr(batch, name).reshape(k, b)) for name in SCALARS)
+        block.update((name, getattr(pending.batch, name).reshape(k, b)) for name in SCALARS)
         return block
 
-    def _frame_memory(self) -> np.ndarray:
+    def _frame_memory(self) -> tuple[np.ndarray, bool]:
         """Memory for a block's ``obs`` and ``next_obs`` (see ``frame_pair``), recycled once nothing
-        refers to it any more (fresh memory costs page faults; see reader._output). The two frame
-        arrays are views of it, and a consumer's tensors hold a reference to the very arrays handed
-        out, so its reference count says whether any batch of the block is still alive."""
+        refers to it any more (fresh memory costs page faults; see reader._output), and whether the
+        decode processes can write to it (one of their shared blocks). The two frame arrays are
+        views of it, and a consumer's tensors hold a reference to the very arrays handed out, so its
+        reference count says whether any batch of the block is still alive. With every shared block
+        in use (a consumer holding many batches) a block of private memory is decoded on the thread."""
         with self._blocks_lock:
             for i in range(len(self._blocks)):
                 if sys.getrefcount(self._blocks[i]) == 2:  # the list's and the call's: nobody else's
-                    return self._blocks[i]  # returned under the lock: no other worker can take it now
-            schema = self.store.schema
-            shape = (self.batches_per_block, self.batch_size, schema.frame_stack, *schema.observation.shape)
-            owner = frame_memory(shape, np.dtype(schema.observation.dtype))
+                    return self._blocks[i], i < self._shared  # under the lock: no other worker can take it now
+            owner = frame_memory(self.block_shape, self.frame_dtype)  # not shared: decoded on this thread
             self.blocks_made += 1
-            if len(self._blocks) < self.depth + BLOCKS_IN_USE:
+            if not self._shared and len(self._blocks) < self.depth + BLOCKS_IN_USE:
                 self._blocks.append(owner)
-            return owner
+            return owner, False

@@ -96,7 +96,8 @@ class Sampling:
 
     def as_dataset(self, batch_size: int, *, n_step: int = 1, gamma: float = 0.99, prioritized: bool = False,
                    alpha: float = 0.6, beta: float = 0.4, prefetch: int = 4, threads: int = 2,
-                   batches_per_call: int = 8, seed: int | None = None, device: str | None = "auto") -> Any:
+                   batches_per_call: int = 8, seed: int | None = None, device: str | None = "auto",
+                   processes: bool | None = None) -> Any:
         """An endless ``tf.data.Dataset`` of sampled batches, drawn on background threads.
 
         Each element is a dict with the ``Batch`` fields (``obs``, ``action``, ``reward``,
@@ -125,7 +126,8 @@ class Sampling:
 
         self._check_open()
         return as_dataset(self, batch_size, n_step=n_step, gamma=gamma, prioritized=prioritized, alpha=alpha, beta=beta,
-                          prefetch=prefetch, threads=threads, batches_per_call=batches_per_call, seed=seed, device=device)
+                          prefetch=prefetch, threads=threads, batches_per_call=batches_per_call, seed=seed, device=device,
+                          processes=processes)
 
     def update_priorities(self, index: Any, priority: Any) -> None:
         """Set the priorities of the transitions at ``index`` (``batch.index``) to ``priority``.

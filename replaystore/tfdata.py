@@ -69,13 +69,13 @@ def element_spec(store: ReplayStore, batch_size: int) -> dict[str, tf.TensorSpec
 
 def as_dataset(store: ReplayStore, batch_size: int, *, n_step: int = 1, gamma: float = 0.99, prioritized: bool = False,
                alpha: float = 0.6, beta: float = 0.4, prefetch: int = 4, threads: int = 2, batches_per_call: int = 8,
-               seed: int | None = None, device: str | None = "auto") -> tf.data.Dataset:
+               seed: int | None = None, device: str | None = "auto", processes: bool | None = None) -> tf.data.Dataset:
     """See ``ReplayStore.as_dataset``."""
     if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
         raise SampleError(f"prefetch is {prefetch!r}; it must be a positive int (batches kept ready)")
     prefetcher = Prefetcher(store, batch_size, batches_per_block=batches_per_call, threads=threads,
                             depth=max(2, -(-prefetch // batches_per_call) + threads), seed=seed, n_step=n_step,
-                            gamma=gamma, prioritized=prioritized, alpha=alpha, beta=beta)
+                            gamma=gamma, prioritized=prioritized, alpha=alpha, beta=beta, processes=processes)
     frame_shape = (batches_per_call, batch_size, store.frame_stack, *store.schema.observation.shape)
     spec = element_spec(store, batch_size)
     out_types = [spec[name].dtype for name in FIELDS]

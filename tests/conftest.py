@@ -65,6 +65,26 @@ def flip_byte_in_chunk(path: Path, shard: int, chunk: int, chunks_per_shard: int
     f.write_bytes(bytes(raw))
 
 
+def rewrite_obs_shard(path: Path, shard: int, chunk_len: int, encode, rows: int | None = None) -> None:
+    """Re-encode shard ``shard`` of ``obs`` (its frames unchanged) with ``encode(chunk) -> payload``;
+    with ``rows``, the chunks from row ``rows`` on are left out (empty: the fill value, zeros)."""
+    from replaystore.shards import encode_shard, shard_key
+
+    store = ReplayStore.open(path)
+    shard_len = store.layout.shard_len
+    frames = store.reader.gather(np.arange(shard * shard_len, (shard + 1) * shard_len, dtype=np.int64))
+    ndim = frames.ndim - 1
+    store.close()
+
+    class Codec:
+        @staticmethod
+        def encode(data: np.ndarray) -> bytes:
+            return encode(np.ascontiguousarray(data))
+
+    (path / shard_key("obs", shard, ndim)).write_bytes(encode_shard(frames, chunk_len=chunk_len, rows=rows or shard_len,
+                                                                          codec=Codec))
+
+
 @pytest.fixture
 def store_path(tmp_path: Path) -> Path:
     return tmp_path / "replay.zarr"

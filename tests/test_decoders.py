@@ -17,9 +17,8 @@ import zstandard
 
 from replaystore import ReplayStore, decoders
 from replaystore.errors import ChunkChecksumError
-from replaystore.shards import encode_shard
 from replaystore.verify import verify_store
-from tests.conftest import fill, make_store
+from tests.conftest import fill, make_store, rewrite_obs_shard
 
 pytestmark = pytest.mark.skipif(decoders.LIBZSTD is None, reason="no libzstd shared library on this machine")
 
@@ -39,19 +38,7 @@ def live_positions(store: ReplayStore) -> np.ndarray:
 
 
 def rewrite_shard_1(path: Path, encode) -> None:
-    """Re-encode shard 1 of ``obs`` (its frames unchanged) with ``encode(chunk) -> payload``."""
-    store = ReplayStore.open(path)
-    shard_len = store.layout.shard_len
-    frames = store.reader.gather(np.arange(shard_len, 2 * shard_len, dtype=np.int64))
-    store.close()
-
-    class Codec:
-        @staticmethod
-        def encode(data: np.ndarray) -> bytes:
-            return encode(np.ascontiguousarray(data))
-
-    (path / "obs" / "c" / "1" / "0" / "0").write_bytes(
-        encode_shard(frames, chunk_len=CHUNK_LEN, rows=shard_len, codec=Codec))
+    rewrite_obs_shard(path, 1, CHUNK_LEN, encode)
 
 
 def test_a_batch_of_chunks_is_decoded_by_one_call_and_matches_chunk_by_chunk(filled: Path) -> None:

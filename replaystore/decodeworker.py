@@ -1,0 +1,165 @@
+"""The decode worker process: decodes planned chunks and gathers frames into shared block memory.
+
+Started by ``decodeprocs.DecodeProcesses`` as ``python -P decodeworker.py FD NBYTES`` (by path, so
+it imports only the standard library and numpy: not replaystore, zarr or TensorFlow). ``FD`` is a
+memfd holding the prefetcher's frame blocks, inherited from the parent and mapped shared, so what
+this process writes there the parent sees without a copy.
+
+Why a process: the prefetcher's two worker threads spent ~25% of their time waiting for the GIL
+beside a consumer, on two cores (decodeprocs.py has the numbers). Here the GIL-free half of a
+block's work (decoding and gathering, ~85% of it) runs under another interpreter's lock.
+
+Protocol, on stdin / stdout, all integers int64 little-endian. A request is one block:
+
+- ``HEADER`` fields: ``obs`` and ``next_obs`` byte offsets of the block in the memfd, ``k``
+  batches, ``rows`` frames per part (``obs[i]`` holds ``rows`` frames, as does ``next_obs[i]``),
+  ``frame_nbytes``, ``chunk_nbytes``, the total number of chunks, of gathered rows, and blob bytes;
+- per batch: its chunk count, its gathered-row count, whether its payloads may be decoded joined;
+- per chunk: its payload's byte length, or -1 for an empty chunk (fill value: zeros);
+- per gathered row: its frame in the batch's decoded chunks (``chunk * chunk_len + offset``), then
+  its destination row among ``obs[i]`` and ``next_obs[i]`` laid end to end;
+- the payloads, back to back.
+
+The reply is one int64: -1 when every batch was written, else the index of the first batch whose
+chunks did not decode (the parent decodes that batch itself to name the bad chunk). End of input
+ends the process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import mmap
+import sys
+from typing import Any
+
+import numpy as np
+
+HEADER = ("obs_at", "next_at", "k", "rows", "frame_nbytes", "chunk_nbytes", "chunks", "gathered", "blob_nbytes")
+OK = -1
+
+
+def load_libzstd() -> Any:
+    """The system's libzstd through ctypes, or None: ``ZSTD_decompressDCtx`` writes a chunk straight
+    into the decode area (no intermediate bytes object and copy), with the GIL released by ctypes."""
+    name = ctypes.util.find_library("zstd")
+    if name is None:
+        return None
+    try:
+        lib = ctypes.CDLL(name)
+        lib.ZSTD_createDCtx.restype = ctypes.c_void_p
+        lib.ZSTD_freeDCtx.argtypes = [ctypes.c_void_p]
+        lib.ZSTD_decompressDCtx.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p,
+                                            ctypes.c_size_t]
+        lib.ZSTD_decompressDCtx.restype = ctypes.c_size_t
+        lib.ZSTD_getFrameContentSize.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+        lib.ZSTD_getFrameContentSize.restype = ctypes.c_ulonglong
+        lib.ZSTD_findFrameCompressedSize.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+        lib.ZSTD_findFrameCompressedSize.restype = ctypes.c_size_t
+    except (OSError, AttributeError):
+        return None
+    return lib
+
+
+class BlockDecoder:
+    """Fills blocks in ``memory`` (the mapped memfd) as requests describe them."""
+
+    def __init__(self, memory: np.ndarray, lib: Any) -> None:
+        self.memory = memory
+        self.lib = lib
+        self.dctx = lib.ZSTD_createDCtx()
+        self.area = np.empty(0, np.uint8)  # decoded chunks of one batch, reused (fresh memory is costly)
+        self.scratch = np.empty(0, np.uint8)
+
+    def fill(self, head: dict[str, int], arrays: list[np.ndarray], blob: bytes) -> int:
+        """Decode and gather every batch of one request; ``OK`` or the first batch that failed."""
+        chunk_counts, row_counts, joined, lengths, source, dest = arrays
+        rows, frame, chunk = head["rows"], head["frame_nbytes"], head["chunk_nbytes"]
+        part = rows * frame
+        view = memoryview(blob)
+        c0 = r0 = b0 = 0
+        for i in range(head["k"]):
+            n, m = int(chunk_counts[i]), int(row_counts[i])
+            mine = lengths[c0 : c0 + n]
+            nbytes = int(mine[mine > 0].sum())
+            if not self._decode(view[b0 : b0 + nbytes], mine, chunk, bool(joined[i])):
+                return i
+            frames = self.area[: n * chunk].reshape(-1, frame)
+            obs = self.memory[head["obs_at"] + i * part : head["obs_at"] + (i + 1) * part].reshape(rows, frame)
+            nxt = self.memory[head["next_at"] + i * part : head["next_at"] + (i + 1) * part].reshape(rows, frame)
+            src, dst = source[r0 : r0 + m], dest[r0 : r0 + m]
+            if m == 2 * rows:  # every row from chunks, in order: gather straight into place
+                np.take(frames, src[:rows], axis=0, out=obs, mode="clip")
+                np.take(frames, src[rows:], axis=0, out=nxt, mode="clip")
+            elif m:
+                scratch = self._scratch(m * frame).reshape(m, frame)
+                np.take(frames, src, axis=0, out=scratch, mode="clip")
+                low = dst < rows
+                obs[dst[low]] = scratch[low]
+                nxt[dst[~low] - rows] = scratch[~low]
+            c0, r0, b0 = c0 + n, r0 + m, b0 + nbytes
+        return OK
+
+    def _decode(self, payloads: memoryview, lengths: np.ndarray, chunk: int, joined: bool) -> bool:
+        """Decode one batch's chunks into ``self.area``: joined payloads by one call, else one by one."""
+        want = lengths.size * chunk
+        if self.area.size < want:
+            self.area = np.empty(max(want, 2 * self.area.size), np.uint8)
+        base = self.area.ctypes.data
+        decompress = self.lib.ZSTD_decompressDCtx
+        if joined and payloads.nbytes:
+            data = payloads.tobytes()
+            return decompress(self.dctx, base, want, data, len(data)) == want
+        at = 0
+        for j, length in enumerate(lengths.tolist()):
+            if length < 0:
+                self.area[j * chunk : (j + 1) * chunk] = 0
+                continue
+            data = payloads[at : at + length].tobytes()
+            at += length
+            if decompress(self.dctx, base + j * chunk, chunk, data, length) != chunk:
+                return False
+        return True
+
+    def _scratch(self, nbytes: int) -> np.ndarray:
+        if self.scratch.size < nbytes:
+            self.scratch = np.empty(max(nbytes, 2 * self.scratch.size), np.uint8)
+        return self.scratch[:nbytes]
+
+
+def read_request(stream: Any) -> tuple[dict[str, int], list[np.ndarray], bytes] | None:
+    """One request from ``stream``, or None at the end of input."""
+    raw = stream.read(8 * len(HEADER))
+    if len(raw) < 8 * len(HEADER):
+        return None
+    head = dict(zip(HEADER, np.frombuffer(raw, "<i8").tolist(), strict=True))
+    k, chunks, gathered = head["k"], head["chunks"], head["gathered"]
+    sizes = [k, k, k, chunks, gathered, gathered]
+    body = stream.read(8 * sum(sizes))
+    blob = stream.read(head["blob_nbytes"])
+    if len(body) < 8 * sum(sizes) or len(blob) < head["blob_nbytes"]:
+        return None
+    flat = np.frombuffer(body, "<i8")
+    arrays, at = [], 0
+    for size in sizes:
+        arrays.append(flat[at : at + size])
+        at += size
+    return head, arrays, blob
+
+
+def main(argv: list[str]) -> int:
+    fd, nbytes = int(argv[1]), int(argv[2])
+    lib = load_libzstd()
+    if lib is None:
+        return 3
+    memory = np.frombuffer(mmap.mmap(fd, nbytes), np.uint8)
+    decoder = BlockDecoder(memory, lib)
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    while (request := read_request(stdin)) is not None:
+        stdout.write(np.int64(decoder.fill(*request)).tobytes())
+        stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,142 @@
+"""Decode processes: the prefetcher's blocks decoded and gathered by child processes into shared
+memory must hold exactly what decoding on its threads gives, whatever the chunks hold (frames in the
+writer's RAM buffer, empty chunks, payloads that cannot be joined), and failures must surface as
+they do on threads: a bad chunk named, a dead worker replaced by the threads, workers ended on close."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zstandard
+from conftest import fill, make_store, rewrite_obs_shard
+
+from replaystore import ChunkChecksumError, ReplayStore, SampleError, decodeprocs
+from replaystore.prefetch import BLOCKS_IN_USE, Prefetcher
+
+pytestmark = pytest.mark.skipif(decodeprocs.LIBZSTD is None or not hasattr(os, "memfd_create"),
+                                reason="decode processes need Linux's memfd and libzstd")
+
+CHUNK_LEN = 4
+
+
+@pytest.fixture
+def filled(store_path: Path) -> ReplayStore:
+    """Shards on disk, and the newest steps still in the writer's RAM buffer."""
+    store = make_store(store_path, capacity=128, frame_stack=3, shard_len=32, chunk_len=CHUNK_LEN)
+    fill(store, 200, episode_len=7)
+    assert store.ring.added % 32, "some steps should still be in the RAM buffer"
+    return store
+
+
+def draw(store: ReplayStore, processes: bool, blocks: int = 6, **kwargs) -> list[dict[str, np.ndarray]]:
+    """The first ``blocks`` blocks of a seeded prefetcher, copied."""
+    p = Prefetcher(store, 8, batches_per_block=3, threads=2, depth=3, seed=11, processes=processes, **kwargs)
+    try:
+        assert (p.processes is not None) == processes
+        return [{name: value.copy() for name, value in p.next_block().items()} for _ in range(blocks)]
+    finally:
+        p.close()
+
+
+def assert_same(ours: list[dict[str, np.ndarray]], theirs: list[dict[str, np.ndarray]]) -> None:
+    for mine, other in zip(ours, theirs, strict=True):
+        assert list(mine) == list(other)
+        for name in mine:
+            np.testing.assert_array_equal(mine[name], other[name], err_msg=name)
+
+
+def assert_frames_right(store: ReplayStore, block: dict[str, np.ndarray]) -> None:
+    ring = store.ring
+    index = block["index"].ravel()
+    positions = ring.lo + (index - ring.lo) % ring.capacity
+    obs = block["obs"].reshape(-1, *block["obs"].shape[2:])
+    np.testing.assert_array_equal(obs, store.reader.gather(ring.stack_positions(positions)))
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"n_step": 3, "gamma": 0.9}, {"prioritized": True, "alpha": 0.7}],
+                         ids=["uniform", "n-step", "prioritized"])
+def test_the_same_blocks_as_on_threads(filled: ReplayStore, kwargs: dict) -> None:
+    ours = draw(filled, True, **kwargs)
+    assert_same(ours, draw(filled, False, **kwargs))
+    for block in ours:
+        assert_frames_right(filled, block)
+
+
+def test_empty_chunks_are_zeros(filled: ReplayStore) -> None:
+    """A chunk a shard leaves out (zarr's fill value) has no payload and reads as zeros."""
+    path = filled.path
+    filled.close()
+    rewrite_obs_shard(path, 1, CHUNK_LEN, zstandard.ZstdCompressor().compress, rows=16)  # chunks 4-7 left out
+    store = ReplayStore.open(path)
+    assert None in store.reader.plan(np.arange(48, 64, dtype=np.int64)).payloads
+    ours = draw(store, True, blocks=8)
+    assert_same(ours, draw(store, False, blocks=8))
+    assert any((block["obs"] == 0).all(axis=(3, 4)).any() for block in ours)
+
+
+def test_payloads_that_cannot_be_joined_are_decoded_one_by_one(filled: ReplayStore) -> None:
+    path = filled.path
+    filled.close()
+    compressor = zstandard.ZstdCompressor(level=3, write_content_size=False)
+    rewrite_obs_shard(path, 1, CHUNK_LEN, lambda chunk: compressor.compress(chunk.tobytes()))
+    store = ReplayStore.open(path)
+    ours = draw(store, True, blocks=8)
+    assert_same(ours, draw(store, False, blocks=8))
+    for block in ours:
+        assert_frames_right(store, block)
+
+
+def test_a_chunk_that_does_not_decode_is_named(filled: ReplayStore) -> None:
+    path = filled.path
+    filled.close()
+    rewrite_obs_shard(path, 1, CHUNK_LEN, lambda chunk: zstandard.ZstdCompressor().compress(chunk.tobytes()[:-1]))
+    store = ReplayStore.open(path)
+    with pytest.raises(ChunkChecksumError, match="of shard 1 of 'obs' passed its checksum but does not decompress"):
+        draw(store, True, blocks=20)
+
+
+def test_a_worker_that_dies_is_replaced_by_the_threads(filled: ReplayStore, caplog: pytest.LogCaptureFixture) -> None:
+    expected = draw(filled, False, blocks=12)
+    p = Prefetcher(filled, 8, batches_per_block=3, threads=2, depth=3, seed=11, processes=True)
+    got = [{name: value.copy() for name, value in p.next_block().items()} for _ in range(2)]
+    with caplog.at_level(logging.WARNING, logger="replaystore.decodeprocs"):
+        for pid in p.processes.pids():
+            os.kill(pid, signal.SIGKILL)
+        got += [{name: value.copy() for name, value in p.next_block().items()} for _ in range(10)]
+    assert p.processes.alive == 0
+    assert "decoded on the prefetcher's threads from now on" in caplog.text
+    p.close()
+    assert_same(got, expected)
+
+
+def test_blocks_a_consumer_keeps_are_not_reused(filled: ReplayStore) -> None:
+    """With every shared block held, further blocks are made in private memory and decoded on the
+    threads; nothing held is overwritten."""
+    expected = draw(filled, False, blocks=3 + BLOCKS_IN_USE + 5)
+    p = Prefetcher(filled, 8, batches_per_block=3, threads=2, depth=3, seed=11, processes=True)
+    held = [p.next_block() for _ in range(3 + BLOCKS_IN_USE + 5)]
+    assert p.blocks_made > 0
+    assert_same(held, expected)
+    p.close()
+
+
+def test_close_ends_the_workers(filled: ReplayStore) -> None:
+    p = Prefetcher(filled, 8, batches_per_block=3, threads=2, depth=3, seed=1, processes=True)
+    p.next_block()
+    procs = list(p.processes._procs)
+    p.close()
+    assert all(proc.poll() is not None for proc in procs)
+
+
+def test_where_processes_cannot_run(filled: ReplayStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(decodeprocs, "LIBZSTD", None)
+    with pytest.raises(SampleError, match="no libzstd shared library.*processes=False"):
+        Prefetcher(filled, 8, processes=True)
+    p = Prefetcher(filled, 8, processes=None)  # where available: here, threads
+    assert p.processes is None
+    p.close()
