@@ -12,8 +12,11 @@ stacks and next stacks, n_step=1) for ``--seconds`` on 1 and 2 threads, and repo
   ``random.sample`` as in the common tutorial code, at ``--deque-transitions`` (its RAM at 1M is
   extrapolated linearly and labelled so: 1M of them would not fit on this machine);
 - tf.data: ``store.as_dataset`` iterated by an empty consumer: a Python ``for`` loop, and a
-  ``tf.function`` loop (the way Keras's ``fit`` and a compiled training step pull batches); and the
-  bridge alone, on blocks drawn beforehand.
+  ``tf.function`` loop (the way Keras's ``fit`` and a compiled training step pull batches), both
+  with the default decode processes; a Python loop with ``processes=False`` (decoding on the
+  prefetcher's threads); and the bridge alone, on blocks drawn beforehand. The decode processes'
+  peak RSS is shown after a "+" beside the consumer process's (the frame blocks they share with it
+  count in both).
 
 Prints a table and the ratios the targets are stated in, and writes tools/out/bench_sampling.json.
 The sampler and tf.data runs are repeated in ``--rounds`` (3) interleaved rounds and each one's
@@ -48,9 +51,9 @@ STACK = 4
 STORE = OUT / "bench_sampling.zarr"
 
 
-def peak_rss_mb() -> float:
-    """This process's peak RSS (VmHWM: ru_maxrss would carry over the parent's peak across exec)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
+def peak_rss_mb(pid: int | str = "self") -> float:
+    """A process's peak RSS (VmHWM: ru_maxrss would carry over the parent's peak across exec)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -209,7 +212,7 @@ def child_deque(threads: int, seconds: float, transitions: int) -> dict:
 
 
 def child_tfdata(threads: int, seconds: float, batches_per_call: int, bridge_only: bool = False,
-                 in_graph: bool = False) -> dict:
+                 in_graph: bool = False, processes: bool | None = None) -> dict:
     """``as_dataset`` iterated by an empty consumer: a Python ``next`` per batch, or (``in_graph``) a
     ``tf.function`` that pulls 64 batches per call the way Keras's ``fit`` and a compiled training
     step do, so that no Python runs per batch on the consumer's side. ``bridge_only``: the
@@ -221,7 +224,8 @@ def child_tfdata(threads: int, seconds: float, batches_per_call: int, bridge_onl
     store.warm_cache()
     import tensorflow as tf  # imported here so its start-up is not timed
 
-    ds = store.as_dataset(BATCH, threads=threads, batches_per_call=batches_per_call, prefetch=16, seed=0)
+    ds = store.as_dataset(BATCH, threads=threads, batches_per_call=batches_per_call, prefetch=16, seed=0,
+                          processes=processes)
     if bridge_only:
         prefetcher = ds.prefetcher
         blocks = [prefetcher.next_block() for _ in range(4)]
@@ -244,8 +248,14 @@ def child_tfdata(threads: int, seconds: float, batches_per_call: int, bridge_onl
     while time.perf_counter() - t0 < seconds:
         step()
         n += per_call
-    return {"batches_per_s": n / (time.perf_counter() - t0), "cpu_us_per_batch": (time.process_time() - c0) / n * 1e6,
-            "batches_per_call": batches_per_call}
+    result = {"batches_per_s": n / (time.perf_counter() - t0), "cpu_us_per_batch": (time.process_time() - c0) / n * 1e6,
+              "batches_per_call": batches_per_call, "decode_processes": 0, "decode_processes_peak_rss_mb": 0.0}
+    workers = ds.prefetcher.processes
+    if workers is not None:
+        pids = workers.pids()
+        result["decode_processes"] = len(pids)
+        result["decode_processes_peak_rss_mb"] = sum(peak_rss_mb(pid) for pid in pids)
+    return result
 
 
 # -------------------------------------------------------------------------------------------------
@@ -287,7 +297,7 @@ def main() -> None:
             result = child_deque(args.threads, args.seconds, args.deque_transitions)
         else:
             result = child_tfdata(args.threads, args.seconds, args.batches_per_call, kind == "tfdata-bridge",
-                                  kind == "tfdata-graph")
+                                  kind == "tfdata-graph", False if kind == "tfdata-threads" else None)
         result["peak_rss_mb"] = peak_rss_mb()
         print(json.dumps(result))
         return
@@ -314,19 +324,23 @@ def main() -> None:
     # compares them, and one run of either varies by 10-20% on this shared machine. Each contender's
     # median run is the one reported. The ring and the deque come last, once: right after a process
     # that freed 7 GB (the ring), the next one ran up to 40% slower here (fresh memory is costly).
-    repeated = [("store", 1), ("store", 2), ("tfdata", 1), ("tfdata", 2), ("tfdata-graph", 1), ("tfdata-graph", 2)]
+    repeated = [("store", 1), ("store", 2), ("tfdata", 1), ("tfdata", 2), ("tfdata-graph", 1), ("tfdata-graph", 2),
+                ("tfdata-threads", 1), ("tfdata-threads", 2)]
     once = [("store-prioritized", 1), ("store-prioritized", 2), ("tfdata-bridge", 1),
             ("ring", 1), ("ring", 2), ("deque", 1), ("deque", 2)]
     every: dict[str, list[dict]] = {}
     for round_, (kind, threads) in [(r, c) for r in range(args.rounds) for c in repeated] + [(0, c) for c in once]:
         r = spawn(args, kind, threads)
         every.setdefault(f"{kind}/{threads}", []).append(r)
+        workers = (f" (+ {r['decode_processes']} decode processes: {r['decode_processes_peak_rss_mb']:,.0f} MB)"
+                   if r.get("decode_processes") else "")
         print(f"  {kind:18s} threads={threads} round {round_ + 1}: {r['batches_per_s']:9,.0f} batches/s, "
-              f"peak RSS {r['peak_rss_mb']:8,.0f} MB", flush=True)
+              f"peak RSS {r['peak_rss_mb']:8,.0f} MB{workers}", flush=True)
     for key, rs in every.items():
         ranked = sorted(rs, key=lambda r: r["batches_per_s"])
         median = dict(ranked[(len(ranked) - 1) // 2])
         median["peak_rss_mb"] = max(r["peak_rss_mb"] for r in rs)
+        median["decode_processes_peak_rss_mb"] = max(r.get("decode_processes_peak_rss_mb", 0.0) for r in rs)
         median["rounds_batches_per_s"] = [r["batches_per_s"] for r in rs]
         results["runs"][key] = median
 
@@ -336,10 +350,14 @@ def main() -> None:
     print(f"{'contender':34s} {'batches/s 1 thr':>15s} {'2 thr':>9s} {'peak RSS MB':>12s}")
     labels = {"ring": "numpy ring in RAM (ceiling)", "store": "replaystore uniform",
               "store-prioritized": "replaystore prioritized", "tfdata": "as_dataset, Python loop",
-              "tfdata-graph": "as_dataset, in-graph loop", "deque": "deque of tuples (tutorial)"}
+              "tfdata-graph": "as_dataset, in-graph loop", "tfdata-threads": "as_dataset, Python loop, threads",
+              "deque": "deque of tuples (tutorial)"}
     for kind, label in labels.items():
         one, two = runs[f"{kind}/1"], runs[f"{kind}/2"]
         rss = f"{max(one['peak_rss_mb'], two['peak_rss_mb']):,.0f}"
+        workers = max(one["decode_processes_peak_rss_mb"], two["decode_processes_peak_rss_mb"])
+        if workers:
+            rss += f" + {workers:,.0f}"
         if kind == "deque":
             rss += f" at {args.deque_transitions // 1000}k (~{max(one['peak_rss_mb'], two['peak_rss_mb']) * deque_scale:,.0f} at 1M)"
         print(f"{label:34s} {one['batches_per_s']:15,.0f} {two['batches_per_s']:9,.0f} {rss:>12s}")
@@ -353,6 +371,8 @@ def main() -> None:
         "tfdata_vs_sampler_2_threads": runs["tfdata/2"]["batches_per_s"] / runs["store/2"]["batches_per_s"],
         "tfdata_in_graph_vs_sampler_1_thread": runs["tfdata-graph/1"]["batches_per_s"] / runs["store/1"]["batches_per_s"],
         "tfdata_in_graph_vs_sampler_2_threads": runs["tfdata-graph/2"]["batches_per_s"] / runs["store/2"]["batches_per_s"],
+        "tfdata_threads_vs_sampler_1_thread": runs["tfdata-threads/1"]["batches_per_s"] / runs["store/1"]["batches_per_s"],
+        "tfdata_threads_vs_sampler_2_threads": runs["tfdata-threads/2"]["batches_per_s"] / runs["store/2"]["batches_per_s"],
         "store_vs_deque_2_threads": runs["store/2"]["batches_per_s"] / runs["deque/2"]["batches_per_s"],
     }
     results["ratios"] = ratios
@@ -380,7 +400,7 @@ def main() -> None:
         print(f"ratio {name:40s} {value:8.3f}  {('target ' + targets[name]) if name in targets else ''}")
     per_round = {f"{kind}_vs_sampler_{threads}": [a["batches_per_s"] / b["batches_per_s"]
                                                   for a, b in zip(every[f"{kind}/{threads}"], every[f"store/{threads}"])]
-                 for kind in ("tfdata", "tfdata-graph") for threads in (1, 2)}
+                 for kind in ("tfdata", "tfdata-graph", "tfdata-threads") for threads in (1, 2)}
     results["tfdata_ratios_per_round"] = per_round
     print(f"tf.data / sampler within each round ({args.rounds} rounds; the ratios above are of the medians): " +
           "; ".join(f"{name} {' '.join(f'{v:.2f}' for v in values)}" for name, values in per_round.items()))
