@@ -98,7 +98,7 @@ class Sampling:
                    alpha: float = 0.6, beta: float = 0.4, prefetch: int = 4, threads: int = 2,
                    batches_per_call: int = 8, seed: int | None = None, device: str | None = "auto",
                    processes: bool | None = None) -> Any:
-        """An endless ``tf.data.Dataset`` of sampled batches, drawn on background threads.
+        """An endless ``tf.data.Dataset`` of sampled batches, drawn in the background.
 
         Each element is a dict with the ``Batch`` fields (``obs``, ``action``, ``reward``,
         ``next_obs``, ``terminated``, ``truncated``, ``discount``, ``index``, ``weight``) and a
@@ -114,8 +114,16 @@ class Sampling:
         ``seed`` and a store that is not being written, the batches are the same every run. Works
         while this process ``add``s to the store (the trainer does). Imports TensorFlow.
 
+        ``processes``: where the workers decode. By default (None) ``threads`` decode *processes*
+        are started where that is possible (Linux, libzstd, a zstd-coded store): they decode and
+        gather the frames straight into block memory shared with this process, while planning
+        stays on the threads; on two cores this freed the threads from waiting for the GIL beside
+        the consumer (README, "tf.data, in detail"). False decodes on the threads; True insists on
+        processes (an error says why they cannot run). The batches are the same either way.
+
         Returns a ``tfdata.ReplayDataset``: a ``tf.data.Dataset`` whose ``prefetcher`` owns the
-        worker threads (``dataset.prefetcher.close()`` stops them).
+        worker threads and processes (``dataset.prefetcher.close()`` stops them; they also stop when
+        this process ends).
 
         Example:
             >>> ds = ReplayStore.open("/tmp/doc.zarr").as_dataset(8, seed=0)  # doctest: +SKIP

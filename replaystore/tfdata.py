@@ -25,11 +25,12 @@ on background threads, and the block is cut into batches inside TensorFlow witho
 
 Bridge alone (pre-drawn blocks, 32 a call, empty Python loop): ~150 us of CPU a batch with a graph
 function per batch and a prefetch thread, ~90 us without them, ~37 us with ``BatchIterator``
-(~30,000 batches/s). With the workers, on the 1M-frame benchmark store (tools/bench_sampling.py
-has the side-by-side numbers), an empty Python loop got 0.87-0.96x the sampler's own rate with one
-worker and 0.74-0.77x with two, the same as a loop inside a ``tf.function`` (Keras's ``fit``, a
-compiled training step): with two workers on two cores what limits it is the workers' own blocking
-beside a consumer (README, "tf.data, in detail"), not the consumer's cost.
+(~30,000 batches/s). With the workers decoding on threads, an empty Python loop got 0.87-0.96x the
+sampler's own rate with one worker but only 0.74-0.77x with two, the same as a loop inside a
+``tf.function``: on two cores the two worker threads spent a quarter of their time waiting for the
+GIL beside a consumer. So by default the workers' decoding and gathering run in decode processes
+(decodeprocs.py) that write into block memory shared with this process; tools/bench_sampling.py
+has the side-by-side numbers, and the README the latest.
 
 Each element is a dict with the fields of ``Batch``; ``index`` and ``weight`` ride along so a learner
 can call ``store.update_priorities(batch["index"], new_priorities)``.

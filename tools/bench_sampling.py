@@ -15,8 +15,8 @@ stacks and next stacks, n_step=1) for ``--seconds`` on 1 and 2 threads, and repo
   ``tf.function`` loop (the way Keras's ``fit`` and a compiled training step pull batches), both
   with the default decode processes; a Python loop with ``processes=False`` (decoding on the
   prefetcher's threads); and the bridge alone, on blocks drawn beforehand. The decode processes'
-  peak RSS is shown after a "+" beside the consumer process's (the frame blocks they share with it
-  count in both).
+  memory at the end of the run (their proportional set size, which counts the frame blocks they
+  share once) is shown after a "+" beside the consumer process's peak RSS.
 
 Prints a table and the ratios the targets are stated in, and writes tools/out/bench_sampling.json.
 The sampler and tf.data runs are repeated in ``--rounds`` (3) interleaved rounds and each one's
@@ -51,9 +51,19 @@ STACK = 4
 STORE = OUT / "bench_sampling.zarr"
 
 
-def peak_rss_mb(pid: int | str = "self") -> float:
-    """A process's peak RSS (VmHWM: ru_maxrss would carry over the parent's peak across exec)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+def pss_mb(pid: int) -> float:
+    """A process's proportional set size: its private memory plus its share of memory it shares (the
+    decode processes' frame blocks, which this one maps too, are split between those that touched
+    them, so summing it over processes counts them once)."""
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def peak_rss_mb() -> float:
+    """This process's peak RSS (VmHWM: ru_maxrss would carry over the parent's peak across exec)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -249,12 +259,12 @@ def child_tfdata(threads: int, seconds: float, batches_per_call: int, bridge_onl
         step()
         n += per_call
     result = {"batches_per_s": n / (time.perf_counter() - t0), "cpu_us_per_batch": (time.process_time() - c0) / n * 1e6,
-              "batches_per_call": batches_per_call, "decode_processes": 0, "decode_processes_peak_rss_mb": 0.0}
+              "batches_per_call": batches_per_call, "decode_processes": 0, "decode_processes_pss_mb": 0.0}
     workers = ds.prefetcher.processes
     if workers is not None:
         pids = workers.pids()
         result["decode_processes"] = len(pids)
-        result["decode_processes_peak_rss_mb"] = sum(peak_rss_mb(pid) for pid in pids)
+        result["decode_processes_pss_mb"] = sum(pss_mb(pid) for pid in pids)
     return result
 
 
@@ -332,7 +342,7 @@ def main() -> None:
     for round_, (kind, threads) in [(r, c) for r in range(args.rounds) for c in repeated] + [(0, c) for c in once]:
         r = spawn(args, kind, threads)
         every.setdefault(f"{kind}/{threads}", []).append(r)
-        workers = (f" (+ {r['decode_processes']} decode processes: {r['decode_processes_peak_rss_mb']:,.0f} MB)"
+        workers = (f" (+ {r['decode_processes']} decode processes: {r['decode_processes_pss_mb']:,.0f} MB)"
                    if r.get("decode_processes") else "")
         print(f"  {kind:18s} threads={threads} round {round_ + 1}: {r['batches_per_s']:9,.0f} batches/s, "
               f"peak RSS {r['peak_rss_mb']:8,.0f} MB{workers}", flush=True)
@@ -340,7 +350,7 @@ def main() -> None:
         ranked = sorted(rs, key=lambda r: r["batches_per_s"])
         median = dict(ranked[(len(ranked) - 1) // 2])
         median["peak_rss_mb"] = max(r["peak_rss_mb"] for r in rs)
-        median["decode_processes_peak_rss_mb"] = max(r.get("decode_processes_peak_rss_mb", 0.0) for r in rs)
+        median["decode_processes_pss_mb"] = max(r.get("decode_processes_pss_mb", 0.0) for r in rs)
         median["rounds_batches_per_s"] = [r["batches_per_s"] for r in rs]
         results["runs"][key] = median
 
@@ -355,7 +365,7 @@ def main() -> None:
     for kind, label in labels.items():
         one, two = runs[f"{kind}/1"], runs[f"{kind}/2"]
         rss = f"{max(one['peak_rss_mb'], two['peak_rss_mb']):,.0f}"
-        workers = max(one["decode_processes_peak_rss_mb"], two["decode_processes_peak_rss_mb"])
+        workers = max(one["decode_processes_pss_mb"], two["decode_processes_pss_mb"])
         if workers:
             rss += f" + {workers:,.0f}"
         if kind == "deque":
