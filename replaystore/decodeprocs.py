@@ -5,8 +5,10 @@ Why: with its work on two threads, the prefetcher kept two cores only ~1.6 busy 
 Measured per batch on the 1M-frame benchmark store: the threads waited ~100-145 us for the GIL
 (against ~55 us with no consumer), between ~275 us of decoding, ~90 us of gathering and ~55 us
 of planning; an empty Python loop got ~0.75x the rate of two threads calling ``store.sample``. With
-the decoding and gathering in two processes (a prototype of this module) the same loop got
-0.84-1.08x in three paired runs, and the results were byte-identical.
+the decoding and gathering in two processes, tools/bench_sampling.py's Python loop got 0.93x and
+0.97x that rate in two runs (rounds 0.86-1.05), against 0.86x and 0.90x on threads in the same
+runs (rounds 0.76-0.98; on a machine ~30% slower than the one that gave 0.75); the consumer's
+process used ~190 us of CPU a batch instead of ~590.
 
 How:
 
@@ -22,7 +24,9 @@ How:
 - A batch whose chunks a worker cannot decode is finished here by the reader, which names the bad
   chunk (``ChunkChecksumError``) or, if it decodes after all, fills the batch. A worker that dies is
   dropped with a warning, and its blocks are decoded on the prefetcher's threads from then on.
-- Workers exit at the end of their input: when ``close`` closes it, or when this process ends.
+- Workers exit at the end of their input: when ``close`` closes it, or when this process ends. They
+  run in a process group of their own and ignore SIGINT, so a terminal's Ctrl-C reaches only this
+  process (the trainer checkpoints on it, still sampling, before it closes the dataset).
 
 Only where there is something to gain and everything needed: Linux's memfd, libzstd for ctypes, and
 a zstd-coded store (``unavailable`` says why not, and the prefetcher then decodes on its threads).
@@ -58,6 +62,8 @@ def unavailable(reader: FrameReader) -> str | None:
     """Why decode processes cannot serve ``reader``'s store here, or None if they can."""
     if not hasattr(os, "memfd_create"):
         return "this system has no memfd (Linux only)"
+    if not sys.executable:
+        return "this Python cannot say where its interpreter is (sys.executable is empty)"
     if LIBZSTD is None:
         return "no libzstd shared library was found (e.g. Debian's libzstd1)"
     if not reader.decoder.joinable:
@@ -83,7 +89,7 @@ class DecodeProcesses:
             for _ in range(processes):
                 self._procs.append(subprocess.Popen(
                     [sys.executable, "-P", str(WORKER), str(fd), str(size)], stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE, pass_fds=[fd], close_fds=True))
+                    stdout=subprocess.PIPE, pass_fds=[fd], close_fds=True, process_group=0))
         except BaseException:
             _stop(getattr(self, "_procs", []))
             raise
@@ -115,13 +121,14 @@ class DecodeProcesses:
         """Have a worker decode ``plans`` (one block's, planned into ``pair``, two arrays in one of
         ``blocks``). Returns how many of them are done: ``len(plans)``, or the first the caller must
         finish itself (the reader then names a bad chunk, or decodes it)."""
-        request = self._request(plans, pair)
+        head, blob = self._request(plans, pair)
         proc = self._idle.get() if self._alive else None
         if proc is None:
             self._idle.put(None)  # wake the next waiter too: no worker is left
             return 0
         try:
-            proc.stdin.write(request)
+            proc.stdin.write(head)
+            proc.stdin.write(blob)  # larger than the buffer: written straight through, not copied again
             proc.stdin.flush()
             reply = proc.stdout.read(8)
             if len(reply) < 8:
@@ -139,7 +146,8 @@ class DecodeProcesses:
         self._idle.put(None)
         self._finalizer()
 
-    def _request(self, plans: list[Plan], pair: tuple[np.ndarray, np.ndarray]) -> bytes:
+    def _request(self, plans: list[Plan], pair: tuple[np.ndarray, np.ndarray]) -> tuple[bytes, bytes]:
+        """One block's request (decodeworker's format): everything but the payloads, and the payloads."""
         payloads = list(chain.from_iterable(plan.payloads for plan in plans))
         if None in payloads:
             lengths = np.array([-1 if p is None else len(p) for p in payloads], dtype="<i8")
@@ -158,7 +166,7 @@ class DecodeProcesses:
                 "chunks": lengths.size, "gathered": source.size, "blob_nbytes": len(blob)}
         header = np.array([head[name] for name in HEADER], dtype="<i8")
         return b"".join([header.tobytes(), per_batch.tobytes(), lengths.tobytes(), source.tobytes(),
-                         dest.tobytes(), blob])
+                         dest.tobytes()]), blob
 
     def _drop(self, proc: subprocess.Popen) -> None:
         code = proc.poll()

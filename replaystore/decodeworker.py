@@ -22,10 +22,16 @@ Protocol, on stdin / stdout, all integers int64 little-endian. A request is one 
 
 The reply is one int64: -1 when every batch was written, else the index of the first batch whose
 chunks did not decode (the parent decodes that batch itself to name the bad chunk). End of input
-ends the process.
+ends the process. It runs in a process group of its own, so Ctrl-C in a terminal does not reach
+it, and it ignores SIGINT anyway: the parent decides when it stops.
 """
 
 from __future__ import annotations
+
+import signal
+
+if __name__ == "__main__":  # first thing, before the imports: the parent decides when this stops
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 import ctypes
 import ctypes.util

@@ -157,7 +157,9 @@ class FrameReader:
             which = inverse.reshape(-1) - np.asarray(starts[:-1], dtype=np.int64)[batch_of]
         offset = kept % self.chunk_len
         found = list(map(self._chunks.get, ids))  # the hot path: one C-level pass over the cache
-        misses = [i for i, payload in enumerate(found) if payload is None]
+        # ``None in found``: a C-level scan first (~1,600 chunks for a prefetcher block, all cached
+        # in the benchmark), the Python pass only when something is missing
+        misses = [i for i, payload in enumerate(found) if payload is None] if None in found else []
         self.hits += len(ids) - len(misses)
         if misses:
             fetched: dict[int, bytes | None] = {}  # a chunk two batches miss is read once

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
 from pathlib import Path
 
 import numpy as np
@@ -112,6 +113,24 @@ def test_a_worker_that_dies_is_replaced_by_the_threads(filled: ReplayStore, capl
     assert "decoded on the prefetcher's threads from now on" in caplog.text
     p.close()
     assert_same(got, expected)
+
+
+def test_ctrl_c_is_left_to_the_parent(filled: ReplayStore) -> None:
+    """SIGINT (Ctrl-C reaches the whole process group) does not stop the workers: the trainer
+    checkpoints on it and goes on sampling until it closes the dataset."""
+    p = Prefetcher(filled, 8, batches_per_block=3, threads=2, depth=3, seed=11, processes=True)
+    p.next_block()
+    for pid in p.processes.pids():
+        assert os.getpgid(pid) == pid  # a group of its own: a terminal's Ctrl-C does not reach it
+        deadline = time.monotonic() + 30
+        while not int(Path(f"/proc/{pid}/status").read_text().split("SigIgn:")[1].split()[0], 16) & 1 << (signal.SIGINT - 1):
+            assert time.monotonic() < deadline, "the worker never set SIGINT aside"
+            time.sleep(0.01)
+        os.kill(pid, signal.SIGINT)
+    got = [{name: value.copy() for name, value in p.next_block().items()} for _ in range(8)]
+    assert p.processes.alive == 2 and all(proc.poll() is None for proc in p.processes._procs)
+    p.close()
+    assert_same(got, draw(filled, False, blocks=9)[1:])
 
 
 def test_blocks_a_consumer_keeps_are_not_reused(filled: ReplayStore) -> None:

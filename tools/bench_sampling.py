@@ -22,7 +22,7 @@ Prints a table and the ratios the targets are stated in, and writes tools/out/be
 The sampler and tf.data runs are repeated in ``--rounds`` (3) interleaved rounds and each one's
 median is reported, with the tf.data / sampler ratio of every round: one run of either varies by
 10-20% on this shared machine.
-Run: python tools/bench_sampling.py  (about 15 minutes on 2 cores; ``--reuse`` skips building the
+Run: python tools/bench_sampling.py  (about 10 minutes on 2 cores; ``--reuse`` skips building the
 store when it exists, and with it the write rate).
 """
 
@@ -389,13 +389,15 @@ def main() -> None:
     bridge = runs["tfdata-bridge/1"]
     sampler_cpu = runs["store/2"]["cpu_us_per_batch"]
     ceiling = sampler_cpu / (sampler_cpu + bridge["cpu_us_per_batch"])
-    results["tfdata_2_thread_ceiling"] = ceiling
+    results["tfdata_2_thread_estimate"] = ceiling
     print(f"\ntf.data bridge alone (pre-drawn blocks, batches_per_call={args.batches_per_call}): "
           f"{bridge['batches_per_s']:,.0f} batches/s, {bridge['cpu_us_per_batch']:.0f} us of CPU a batch (consumer included)")
     print(f"2 threads on {os.cpu_count()} cores: the sampler alone uses {sampler_cpu:.0f} us of CPU a batch, so with the "
-          f"bridge's CPU on top tf.data can reach at most {ceiling:.2f}x its rate (an upper bound: beside the workers "
-          f"the consumer's next() costs more than alone)")
-    print(f"tf.data runs: batches_per_call={args.batches_per_call}; CPU per batch, Python loop "
+          f"bridge's CPU on top tf.data would reach ~{ceiling:.2f}x its rate if its workers spent as much (an "
+          f"estimate: two sampling threads also spend CPU waiting on each other for the GIL, two decode processes "
+          f"do not)")
+    print(f"tf.data runs: batches_per_call={args.batches_per_call}; CPU per batch in the consumer's process (the "
+          f"decode processes' not included), Python loop "
           f"{runs['tfdata/1']['cpu_us_per_batch']:.0f} / {runs['tfdata/2']['cpu_us_per_batch']:.0f} us, in-graph "
           f"{runs['tfdata-graph/1']['cpu_us_per_batch']:.0f} / {runs['tfdata-graph/2']['cpu_us_per_batch']:.0f} us, "
           f"sampler alone {runs['store/1']['cpu_us_per_batch']:.0f} / {sampler_cpu:.0f} us (1 / 2 threads)")
