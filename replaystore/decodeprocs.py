@@ -5,10 +5,10 @@ Why: with its work on two threads, the prefetcher kept two cores only ~1.6 busy 
 Measured per batch on the 1M-frame benchmark store: the threads waited ~100-145 us for the GIL
 (against ~55 us with no consumer), between ~275 us of decoding, ~90 us of gathering and ~55 us
 of planning; an empty Python loop got ~0.75x the rate of two threads calling ``store.sample``. With
-the decoding and gathering in two processes, tools/bench_sampling.py's Python loop got 0.93x and
-0.97x that rate in two runs (rounds 0.86-1.05), against 0.86x and 0.90x on threads in the same
-runs (rounds 0.76-0.98; on a machine ~30% slower than the one that gave 0.75); the consumer's
-process used ~190 us of CPU a batch instead of ~590.
+the decoding and gathering in two processes, tools/bench_sampling.py's Python loop got 0.93x, 0.97x
+and 0.75x that rate in three runs, against 0.86x, 0.90x and 0.67x on threads in the same runs (the
+lower pair when the machine ran fast); the consumer's process used ~160-190 us of CPU a batch
+instead of ~590. What is left is CPU per batch (README, "tf.data, in detail").
 
 How:
 
