@@ -4,7 +4,8 @@ TensorFlow (``import replaystore`` does not).
 The bridge from Python is the cost to beat: measured here, ``from_generator`` delivered ~400 batches/s
 and a ``numpy_function`` per batch ~800/s, against thousands a second from the sampler. So each
 ``numpy_function`` call hands over a whole *block* of batches drawn ahead by ``prefetch.Prefetcher``
-on background threads, and the block is cut into batches inside TensorFlow without copying:
+in the background (worker threads, and decode processes where available), and the block is cut
+into batches inside TensorFlow without copying:
 
 - a block's ``obs`` and ``next_obs`` are ``(k, batch, stack, ...)`` arrays aligned to 64 bytes:
   TensorFlow wraps an aligned numpy array as it is, while numpy's usual 16-byte alignment made it

@@ -4,7 +4,7 @@ dqn_atari.py: Args -> env -> Q-network -> loop.
 
 The loop acts epsilon-greedily on frame stacks built like the store's, adds every transition to the
 store, and from ``learning_starts`` on takes one gradient step every ``train_frequency`` steps on a
-batch the store's tf.data pipeline sampled ahead on background threads.
+batch the store's tf.data pipeline sampled ahead in the background (threads and decode processes).
 
 Run directory (``--run-dir``)::
 
