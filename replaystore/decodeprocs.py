@@ -18,9 +18,15 @@ How:
   over the mapping, so a block's reference count still says whether a consumer holds any of its
   batches, and the prefetcher recycles blocks as before. Pages are only backed once written.
 - Planning stays here, under the store's lock (it reads the ring and the writer's RAM buffer, and
-  copies the buffer's frames into the block). A planned block goes to an idle worker as one request
-  on its stdin: the chunks' compressed bytes, where each gathered frame comes from and goes to
-  (``decodeworker`` documents the format). The worker replies once the block is written.
+  copies the buffer's frames into the block). A planned block goes to the least loaded worker as
+  one request on its stdin: the chunks' compressed bytes, where each gathered frame comes from and
+  goes to (``decodeworker`` documents the format). The worker replies once the block is written;
+  a thread per worker reads its replies and wakes the thread that sent each request.
+- A worker holds up to ``QUEUED`` requests: the next one waits in its pipe (widened to hold a whole
+  request) while it fills a block. When a worker had to wait for a thread here to hand it the next
+  block, that thread first needed the GIL, and the workers sat idle ~7% of the time: with two
+  queued, the two cores were ~1.93-1.96 busy instead of ~1.83-1.87, and a Python loop over
+  ``as_dataset`` got 0-6% more batches a second in paired runs.
 - A batch whose chunks a worker cannot decode is finished here by the reader, which names the bad
   chunk (``ChunkChecksumError``) or, if it decodes after all, fills the batch. A worker that dies is
   dropped with a warning, and its blocks are decoded on the prefetcher's threads from then on.
@@ -34,16 +40,18 @@ a zstd-coded store (``unavailable`` says why not, and the prefetcher then decode
 
 from __future__ import annotations
 
+import collections
+import fcntl
 import logging
 import mmap
 import os
-import queue
 import subprocess
 import sys
+import threading
 import weakref
 from itertools import chain
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -71,6 +79,14 @@ def unavailable(reader: FrameReader) -> str | None:
     return None
 
 
+#: Requests a worker holds at once: while it fills one block the next already waits in its pipe, so
+#: it does not sit idle until a thread of this process (which needs the GIL) hands it more work.
+QUEUED = 2
+#: Bytes a worker's input pipe holds (Linux's default is 64 KiB; a 32-batch Atari request is ~0.9
+#: MB), so that a request is written in one go rather than in step with the worker's reads.
+PIPE_NBYTES = 1 << 20
+
+
 class DecodeProcesses:
     """``processes`` decode workers and ``blocks`` shared frame blocks of ``block_nbytes`` each."""
 
@@ -90,16 +106,14 @@ class DecodeProcesses:
                 self._procs.append(subprocess.Popen(
                     [sys.executable, "-P", str(WORKER), str(fd), str(size)], stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE, pass_fds=[fd], close_fds=True, process_group=0))
+                _widen(self._procs[-1].stdin)
         except BaseException:
             _stop(getattr(self, "_procs", []))
             raise
         finally:
             os.close(fd)  # the mapping and the workers keep the memory
-        self._idle: queue.SimpleQueue[subprocess.Popen | None] = queue.SimpleQueue()
-        for proc in self._procs:
-            self._idle.put(proc)
-        self._alive = len(self._procs)
-        self._finalizer = weakref.finalize(self, _stop, self._procs)
+        self._workers = _Workers(self._procs)  # what the reply threads share: never this object itself
+        self._finalizer = weakref.finalize(self, self._workers.stop)
         self._frame_nbytes = int(np.prod(reader.shape, dtype=np.int64)) * reader.dtype.itemsize
 
     def take_blocks(self) -> list[np.ndarray]:
@@ -115,35 +129,36 @@ class DecodeProcesses:
     @property
     def alive(self) -> int:
         """Workers still running."""
-        return self._alive
+        return self._workers.alive
 
     def fill(self, plans: list[Plan], pair: tuple[np.ndarray, np.ndarray]) -> int:
         """Have a worker decode ``plans`` (one block's, planned into ``pair``, two arrays in one of
         ``blocks``). Returns how many of them are done: ``len(plans)``, or the first the caller must
-        finish itself (the reader then names a bad chunk, or decodes it)."""
+        finish itself (the reader then names a bad chunk, or decodes it), or 0 if no worker is left."""
         head, blob = self._request(plans, pair)
-        proc = self._idle.get() if self._alive else None
-        if proc is None:
-            self._idle.put(None)  # wake the next waiter too: no worker is left
+        worker = self._workers.take()
+        if worker is None:
             return 0
+        reply = _Reply()
         try:
-            proc.stdin.write(head)
-            proc.stdin.write(blob)  # larger than the buffer: written straight through, not copied again
-            proc.stdin.flush()
-            reply = proc.stdout.read(8)
-            if len(reply) < 8:
-                raise BrokenPipeError
+            with worker.writing:  # requests go in, and replies come back, in the order of ``pending``
+                if worker.dead:
+                    reply.set(None)
+                else:
+                    worker.pending.append(reply)
+                    worker.proc.stdin.write(head)
+                    worker.proc.stdin.write(blob)  # larger than the buffer: written straight through
+                    worker.proc.stdin.flush()
         except (BrokenPipeError, OSError, ValueError):
-            self._drop(proc)
+            pass  # the worker is gone: its reply thread sees the end of its output and answers ``reply``
+        failed = reply.wait()
+        self._workers.done(worker)
+        if failed is None:
             return 0
-        self._idle.put(proc)
-        failed = int(np.frombuffer(reply, "<i8")[0])
         return len(plans) if failed == OK else failed
 
     def close(self) -> None:
         """Stop the workers (the blocks stay valid while anything refers to them)."""
-        self._alive = 0
-        self._idle.put(None)
         self._finalizer()
 
     def _request(self, plans: list[Plan], pair: tuple[np.ndarray, np.ndarray]) -> tuple[bytes, bytes]:
@@ -168,25 +183,115 @@ class DecodeProcesses:
         return b"".join([header.tobytes(), per_batch.tobytes(), lengths.tobytes(), source.tobytes(),
                          dest.tobytes()]), blob
 
-    def _drop(self, proc: subprocess.Popen) -> None:
-        code = proc.poll()
-        log.warning("replaystore decode process %d stopped (exit code %s); its blocks are decoded on the "
-                    "prefetcher's threads from now on", proc.pid, code)
-        _stop([proc])
-        self._alive -= 1
-        if self._alive <= 0:
-            self._idle.put(None)
+
+class _Worker:
+    """One decode process and its requests in flight (``load`` of them, answered in ``pending`` order)."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc = proc
+        self.pending: collections.deque[_Reply] = collections.deque()
+        self.writing = threading.Lock()  # held while a request is written and its reply queued
+        self.load = 0
+        self.dead = False
+
+
+class _Workers:
+    """The workers, which one takes the next request, and their reply threads: one per worker, which
+    hands each reply to the request it answers and, at the end of the worker's output, fails what is
+    still pending (the prefetcher's threads then decode those blocks)."""
+
+    def __init__(self, procs: list[subprocess.Popen]) -> None:
+        self.procs = procs
+        self.workers = [_Worker(proc) for proc in procs]
+        self.free = threading.Condition()  # guards ``load``, ``dead``, ``alive`` and ``stopping``
+        self.alive = len(procs)
+        self.stopping = False
+        for worker in self.workers:
+            threading.Thread(target=self.collect, args=(worker,), name="replaystore-decode-replies",
+                             daemon=True).start()
+
+    def take(self) -> _Worker | None:
+        """The least loaded live worker with room for another request (waiting for one), or None."""
+        with self.free:
+            while not self.stopping:
+                live = [worker for worker in self.workers if not worker.dead]
+                if not live:
+                    break
+                worker = min(live, key=lambda w: w.load)
+                if worker.load < QUEUED:
+                    worker.load += 1
+                    return worker
+                self.free.wait()
+            return None
+
+    def done(self, worker: _Worker) -> None:
+        with self.free:
+            worker.load -= 1
+            self.free.notify()
+
+    def collect(self, worker: _Worker) -> None:
+        stdout = worker.proc.stdout
+        try:
+            while len(raw := stdout.read(8)) == 8:
+                worker.pending.popleft().set(int.from_bytes(raw, "little", signed=True))
+        except (OSError, ValueError, IndexError):  # a broken pipe, or a reply nobody asked for
+            pass
+        finally:
+            stdout.close()
+            with worker.writing:
+                worker.dead = True
+                while worker.pending:
+                    worker.pending.popleft().set(None)
+            with self.free:
+                self.alive -= 1
+                self.free.notify_all()
+                expected = self.stopping
+            if not expected:
+                _stop([worker.proc])
+                log.warning("replaystore decode process %d stopped (exit code %s); its blocks are decoded on "
+                            "the prefetcher's threads from now on", worker.proc.pid, worker.proc.returncode)
+
+    def stop(self) -> None:
+        with self.free:
+            self.stopping = True
+            self.free.notify_all()
+        _stop(self.procs)
+
+
+class _Reply:
+    """A worker's answer to one request, waited for by the thread that sent it."""
+
+    def __init__(self) -> None:
+        self._ready = threading.Lock()
+        self._ready.acquire()
+        self.value: int | None = None
+
+    def set(self, value: int | None) -> None:
+        self.value = value
+        self._ready.release()
+
+    def wait(self) -> int | None:
+        self._ready.acquire()
+        return self.value
+
+
+def _widen(pipe: Any) -> None:
+    """Let ``pipe`` hold a whole request where the system allows it (Linux's ``F_SETPIPE_SZ``)."""
+    try:
+        fcntl.fcntl(pipe.fileno(), fcntl.F_SETPIPE_SZ, PIPE_NBYTES)
+    except (AttributeError, OSError):
+        pass  # older kernels, or a lower /proc/sys/fs/pipe-max-size: the default works, only slower
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
-    """End ``procs``: close their input (they exit at its end), then wait, then kill."""
+    """End ``procs``: close their input (they exit at its end), then wait, then kill. Their output
+    is left to the reply threads, which read it to its end."""
     for proc in procs:
-        for stream in (proc.stdin, proc.stdout):
-            try:
-                if stream is not None:
-                    stream.close()
-            except OSError:
-                pass
+        try:
+            if proc.stdin is not None:
+                proc.stdin.close()
+        except (OSError, ValueError):
+            pass
     for proc in procs:
         try:
             proc.wait(timeout=5)
