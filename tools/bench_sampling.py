@@ -19,10 +19,10 @@ stacks and next stacks, n_step=1) for ``--seconds`` on 1 and 2 threads, and repo
   share once) is shown after a "+" beside the consumer process's peak RSS.
 
 Prints a table and the ratios the targets are stated in, and writes tools/out/bench_sampling.json.
-The sampler and tf.data runs are repeated in ``--rounds`` (3) interleaved rounds and each one's
-median is reported, with the tf.data / sampler ratio of every round: one run of either varies by
-10-20% on this shared machine.
-Run: python tools/bench_sampling.py  (about 10 minutes on 2 cores; ``--reuse`` skips building the
+The ring, sampler and tf.data runs are repeated in ``--rounds`` (3) interleaved rounds and each
+one's median is reported, with the store / ring and tf.data / sampler ratios of every round: one
+run of any of them varies by 10-20% on this shared machine.
+Run: python tools/bench_sampling.py  (about 13 minutes on 2 cores; ``--reuse`` skips building the
 store when it exists, and with it the write rate).
 """
 
@@ -50,6 +50,9 @@ from sampling_contenders import (
     child_tfdata,
     peak_rss_mb,
 )
+
+#: Pause after each ring run (see ``main``).
+SETTLE_SECONDS = 10
 
 
 def du(path: Path) -> int:
@@ -138,14 +141,15 @@ def main() -> None:
     results = {"transitions": args.transitions, "recorded_steps": args.record, "store_bytes": disk,
                "obs_mb_per_1m_frames": obs_disk / frames * 1e6 / 2**20, **built, "runs": {}}
 
-    # The sampler and tf.data runs go first, in ``--rounds`` interleaved rounds: the tf.data target
-    # compares them, and one run of either varies by 10-20% on this shared machine. Each contender's
-    # median run is the one reported. The ring and the deque come last, once: right after a process
-    # that freed 7 GB (the ring), the next one ran up to 40% slower here (fresh memory is costly).
-    repeated = [("store", 1), ("store", 2), ("tfdata", 1), ("tfdata", 2), ("tfdata-graph", 1), ("tfdata-graph", 2),
-                ("tfdata-threads", 1), ("tfdata-threads", 2)]
-    once = [("store-prioritized", 1), ("store-prioritized", 2), ("tfdata-bridge", 1),
-            ("ring", 1), ("ring", 2), ("deque", 1), ("deque", 2)]
+    # The ring, the sampler and the tf.data runs go first, in ``--rounds`` interleaved rounds: the
+    # targets compare them, and one run of any of them varies by 10-20% on this shared machine (a
+    # ring measured once, at another moment than the store, gave store/ring ratios of 0.22 and 0.35
+    # in two runs). Each contender's median run is the one reported. Right after a process that
+    # freed 7 GB (the ring), the next one ran up to 40% slower here (fresh memory is costly), so
+    # each round pauses after the ring. The rest run once, at the end.
+    repeated = [("ring", 1), ("ring", 2), ("store", 1), ("store", 2), ("tfdata", 1), ("tfdata", 2),
+                ("tfdata-graph", 1), ("tfdata-graph", 2), ("tfdata-threads", 1), ("tfdata-threads", 2)]
+    once = [("store-prioritized", 1), ("store-prioritized", 2), ("tfdata-bridge", 1), ("deque", 1), ("deque", 2)]
     every: dict[str, list[dict]] = {}
     for round_, (kind, threads) in [(r, c) for r in range(args.rounds) for c in repeated] + [(0, c) for c in once]:
         r = spawn(args, kind, threads)
@@ -154,6 +158,8 @@ def main() -> None:
                    if r.get("decode_processes") else "")
         print(f"  {kind:18s} threads={threads} round {round_ + 1}: {r['batches_per_s']:9,.0f} batches/s, "
               f"peak RSS {r['peak_rss_mb']:8,.0f} MB{workers}", flush=True)
+        if kind == "ring":
+            time.sleep(SETTLE_SECONDS)
     for key, rs in every.items():
         ranked = sorted(rs, key=lambda r: r["batches_per_s"])
         median = dict(ranked[(len(ranked) - 1) // 2])
@@ -224,6 +230,12 @@ def main() -> None:
     results["tfdata_ratios_per_round"] = per_round
     print(f"tf.data / sampler within each round ({args.rounds} rounds; the ratios above are of the medians): " +
           "; ".join(f"{name} {' '.join(f'{v:.2f}' for v in values)}" for name, values in per_round.items()))
+    store_vs_ring = {f"store_vs_ring_{threads}": [a["batches_per_s"] / b["batches_per_s"]
+                                                  for a, b in zip(every[f"store/{threads}"], every[f"ring/{threads}"])]
+                     for threads in (1, 2)}
+    results["store_vs_ring_per_round"] = store_vs_ring
+    print("store / ring within each round: " +
+          "; ".join(f"{name} {' '.join(f'{v:.3f}' for v in values)}" for name, values in store_vs_ring.items()))
     (OUT / "bench_sampling.json").write_text(json.dumps(results, indent=2))
     print(f"\nwrote {OUT / 'bench_sampling.json'}")
 
