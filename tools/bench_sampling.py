@@ -22,7 +22,7 @@ Prints a table and the ratios the targets are stated in, and writes tools/out/be
 The ring, sampler and tf.data runs are repeated in ``--rounds`` (3) interleaved rounds and each
 one's median is reported, with the store / ring and tf.data / sampler ratios of every round: one
 run of any of them varies by 10-20% on this shared machine.
-Run: python tools/bench_sampling.py  (about 13 minutes on 2 cores; ``--reuse`` skips building the
+Run: python tools/bench_sampling.py  (about 16 minutes on 2 cores; ``--reuse`` skips building the
 store when it exists, and with it the write rate).
 """
 
@@ -51,8 +51,8 @@ from sampling_contenders import (
     peak_rss_mb,
 )
 
-#: Pause after each ring run (see ``main``).
-SETTLE_SECONDS = 10
+#: Pause after each round's ring runs (see ``main``).
+SETTLE_SECONDS = 60
 
 
 def du(path: Path) -> int:
@@ -144,11 +144,12 @@ def main() -> None:
     # The ring, the sampler and the tf.data runs go first, in ``--rounds`` interleaved rounds: the
     # targets compare them, and one run of any of them varies by 10-20% on this shared machine (a
     # ring measured once, at another moment than the store, gave store/ring ratios of 0.22 and 0.35
-    # in two runs). Each contender's median run is the one reported. Right after a process that
-    # freed 7 GB (the ring), the next one ran up to 40% slower here (fresh memory is costly), so
-    # each round pauses after the ring. The rest run once, at the end.
-    repeated = [("ring", 1), ("ring", 2), ("store", 1), ("store", 2), ("tfdata", 1), ("tfdata", 2),
-                ("tfdata-graph", 1), ("tfdata-graph", 2), ("tfdata-threads", 1), ("tfdata-threads", 2)]
+    # in two runs). Each contender's median run is the one reported. The store runs next to both
+    # the tf.data Python loop and the ring, which comes last in a round: after a process frees the
+    # ring's 7 GB this machine runs slower for about a minute (a store run measured ~15% slower
+    # right after, ~5% after 20 s, level after 60-90 s), so each round ends with a pause.
+    repeated = [("tfdata-threads", 1), ("tfdata-threads", 2), ("tfdata-graph", 1), ("tfdata-graph", 2),
+                ("tfdata", 1), ("tfdata", 2), ("store", 1), ("store", 2), ("ring", 1), ("ring", 2)]
     once = [("store-prioritized", 1), ("store-prioritized", 2), ("tfdata-bridge", 1), ("deque", 1), ("deque", 2)]
     every: dict[str, list[dict]] = {}
     for round_, (kind, threads) in [(r, c) for r in range(args.rounds) for c in repeated] + [(0, c) for c in once]:
@@ -158,7 +159,7 @@ def main() -> None:
                    if r.get("decode_processes") else "")
         print(f"  {kind:18s} threads={threads} round {round_ + 1}: {r['batches_per_s']:9,.0f} batches/s, "
               f"peak RSS {r['peak_rss_mb']:8,.0f} MB{workers}", flush=True)
-        if kind == "ring":
+        if (kind, threads) == ("ring", 2):
             time.sleep(SETTLE_SECONDS)
     for key, rs in every.items():
         ranked = sorted(rs, key=lambda r: r["batches_per_s"])
