@@ -9,6 +9,7 @@ per-step scalars    capacity x 20 bytes (7 fields + bitmap)       ``capacity``
 priority tree       32 bytes x 2**ceil(log2(capacity))            ``capacity`` (built on first use)
 write buffer        2 x shard_len x frame bytes (writers only)    ``layout.shard_len``
 chunk cache         at most ``cache_bytes`` of compressed chunks  ``cache_bytes``
+cache lookup        8 bytes per chunk of the ring                 ``capacity``, ``layout.obs_chunk_len``
 decode areas        128 chunks per decoding thread                ``decode_threads``, ``obs_chunk_len``
 shard indexes       128 open shards x 16 bytes per chunk          ``layout.shard_len``
 ==================  ============================================  =====================================
@@ -39,6 +40,7 @@ _KNOBS = {
     "priority_tree": "capacity",
     "write_buffer": "layout.shard_len",
     "chunk_cache": "cache_bytes",
+    "cache_lookup": "capacity (or layout.obs_chunk_len)",
     "decode_areas": "decode_threads (or layout.obs_chunk_len)",
     "shard_indexes": "layout.shard_len",
 }
@@ -56,6 +58,7 @@ def estimate(schema: Schema, layout: Layout, *, writable: bool, cache_bytes: int
         "priority_tree": 2 * 2 * tree_leaves * 8,
         "write_buffer": 2 * layout.shard_len * frame if writable else 0,
         "chunk_cache": int(cache_bytes),
+        "cache_lookup": 8 * -(-cap // layout.shard_len) * chunks_per_shard,
         "decode_areas": max(1, decode_threads) * DECODE_AREA_CHUNKS * layout.obs_chunk_len * frame,
         "shard_indexes": OPEN_SHARDS * chunks_per_shard * 16,
     }

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import accumulate
+from operator import itemgetter
 from pathlib import Path
 
 import numpy as np
@@ -82,6 +83,9 @@ class FrameReader:
         self.files = ShardFiles(root, ndim=len(self.shape), capacity=self.capacity, shard_len=self.shard_len,
                                 chunk_len=self.chunk_len)
         self._chunks: dict[int, bytes] = {}  # global chunk id -> verified payload, oldest cached first
+        # the same payloads by chunk id (None: not cached), for the hot lookup: one list slot per chunk
+        # of the shards (8 bytes each) is ~2-3x quicker to look up than the dict (see plan_many)
+        self._by_id: list[bytes | None] = [None] * (-(-self.capacity // self.shard_len) * self.chunks_per_shard)
         self._held = 0
         self._odd: set[int] = set()  # chunk ids seen whose payload cannot be decoded joined (see ChunkDecoder)
         self._chunk_nbytes = self.chunk_len * int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
@@ -156,7 +160,11 @@ class FrameReader:
             starts = np.searchsorted(keys // stride, np.arange(k + 1)).tolist()
             which = inverse.reshape(-1) - np.asarray(starts[:-1], dtype=np.int64)[batch_of]
         offset = kept % self.chunk_len
-        found = list(map(self._chunks.get, ids))  # the hot path: one C-level pass over the cache
+        # the hot path, one C-level pass: ~48 random chunks of a 125,000-chunk cache took ~12-22 us
+        # through the dict (its index, its entry, the payload: a cache miss each) and ~3-8 through the
+        # list, with the GIL held; what a second sampling thread can overlap is what is not held
+        by_id = self._by_id
+        found = list(itemgetter(*ids)(by_id)) if len(ids) > 1 else [by_id[i] for i in ids]
         # ``None in found``: a C-level scan first (~1,600 chunks for a prefetcher block, all cached
         # in the benchmark), the Python pass only when something is missing
         misses = [i for i, payload in enumerate(found) if payload is None] if None in found else []
@@ -228,7 +236,7 @@ class FrameReader:
                     return added
                 payload = self.files.check(raw[off : off + nbytes], cid)
                 self._admit(cid, payload)
-                self._chunks[cid] = payload
+                self._chunks[cid] = self._by_id[cid] = payload
                 self._held += len(payload)
                 added += len(payload)
         return added
@@ -245,6 +253,7 @@ class FrameReader:
             payload = self._chunks.pop(cid, None)
             if payload is not None:
                 self._held -= len(payload)
+                self._by_id[cid] = None
         if self._odd:
             self._odd.difference_update(range(first, first + self.chunks_per_shard))
 
@@ -254,6 +263,7 @@ class FrameReader:
             self._pool = None
         self.files.close()
         self._chunks.clear()
+        self._by_id = [None] * len(self._by_id)
         self._held = 0
 
     # ---------------------------------------------------------------------------------------------
@@ -332,10 +342,12 @@ class FrameReader:
         payload = self.files.chunk(cid)
         self._admit(cid, payload)
         if payload is not None and len(payload) <= self.cache_bytes:
-            self._chunks[cid] = payload
+            self._chunks[cid] = self._by_id[cid] = payload
             self._held += len(payload)
             while self._held > self.cache_bytes:
-                self._held -= len(self._chunks.pop(next(iter(self._chunks))))
+                oldest = next(iter(self._chunks))
+                self._held -= len(self._chunks.pop(oldest))
+                self._by_id[oldest] = None
         return payload
 
 

@@ -200,6 +200,7 @@ def test_memory_budget(tmp_path: Path) -> None:
     store = ReplayStore.create(path, 100_000, obs_space, act_space, 4, memory_budget=512 * 2**20)
     parts = store.memory_estimate()
     assert parts["scalars"] == 100_000 * 20 and parts["chunk_cache"] == 256 * 2**20
+    assert parts["cache_lookup"] == 8 * 25 * (4096 // 8)  # a slot per chunk of the 25 shards' chunk grid
     assert sum(parts.values()) <= 512 * 2**20
     store.close()
     with pytest.raises(ConfigError, match="lower cache_bytes"):
