@@ -8,7 +8,9 @@ of planning; an empty Python loop got ~0.75x the rate of two threads calling ``s
 the decoding and gathering in two processes, tools/bench_sampling.py's Python loop got 0.93x, 0.97x
 and 0.75x that rate in three runs, against 0.86x, 0.90x and 0.67x on threads in the same runs (the
 lower pair when the machine ran fast); the consumer's process used ~160-190 us of CPU a batch
-instead of ~590. What is left is CPU per batch (README, "tf.data, in detail").
+instead of ~590. With a second request queued at each worker (below), 1.03x, 0.94x, 0.94x and
+0.86x in the next four runs, against 0.90x, 0.95x, 0.78x and 0.77x on threads. What is left is CPU
+per batch (README, "tf.data, in detail").
 
 How:
 

@@ -5,6 +5,7 @@ they do on threads: a bad chunk named, a dead worker replaced by the threads, wo
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -150,6 +151,31 @@ def test_close_ends_the_workers(filled: ReplayStore) -> None:
     procs = list(p.processes._procs)
     p.close()
     assert all(proc.poll() is not None for proc in procs)
+
+
+def test_queued_requests_are_answered_in_order(filled: ReplayStore) -> None:
+    """One worker, two threads sending to it: its second request waits in its pipe, and each reply
+    wakes the thread whose block it answers."""
+    p = Prefetcher(filled, 8, batches_per_block=3, threads=1, depth=4, seed=11, processes=True)
+    assert len(p.processes.pids()) == 1
+    got = [{name: value.copy() for name, value in p.next_block().items()} for _ in range(12)]
+    p.close()
+    q = Prefetcher(filled, 8, batches_per_block=3, threads=1, depth=4, seed=11, processes=False)
+    expected = [{name: value.copy() for name, value in q.next_block().items()} for _ in range(12)]
+    q.close()
+    assert_same(got, expected)
+
+
+def test_workers_end_when_the_prefetcher_is_dropped(filled: ReplayStore) -> None:
+    """The reply threads do not keep the workers alive: dropping an unclosed prefetcher ends them."""
+    p = Prefetcher(filled, 8, batches_per_block=3, threads=2, depth=3, seed=1, processes=True)
+    p.next_block()
+    procs = list(p.processes._procs)
+    p._pool.shutdown(wait=True)  # its threads are idle; what is left to drop is the prefetcher itself
+    del p
+    gc.collect()
+    for proc in procs:
+        proc.wait(timeout=30)
 
 
 def test_where_processes_cannot_run(filled: ReplayStore, monkeypatch: pytest.MonkeyPatch) -> None:
