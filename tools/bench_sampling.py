@@ -146,8 +146,9 @@ def main() -> None:
     # ring measured once, at another moment than the store, gave store/ring ratios of 0.22 and 0.35
     # in two runs). Each contender's median run is the one reported. The store runs next to both
     # the tf.data Python loop and the ring, which comes last in a round: after a process frees the
-    # ring's 7 GB this machine runs slower for about a minute (a store run measured ~15% slower
-    # right after, ~5% after 20 s, level after 60-90 s), so each round ends with a pause.
+    # ring's 7 GB this machine runs slower for a minute or more (a store run measured ~15% slower
+    # right after, ~10% after 20 s, ~4% after 50 s, level after ~90 s), so each round ends with a
+    # pause (60 s: a compromise with the run's length).
     repeated = [("tfdata-threads", 1), ("tfdata-threads", 2), ("tfdata-graph", 1), ("tfdata-graph", 2),
                 ("tfdata", 1), ("tfdata", 2), ("store", 1), ("store", 2), ("ring", 1), ("ring", 2)]
     once = [("store-prioritized", 1), ("store-prioritized", 2), ("tfdata-bridge", 1), ("deque", 1), ("deque", 2)]
