@@ -1,6 +1,6 @@
 """replaystore: a disk-backed, out-of-core experience replay store for deep RL (zarr v3 on disk)."""
 
-from replaystore.assemble import Batch
+from replaystore.sampling.assemble import Batch
 from replaystore.errors import (
     ChunkChecksumError,
     ConfigError,
@@ -16,7 +16,7 @@ from replaystore.errors import (
     StoreNotFoundError,
     StoreWriteError,
 )
-from replaystore.schema import FORMAT_VERSION, CodecSpec, Layout
+from replaystore.format.schema import FORMAT_VERSION, CodecSpec, Layout
 from replaystore.store import ReplayStore
 
 __all__ = [

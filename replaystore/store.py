@@ -32,6 +32,7 @@ import logging
 import numbers
 import threading
 from pathlib import Path
+from collections.abc import Iterable, Mapping
 from typing import Any, Self
 
 import numpy as np
@@ -44,13 +45,13 @@ from replaystore.errors import (
     StoreClosedError,
     StoreLockedError,
 )
-from replaystore.lock import WriterLock, claim_directory
-from replaystore.memory import check_config
-from replaystore.priority import Priorities
-from replaystore.reader import FrameReader
-from replaystore.ring import Ring
-from replaystore.sampling import Sampling
-from replaystore.schema import (
+from replaystore.storage.lock import WriterLock, claim_directory
+from replaystore.sampling.memory import check_config
+from replaystore.sampling.priority import Priorities
+from replaystore.storage.reader import FrameReader
+from replaystore.storage.ring import Ring
+from replaystore.sampling.methods import Sampling
+from replaystore.format.schema import (
     ATTR_KEY,
     MAX_CAPACITY,
     SCALAR_FIELDS,
@@ -63,8 +64,8 @@ from replaystore.schema import (
     from_attrs,
     to_attrs,
 )
-from replaystore.shards import create_array_metadata, remove_partials
-from replaystore.validate import (
+from replaystore.format.shards import create_array_metadata, remove_partials
+from replaystore.format.validate import (
     check_action,
     check_arrays,
     check_flag,
@@ -73,7 +74,7 @@ from replaystore.validate import (
     read_group_doc,
     validate_layout,
 )
-from replaystore.writer import Writer, load_scalars, write_group_json
+from replaystore.storage.writer import Writer, load_scalars, write_group_json
 
 log = logging.getLogger(__name__)
 
@@ -268,6 +269,45 @@ class ReplayStore(Sampling):
         ring.append_step(int(ring.ep_step[head % ring.capacity]) + 1, done)
         ring.mark_transition(head)
         self._head_obs = None if done else next_a.copy()
+
+    def load_steps(self, scalars: Mapping[str, np.ndarray], frame_blocks: Iterable[np.ndarray]) -> None:
+        """Fill this new, empty store with whole steps at positions ``0 .. n-1`` (``compact`` copies a
+        store's live steps this way): ``scalars`` holds every per-step field of ``SCALAR_FIELDS`` for
+        the ``n`` steps, ``frame_blocks`` yields their observations in order, a block at a time.
+        Episodes keep their ``ep_step``, so stacks and n-step returns are what they were; an episode
+        left in progress at the end is continued by the next ``add``. The steps are not validated
+        again: they come from a verified store. Call ``flush`` to commit them.
+        """
+        with self._mutex:
+            writer = self._require_writer("load steps")
+            ring = self.ring
+            n = len(scalars["ep_step"])
+            if ring.added or n > ring.capacity or any(len(scalars[name]) != n for name in ring.fields):
+                raise ConfigError(f"load_steps fills an empty store with at most {ring.capacity} steps and every "
+                                  f"per-step field of the same length; {self.path} holds {ring.added} steps and "
+                                  f"{n} were given")
+            for name, values in ring.fields.items():
+                values[:n] = scalars[name]
+            ring.added = n
+            ring.dirty_shards.update(range(-(-max(n, 1) // ring.shard_len)))
+            ring.rebuild_valid()
+            self._priorities = Priorities(ring)
+            starts = ring.ep_step[:n] == 0
+            writer.episodes = int(np.count_nonzero(starts)) + (1 if n and not starts[0] else 0)
+            position = 0
+            for block in frame_blocks:
+                for frame in block:
+                    writer.put_frame(position, frame)
+                    position += 1
+            if position != n:
+                raise ConfigError(f"load_steps was given {n} steps of scalars but {position} frames")
+            if n and not ring.is_last[n - 1]:
+                self._head_obs = writer.frame_at(n - 1)
+
+    @property
+    def episodes(self) -> int:
+        """Episodes ever started in this store (as committed, or as written by this writer)."""
+        return self._writer.episodes if self._writer is not None else self._committed.episodes
 
     def end_episode(self) -> bool:
         """Close the episode in progress as truncated (its last observation is kept); returns whether

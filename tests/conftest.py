@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from replaystore import Layout, ReplayStore
-from replaystore.lock import LOCK_NAME
+from replaystore.storage.lock import LOCK_NAME
 
 OBS_SHAPE = (3, 4)
 
@@ -55,7 +55,7 @@ def fill(store: ReplayStore, steps: int, *, start: int = 0, episode_len: int = 7
 
 def flip_byte_in_chunk(path: Path, shard: int, chunk: int, chunks_per_shard: int, array: str = "obs") -> None:
     """Flip one byte in the middle of a chunk of ``array`` (its checksum then fails)."""
-    from replaystore.shards import CRC_BYTES, INDEX_ENTRY_BYTES, shard_key
+    from replaystore.format.shards import CRC_BYTES, INDEX_ENTRY_BYTES, shard_key
 
     f = path / shard_key(array, shard, len(OBS_SHAPE) if array == "obs" else 0)
     raw = bytearray(f.read_bytes())
@@ -68,7 +68,7 @@ def flip_byte_in_chunk(path: Path, shard: int, chunk: int, chunks_per_shard: int
 def rewrite_obs_shard(path: Path, shard: int, chunk_len: int, encode, rows: int | None = None) -> None:
     """Re-encode shard ``shard`` of ``obs`` (its frames unchanged) with ``encode(chunk) -> payload``;
     with ``rows``, the chunks from row ``rows`` on are left out (empty: the fill value, zeros)."""
-    from replaystore.shards import encode_shard, shard_key
+    from replaystore.format.shards import encode_shard, shard_key
 
     store = ReplayStore.open(path)
     shard_len = store.layout.shard_len

@@ -16,10 +16,10 @@ import pytest
 from conftest import fill, flip_byte_in_chunk, frame, make_store, snapshot
 
 from replaystore import CorruptStoreError, ReplayStore, StoreExistsError, StoreLockedError
-from replaystore.assemble import prepare
+from replaystore.sampling.assemble import prepare
 from replaystore.cli import main
-from replaystore.compact import compact_store
-from replaystore.verify import verify_store
+from replaystore.cli.compact import compact_store
+from replaystore.cli.verify import verify_store
 
 
 def transitions(path: Path, n_step: int = 1) -> dict[str, np.ndarray]:

@@ -20,7 +20,7 @@ from conftest import frame
 from crash_child import SHAPE, move
 
 from replaystore import ReplayStore
-from replaystore.verify import verify_store
+from replaystore.cli.verify import verify_store
 
 CHILD = Path(__file__).parent / "crash_child.py"
 

@@ -17,8 +17,9 @@ import pytest
 import zstandard
 from conftest import fill, make_store, rewrite_obs_shard
 
-from replaystore import ChunkChecksumError, ReplayStore, SampleError, decodeprocs
-from replaystore.prefetch import BLOCKS_IN_USE, Prefetcher
+from replaystore import ChunkChecksumError, ReplayStore, SampleError
+from replaystore.feed import decodeprocs
+from replaystore.feed.prefetch import BLOCKS_IN_USE, Prefetcher
 
 pytestmark = pytest.mark.skipif(decodeprocs.LIBZSTD is None or not hasattr(os, "memfd_create"),
                                 reason="decode processes need Linux's memfd and libzstd")
@@ -106,7 +107,7 @@ def test_a_worker_that_dies_is_replaced_by_the_threads(filled: ReplayStore, capl
     expected = draw(filled, False, blocks=12)
     p = Prefetcher(filled, 8, batches_per_block=3, threads=2, depth=3, seed=11, processes=True)
     got = [{name: value.copy() for name, value in p.next_block().items()} for _ in range(2)]
-    with caplog.at_level(logging.WARNING, logger="replaystore.decodeprocs"):
+    with caplog.at_level(logging.WARNING, logger="replaystore.feed.decodeprocs"):
         for pid in p.processes.pids():
             os.kill(pid, signal.SIGKILL)
         got += [{name: value.copy() for name, value in p.next_block().items()} for _ in range(10)]

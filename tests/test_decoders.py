@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 import zstandard
 
-from replaystore import ReplayStore, decoders
+from replaystore import ReplayStore
+from replaystore.storage import decoders
 from replaystore.errors import ChunkChecksumError
-from replaystore.verify import verify_store
+from replaystore.cli.verify import verify_store
 from tests.conftest import fill, make_store, rewrite_obs_shard
 
 pytestmark = pytest.mark.skipif(decoders.LIBZSTD is None, reason="no libzstd shared library on this machine")

@@ -26,7 +26,7 @@ from hypothesis.stateful import (
 )
 
 from replaystore import Layout, ReplayStore
-from replaystore.compact import compact_store
+from replaystore.cli.compact import compact_store
 
 SHAPE = (2, 3)
 

@@ -13,7 +13,7 @@ import pytest
 from conftest import fill, frame, make_store, small_spaces
 
 from replaystore import ConfigError, Layout, ReplayStore, SampleError
-from replaystore.priority import SumTree
+from replaystore.sampling.priority import SumTree
 
 
 def chi_square_critical(df: int, z: float = 3.09) -> float:

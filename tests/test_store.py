@@ -214,7 +214,7 @@ def test_disk_full_raises_a_clear_error_and_keeps_the_last_commit(store_path: Pa
     import errno
 
     from replaystore import StoreWriteError
-    from replaystore.verify import verify_store
+    from replaystore.cli.verify import verify_store
 
     store = make_store(store_path, capacity=64)
     fill(store, 21, episode_len=7)

@@ -28,7 +28,7 @@ import zarr
 from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
 
 from replaystore.errors import ChunkChecksumError, ConfigError, StoreWriteError
-from replaystore.schema import CodecSpec
+from replaystore.format.schema import CodecSpec
 
 EMPTY = np.uint64(2**64 - 1)
 INDEX_ENTRY_BYTES = 16

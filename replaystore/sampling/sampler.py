@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from replaystore.priority import SumTree
-from replaystore.ring import Ring
+from replaystore.sampling.priority import SumTree
+from replaystore.storage.ring import Ring
 
 MAX_ROUNDS = 4
 

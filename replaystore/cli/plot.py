@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from replaystore.errors import ConfigError
-from replaystore.inspect import episodes
+from replaystore.cli.summary import episodes
 from replaystore.store import ReplayStore
 
 SAMPLES = 4

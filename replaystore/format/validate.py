@@ -19,8 +19,8 @@ from replaystore.errors import (
     InvalidTransitionError,
     StoreNotFoundError,
 )
-from replaystore.schema import SCALAR_FIELDS, Layout, Schema
-from replaystore.shards import validate_codec
+from replaystore.format.schema import SCALAR_FIELDS, Layout, Schema
+from replaystore.format.shards import validate_codec
 
 
 def is_store_dir(path: Path) -> bool:

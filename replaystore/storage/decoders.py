@@ -32,10 +32,10 @@ from typing import Any
 import numpy as np
 import zstandard
 
-from replaystore.decodeworker import load_libzstd
+from replaystore.feed.decodeworker import load_libzstd
 from replaystore.errors import ChunkChecksumError
-from replaystore.schema import CodecSpec
-from replaystore.shards import numcodecs_codec
+from replaystore.format.schema import CodecSpec
+from replaystore.format.shards import numcodecs_codec
 
 LIBZSTD = load_libzstd()
 

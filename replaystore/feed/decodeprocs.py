@@ -57,11 +57,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from replaystore.decoders import LIBZSTD
-from replaystore.decodeworker import HEADER, OK
+from replaystore.storage.decoders import LIBZSTD
+from replaystore.feed.decodeworker import HEADER, OK
 
 if TYPE_CHECKING:
-    from replaystore.reader import FrameReader, Plan
+    from replaystore.storage.reader import FrameReader, Plan
 
 log = logging.getLogger(__name__)
 

@@ -49,7 +49,7 @@ from tensorflow.python.eager import context
 from tensorflow.python.ops import gen_dataset_ops
 
 from replaystore.errors import SampleError
-from replaystore.prefetch import FIELDS, Prefetcher
+from replaystore.feed.prefetch import FIELDS, Prefetcher
 
 if TYPE_CHECKING:
     from replaystore.store import ReplayStore

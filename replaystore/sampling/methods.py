@@ -2,7 +2,7 @@
 tf.data pipeline, and the cache and RAM reports. A mixin, so ``store.py`` keeps construction,
 writing and the lifecycle; both halves share the store's ring, reader and lock.
 
-``sample`` is split in two: ``_prepare`` (under the store's lock) draws positions and reads
+``sample`` is split in two: ``plan_sample`` (under the store's lock) draws positions and reads
 everything a batch needs from the ring; ``Pending.finish`` decodes the frames without the lock, so
 samplers on several threads and an acting thread that adds run side by side.
 """
@@ -17,14 +17,14 @@ from typing import Any
 
 import numpy as np
 
-from replaystore import sampler as _sampler
-from replaystore.assemble import Batch, Pending, prepare
+from replaystore.sampling import sampler as _sampler
+from replaystore.sampling.assemble import Batch, Pending, prepare
 from replaystore.errors import SampleError
-from replaystore.memory import estimate
-from replaystore.priority import Priorities
-from replaystore.reader import FrameReader
-from replaystore.ring import Ring
-from replaystore.schema import Layout, Schema
+from replaystore.sampling.memory import estimate
+from replaystore.sampling.priority import Priorities
+from replaystore.storage.reader import FrameReader
+from replaystore.storage.ring import Ring
+from replaystore.format.schema import Layout, Schema
 
 
 class Sampling:
@@ -64,16 +64,18 @@ class Sampling:
         if prioritized:
             _check_unit(alpha, "alpha")
             _check_unit(beta, "beta")
-        return self._prepare(batch_size, rng=rng, n_step=n_step, gamma=gamma, prioritized=prioritized, alpha=alpha,
-                             beta=beta).finish(self.reader)
+        return self.plan_sample(batch_size, rng=rng, n_step=n_step, gamma=gamma, prioritized=prioritized,
+                                alpha=alpha, beta=beta).finish(self.reader)
 
-    def _prepare(self, batch_size: int, *, rng: np.random.Generator | None, n_step: int, gamma: float,
-                 prioritized: bool, alpha: float, beta: float, out: tuple[np.ndarray, np.ndarray] | None = None,
-                 batches: int = 1) -> Pending:
-        """The locked half of ``sample``: draw positions, read the ring, plan the frame reads.
-        ``batches`` > 1 draws that many batches at once (the prefetcher's blocks: one lock and one
-        set of vectorised ring reads for all of them); ``out`` receives the frames, see
-        ``assemble.prepare``."""
+    def plan_sample(self, batch_size: int, *, rng: np.random.Generator | None, n_step: int, gamma: float,
+                    prioritized: bool, alpha: float, beta: float, out: tuple[np.ndarray, np.ndarray] | None = None,
+                    batches: int = 1) -> Pending:
+        """The locked half of ``sample``, for callers that decode the frames elsewhere (the
+        prefetcher): draw positions, read the ring, plan the frame reads. Arguments are not checked
+        here (``sample`` checks them). ``batches`` > 1 draws that many batches at once (one lock and
+        one set of vectorised ring reads for all of them); ``out`` receives the frames, see
+        ``assemble.prepare``. The returned ``Pending`` is finished with ``pending.finish(reader)``
+        or plan by plan, without the store's lock."""
         rng = rng if rng is not None else np.random.default_rng()
         with self._mutex:
             self._check_open()
@@ -130,7 +132,7 @@ class Sampling:
             >>> next(iter(ds))["obs"].shape  # doctest: +SKIP
             TensorShape([8, 2, 4])
         """
-        from replaystore.tfdata import as_dataset
+        from replaystore.feed.tfdata import as_dataset
 
         self._check_open()
         return as_dataset(self, batch_size, n_step=n_step, gamma=gamma, prioritized=prioritized, alpha=alpha, beta=beta,

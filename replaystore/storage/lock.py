@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from replaystore.errors import StoreExistsError, StoreLockedError
-from replaystore.validate import is_store_dir
+from replaystore.format.validate import is_store_dir
 
 LOCK_NAME = "writer.lock"
 

@@ -23,23 +23,22 @@ import ctypes
 import errno
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
 from replaystore.errors import ChunkChecksumError, ConfigError, CorruptStoreError, StoreExistsError
-from replaystore.inspect import disk_bytes
-from replaystore.lock import WriterLock
-from replaystore.priority import Priorities
-from replaystore.reader import FrameReader
-from replaystore.ring import Ring
-from replaystore.schema import CodecSpec, Layout, Schema, default_layout, from_attrs
-from replaystore.shards import decode_shard, fsync_dir, numcodecs_codec, shard_key
+from replaystore.cli.summary import disk_bytes
+from replaystore.storage.lock import WriterLock
+from replaystore.storage.reader import FrameReader
+from replaystore.storage.ring import Ring
+from replaystore.format.schema import CodecSpec, Layout, Schema, default_layout, from_attrs
+from replaystore.format.shards import decode_shard, fsync_dir, numcodecs_codec, shard_key
 from replaystore.store import ReplayStore
-from replaystore.validate import read_group_doc, validate_layout
-from replaystore.verify import Problem, verify_store
+from replaystore.format.validate import read_group_doc, validate_layout
+from replaystore.cli.verify import Problem, verify_store
 
 Progress = Callable[[str, int, int], None]
 RENAME_EXCHANGE = 2
@@ -199,32 +198,22 @@ def _build(tmp: Path, src_root: Path, schema: Schema, layout: Layout, capacity: 
                              layout=new_layout, cache_bytes=0)
     try:
         n = int(keep.size)
-        old_slots = keep % ring.capacity
-        for name, values in new.ring.fields.items():
-            values[:n] = ring.fields[name][old_slots]
-        new.ring.added = n
-        new.ring.dirty_shards.update(range(-(-max(n, 1) // new_layout.shard_len)))
-        new.ring.rebuild_valid()
-        new._priorities = Priorities(new.ring)
-        writer = new._writer
-        assert writer is not None
-        starts = new.ring.ep_step[:n] == 0
-        writer.episodes = int(np.count_nonzero(starts)) + (1 if n and not starts[0] else 0)
         source = FrameReader(src_root, schema, layout, cache_bytes=0)
         try:
             step = new_layout.shard_len
-            for first in range(0, n, step):
-                frames = source.gather(keep[first : first + step])
-                for i, f in enumerate(frames):
-                    writer.put_frame(first + i, f)
-                if progress is not None:
-                    progress("write", min(first + step, n), n)
+
+            def frame_blocks() -> Iterator[np.ndarray]:
+                for first in range(0, n, step):
+                    yield source.gather(keep[first : first + step])
+                    if progress is not None:
+                        progress("write", min(first + step, n), n)
+
+            new.load_steps({name: values[keep % ring.capacity] for name, values in ring.fields.items()},
+                           frame_blocks())
         finally:
             source.close()
-        if n and not new.ring.is_last[n - 1]:
-            new._head_obs = writer.frame_at(n - 1)
         new.flush()
-        return writer.episodes
+        return new.episodes
     finally:
         new.close()
 

@@ -30,10 +30,10 @@ from typing import Any
 import numpy as np
 
 from replaystore.errors import CorruptStoreError
-from replaystore.reader import FrameReader
-from replaystore.ring import Ring
-from replaystore.schema import ATTR_KEY, Layout, Schema, State, to_attrs
-from replaystore.shards import (
+from replaystore.storage.reader import FrameReader
+from replaystore.storage.ring import Ring
+from replaystore.format.schema import ATTR_KEY, Layout, Schema, State, to_attrs
+from replaystore.format.shards import (
     atomic_write,
     decode_shard,
     encode_shard,

@@ -16,11 +16,11 @@ from replaystore.errors import ReplayStoreError
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from replaystore.inspect import format_summary, inspect_store
+    from replaystore.cli.summary import format_summary, inspect_store
 
     info = inspect_store(args.path)
     if args.plot:
-        from replaystore.plot import plot_store
+        from replaystore.cli.plot import plot_store
 
         info["plot"] = str(plot_store(args.path, args.plot))
     if args.json:
@@ -35,7 +35,7 @@ def _inspect(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
-    from replaystore.verify import verify_store
+    from replaystore.cli.verify import verify_store
 
     with Progress(transient=True, disable=args.quiet or not sys.stderr.isatty()) as bar:
         task = bar.add_task("verifying shards", total=None)
@@ -50,8 +50,8 @@ def _verify(args: argparse.Namespace) -> int:
 def _compact(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
-    from replaystore.compact import compact_store
-    from replaystore.schema import CodecSpec
+    from replaystore.cli.compact import compact_store
+    from replaystore.format.schema import CodecSpec
 
     codec = None
     if args.codec is not None or args.level is not None:

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from replaystore.errors import ConfigError
-from replaystore.schema import SCALAR_FIELDS, Layout, Schema
+from replaystore.format.schema import SCALAR_FIELDS, Layout, Schema
 
 DECODE_AREA_CHUNKS = 128
 OPEN_SHARDS = 128

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from replaystore.schema import SCALAR_FIELDS
+from replaystore.format.schema import SCALAR_FIELDS
 
 SMALL_RANGE = 16
 

@@ -35,10 +35,10 @@ from pathlib import Path
 
 import numpy as np
 
-from replaystore.decoders import ChunkDecoder
-from replaystore.schema import Layout, Schema
-from replaystore.shardfiles import ShardFiles
-from replaystore.shards import EMPTY
+from replaystore.storage.decoders import ChunkDecoder
+from replaystore.format.schema import Layout, Schema
+from replaystore.storage.shardfiles import ShardFiles
+from replaystore.format.shards import EMPTY
 
 #: Below this many chunks a batch is decoded on the calling thread alone (pool overhead ~20 us).
 MIN_CHUNKS_PER_TASK = 8

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from replaystore.ring import Ring
+from replaystore.storage.ring import Ring
 
 #: Priorities are clipped below to this, so every transition keeps a non-zero chance to be replayed.
 MIN_PRIORITY = 1e-6

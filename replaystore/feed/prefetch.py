@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from replaystore.decodeprocs import DecodeProcesses, unavailable
+from replaystore.feed.decodeprocs import DecodeProcesses, unavailable
 from replaystore.errors import SampleError
 
 if TYPE_CHECKING:
@@ -133,7 +133,7 @@ class Prefetcher:
 
     def _draw(self, j: int) -> dict[str, np.ndarray]:
         """Block ``j``: its transitions drawn with ``default_rng([seed, j])`` and its ring reads done
-        in one locked step for all its batches (``store._prepare(..., batches=k)``), then each
+        in one locked step for all its batches (``store.plan_sample(..., batches=k)``), then each
         batch's frames decoded and gathered straight into the block's frame arrays (no copy).
 
         The decoding and gathering go to a decode process when the block is in shared memory, else
@@ -149,7 +149,7 @@ class Prefetcher:
         owner, shared = self._frame_memory()
         pair = frame_pair(owner, self.block_shape, self.frame_dtype)
         del owner  # only the pool and the views may refer to it once the block is handed out
-        pending = self.store._prepare(b, rng=rng, out=pair, batches=k, **self.sample_kwargs)
+        pending = self.store.plan_sample(b, rng=rng, out=pair, batches=k, **self.sample_kwargs)
         done = self.processes.fill(pending.plans, pair) if shared else 0
         for plan in pending.plans[done:]:  # on this thread: no processes, or a batch they could not decode
             self.store.reader.finish(plan)

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from replaystore.errors import ChunkChecksumError
-from replaystore.shards import (
+from replaystore.format.shards import (
     CRC_BYTES,
     EMPTY,
     INDEX_ENTRY_BYTES,

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from replaystore.schema import FORMAT_VERSION
+from replaystore.format.schema import FORMAT_VERSION
 from replaystore.store import ReplayStore
 
 

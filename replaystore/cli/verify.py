@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from replaystore.errors import ChunkChecksumError, ReplayStoreError
-from replaystore.schema import SCALAR_FIELDS, from_attrs
-from replaystore.shards import (
+from replaystore.format.schema import SCALAR_FIELDS, from_attrs
+from replaystore.format.shards import (
     CRC_BYTES,
     EMPTY,
     INDEX_ENTRY_BYTES,
@@ -25,7 +25,7 @@ from replaystore.shards import (
     parse_index,
     shard_key,
 )
-from replaystore.validate import check_arrays, read_group_doc
+from replaystore.format.validate import check_arrays, read_group_doc
 
 
 @dataclass
