@@ -1,6 +1,5 @@
 """replaystore: a disk-backed, out-of-core experience replay store for deep RL (zarr v3 on disk)."""
 
-from replaystore.sampling.assemble import Batch
 from replaystore.errors import (
     ChunkChecksumError,
     ConfigError,
@@ -17,6 +16,7 @@ from replaystore.errors import (
     StoreWriteError,
 )
 from replaystore.format.schema import FORMAT_VERSION, CodecSpec, Layout
+from replaystore.sampling.assemble import Batch
 from replaystore.store import ReplayStore
 
 __all__ = [

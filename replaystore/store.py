@@ -1,13 +1,14 @@
 """ReplayStore: the public face. Wiring only: it validates, then hands work to its parts.
 
-    ring    (ring.py)     per-step scalars in RAM, the live range, the sampleable bitmap
-    writer  (writer.py)   the frame shard buffer, whole-shard writes, the commit
-    reader  (reader.py)   chunk-aware frame reads with a compressed-chunk cache
-    sampling(sampling.py) the reading half of this class: sample, priorities, as_dataset, cache
-    sampler (sampler.py)  which positions a batch uses (uniform, or prioritized with priority.py)
-    memory  (memory.py)   the RAM estimate and budget check
-    assemble(assemble.py) positions -> Batch (stacks, n-step returns)
-    lock    (lock.py)     one writer per store
+    ring      storage/ring.py       per-step scalars in RAM, the live range, the sampleable bitmap
+    writer    storage/writer.py     the frame shard buffer, whole-shard writes, the commit
+    reader    storage/reader.py     chunk-aware frame reads with a compressed-chunk cache
+    lock      storage/lock.py       one writer per store
+    Sampling  sampling/methods.py   the reading half of this class: sample, priorities, as_dataset
+    sampler   sampling/sampler.py   which positions a batch uses (uniform, or prioritized)
+    memory    sampling/memory.py    the RAM estimate and budget check
+
+docs/design.md draws how they fit together.
 
 Example:
     >>> import gymnasium as gym, numpy as np
@@ -32,7 +33,6 @@ import logging
 import numbers
 import threading
 from pathlib import Path
-from collections.abc import Iterable, Mapping
 from typing import Any, Self
 
 import numpy as np
@@ -40,17 +40,10 @@ import numpy as np
 from replaystore.errors import (
     ConfigError,
     CorruptStoreError,
-    InvalidTransitionError,
     ReadOnlyError,
     StoreClosedError,
     StoreLockedError,
 )
-from replaystore.storage.lock import WriterLock, claim_directory
-from replaystore.sampling.memory import check_config
-from replaystore.sampling.priority import Priorities
-from replaystore.storage.reader import FrameReader
-from replaystore.storage.ring import Ring
-from replaystore.sampling.methods import Sampling
 from replaystore.format.schema import (
     ATTR_KEY,
     MAX_CAPACITY,
@@ -66,22 +59,25 @@ from replaystore.format.schema import (
 )
 from replaystore.format.shards import create_array_metadata, remove_partials
 from replaystore.format.validate import (
-    check_action,
     check_arrays,
-    check_flag,
-    check_obs,
-    check_reward,
     read_group_doc,
     validate_layout,
 )
+from replaystore.sampling.memory import check_config
+from replaystore.sampling.methods import Sampling
+from replaystore.sampling.priority import Priorities
+from replaystore.storage.lock import WriterLock, claim_directory
+from replaystore.storage.reader import FrameReader
+from replaystore.storage.ring import Ring
 from replaystore.storage.writer import Writer, load_scalars, write_group_json
+from replaystore.storage.writing import Writing
 
 log = logging.getLogger(__name__)
 
 DEFAULT_CACHE_BYTES = 256 * 2**20
 
 
-class ReplayStore(Sampling):
+class ReplayStore(Writing, Sampling):
     """A disk-backed replay buffer of steps in a zarr v3 group.
 
     Use ``ReplayStore.create`` or ``ReplayStore.open``; see the module docstring for an example.
@@ -229,113 +225,6 @@ class ReplayStore(Sampling):
             state = again  # the writer lapped everything we loaded: load again at the new state
         raise StoreLockedError(f"{root} is being rewritten faster than it can be read; open it again")
 
-    # ---------------------------------------------------------------------------------------------
-    # Writing
-
-    def add(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any) -> None:
-        """Add one transition ``(obs, action, reward, next_obs, terminated, truncated)``.
-
-        ``obs`` must equal the previous transition's ``next_obs`` unless that one ended the episode.
-        Each observation is stored once. Nothing is changed if any argument is rejected.
-        """
-        with self._mutex:
-            self._add(obs, action, reward, next_obs, terminated, truncated)
-
-    def _add(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any) -> None:
-        writer = self._require_writer("add")
-        obs_a = check_obs(self.schema, self.path, obs, "obs")
-        next_a = check_obs(self.schema, self.path, next_obs, "next_obs")
-        act = check_action(self.schema, self.path, action)
-        rew = check_reward(reward)
-        term = check_flag(terminated, "terminated")
-        trunc = check_flag(truncated, "truncated")
-        in_progress = self._episode_in_progress()
-        if in_progress and not np.array_equal(obs_a, self._head_obs, equal_nan=obs_a.dtype.kind == "f"):
-            raise InvalidTransitionError(
-                f"obs does not continue the episode in progress in {self.path}: it differs from the previous "
-                "transition's next_obs; pass that next_obs as obs, or end the episode (terminated or truncated) "
-                "before starting a new one"
-            )
-        ring = self.ring
-        if not in_progress:
-            writer.put_frame(ring.added, obs_a)
-            ring.append_step(0, False)
-            writer.episodes += 1
-        head = ring.added - 1
-        ring.set_move(head, act, rew, term, trunc)
-        ring.priority[head % ring.capacity] = self._priorities.max_priority
-        writer.put_frame(ring.added, next_a)
-        done = term or trunc
-        ring.append_step(int(ring.ep_step[head % ring.capacity]) + 1, done)
-        ring.mark_transition(head)
-        self._head_obs = None if done else next_a.copy()
-
-    def load_steps(self, scalars: Mapping[str, np.ndarray], frame_blocks: Iterable[np.ndarray]) -> None:
-        """Fill this new, empty store with whole steps at positions ``0 .. n-1`` (``compact`` copies a
-        store's live steps this way): ``scalars`` holds every per-step field of ``SCALAR_FIELDS`` for
-        the ``n`` steps, ``frame_blocks`` yields their observations in order, a block at a time.
-        Episodes keep their ``ep_step``, so stacks and n-step returns are what they were; an episode
-        left in progress at the end is continued by the next ``add``. The steps are not validated
-        again: they come from a verified store. Call ``flush`` to commit them.
-        """
-        with self._mutex:
-            writer = self._require_writer("load steps")
-            ring = self.ring
-            n = len(scalars["ep_step"])
-            if ring.added or n > ring.capacity or any(len(scalars[name]) != n for name in ring.fields):
-                raise ConfigError(f"load_steps fills an empty store with at most {ring.capacity} steps and every "
-                                  f"per-step field of the same length; {self.path} holds {ring.added} steps and "
-                                  f"{n} were given")
-            for name, values in ring.fields.items():
-                values[:n] = scalars[name]
-            ring.added = n
-            ring.dirty_shards.update(range(-(-max(n, 1) // ring.shard_len)))
-            ring.rebuild_valid()
-            self._priorities = Priorities(ring)
-            starts = ring.ep_step[:n] == 0
-            writer.episodes = int(np.count_nonzero(starts)) + (1 if n and not starts[0] else 0)
-            position = 0
-            for block in frame_blocks:
-                for frame in block:
-                    writer.put_frame(position, frame)
-                    position += 1
-            if position != n:
-                raise ConfigError(f"load_steps was given {n} steps of scalars but {position} frames")
-            if n and not ring.is_last[n - 1]:
-                self._head_obs = writer.frame_at(n - 1)
-
-    @property
-    def episodes(self) -> int:
-        """Episodes ever started in this store (as committed, or as written by this writer)."""
-        return self._writer.episodes if self._writer is not None else self._committed.episodes
-
-    def end_episode(self) -> bool:
-        """Close the episode in progress as truncated (its last observation is kept); returns whether
-        there was one. For a writer that cannot continue the episode, such as a trainer resuming after
-        a crash: the environment's state is gone, so the next ``add`` must start a new episode.
-
-        Example:
-            >>> with ReplayStore.open("/tmp/doc.zarr", mode="a") as store:  # doctest: +SKIP
-            ...     store.end_episode()
-        """
-        with self._mutex:
-            self._require_writer("end the episode")
-            if not self._episode_in_progress():
-                return False
-            ring = self.ring
-            head = ring.added - 1
-            move = (head - 1) % ring.capacity  # add() writes two steps per new episode, so head-1 exists
-            ring.truncated[move] = True
-            ring.is_last[head % ring.capacity] = True
-            ring.dirty_shards.update({move // ring.shard_len, (head % ring.capacity) // ring.shard_len})
-            self._head_obs = None
-            return True
-
-    def flush(self) -> None:
-        """Make everything added so far durable; readers opened afterwards see it."""
-        with self._mutex:
-            self._require_writer("flush").flush()
-
     def close(self) -> None:
         """Flush (when writing), release the writer lock and free file handles. Idempotent."""
         with self._mutex:
@@ -380,6 +269,11 @@ class ReplayStore(Sampling):
     def added(self) -> int:
         """Steps ever written (flushed or not)."""
         return self.ring.added
+
+    @property
+    def episodes(self) -> int:
+        """Episodes ever started in this store (as committed, or as written by this writer)."""
+        return self._writer.episodes if self._writer is not None else self._committed.episodes
 
     @property
     def episode_in_progress(self) -> bool:

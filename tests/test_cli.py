@@ -134,8 +134,8 @@ def test_hostile_files_get_one_line_errors_from_every_command(filled: Path, dama
 def test_a_chunk_that_passes_its_checksum_but_does_not_decode_is_named(filled: Path, libzstd: bool,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """Bytes that are not a zstd frame, with a valid crc32c: either decoder path names the chunk."""
-    from replaystore.storage import decoders
     from replaystore.format.shards import encode_shard
+    from replaystore.storage import decoders
 
     if libzstd and decoders.LIBZSTD is None:
         pytest.skip("this machine has no libzstd shared library; the zstandard path is tested")

@@ -3,7 +3,6 @@ chunks dropped only on request, and SIGKILL at random moments never leaving neit
 
 from __future__ import annotations
 
-
 import shutil
 import signal
 import subprocess
@@ -16,10 +15,10 @@ import pytest
 from conftest import fill, flip_byte_in_chunk, frame, make_store, snapshot
 
 from replaystore import CorruptStoreError, ReplayStore, StoreExistsError, StoreLockedError
-from replaystore.sampling.assemble import prepare
 from replaystore.cli import main
 from replaystore.cli.compact import compact_store
 from replaystore.cli.verify import verify_store
+from replaystore.sampling.assemble import prepare
 
 
 def transitions(path: Path, n_step: int = 1) -> dict[str, np.ndarray]:

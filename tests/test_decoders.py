@@ -16,9 +16,9 @@ import pytest
 import zstandard
 
 from replaystore import ReplayStore
-from replaystore.storage import decoders
-from replaystore.errors import ChunkChecksumError
 from replaystore.cli.verify import verify_store
+from replaystore.errors import ChunkChecksumError
+from replaystore.storage import decoders
 from tests.conftest import fill, make_store, rewrite_obs_shard
 
 pytestmark = pytest.mark.skipif(decoders.LIBZSTD is None, reason="no libzstd shared library on this machine")

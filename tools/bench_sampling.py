@@ -10,7 +10,7 @@ stacks and next stacks, n_step=1) for ``--seconds`` on 1 and 2 threads, and repo
 - ring: a numpy ring in RAM holding each of the store's frames once (the ceiling), same stacking;
 - deque: ``collections.deque`` of ``(s, a, r, s2, done)`` tuples of stacked frames, sampled with
   ``random.sample`` as in the common tutorial code, at ``--deque-transitions`` (its RAM at 1M is
-  extrapolated linearly and labelled so: 1M of them would not fit on this machine);
+  extrapolated linearly and labelled so: 1M of them need ~30 GB of RAM);
 - tf.data: ``store.as_dataset`` iterated by an empty consumer: a Python ``for`` loop, and a
   ``tf.function`` loop (the way Keras's ``fit`` and a compiled training step pull batches), both
   with the default decode processes; a Python loop with ``processes=False`` (decoding on the
@@ -21,7 +21,7 @@ stacks and next stacks, n_step=1) for ``--seconds`` on 1 and 2 threads, and repo
 Prints a table and the ratios the targets are stated in, and writes tools/out/bench_sampling.json.
 The ring, sampler and tf.data runs are repeated in ``--rounds`` (3) interleaved rounds and each
 one's median is reported, with the store / ring and tf.data / sampler ratios of every round: one
-run of any of them varies by 10-20% on this shared machine.
+run of any of them varies by 10-20% on a shared virtual machine.
 Run: python tools/bench_sampling.py  (about 16 minutes on 2 cores; ``--reuse`` skips building the
 store when it exists, and with it the write rate).
 """
@@ -142,11 +142,11 @@ def main() -> None:
                "obs_mb_per_1m_frames": obs_disk / frames * 1e6 / 2**20, **built, "runs": {}}
 
     # The ring, the sampler and the tf.data runs go first, in ``--rounds`` interleaved rounds: the
-    # targets compare them, and one run of any of them varies by 10-20% on this shared machine (a
+    # targets compare them, and one run of any of them varies by 10-20% on a shared virtual machine (a
     # ring measured once, at another moment than the store, gave store/ring ratios of 0.22 and 0.35
     # in two runs). Each contender's median run is the one reported. The store runs next to both
     # the tf.data Python loop and the ring, which comes last in a round: after a process frees the
-    # ring's 7 GB this machine runs slower for a minute or more (a store run measured ~15% slower
+    # ring's 7 GB a shared virtual machine runs slower for a minute or more (a store run measured ~15% slower
     # right after, ~10% after 20 s, ~4% after 50 s, level after ~90 s), so each round ends with a
     # pause (60 s: a compromise with the run's length).
     repeated = [("tfdata-threads", 1), ("tfdata-threads", 2), ("tfdata-graph", 1), ("tfdata-graph", 2),

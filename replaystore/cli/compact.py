@@ -29,16 +29,32 @@ from pathlib import Path
 
 import numpy as np
 
-from replaystore.errors import ChunkChecksumError, ConfigError, CorruptStoreError, StoreExistsError
 from replaystore.cli.summary import disk_bytes
+from replaystore.cli.verify import Problem, verify_store
+from replaystore.errors import (
+    ChunkChecksumError,
+    ConfigError,
+    CorruptStoreError,
+    StoreExistsError,
+)
+from replaystore.format.schema import (
+    CodecSpec,
+    Layout,
+    Schema,
+    default_layout,
+    from_attrs,
+)
+from replaystore.format.shards import (
+    decode_shard,
+    fsync_dir,
+    numcodecs_codec,
+    shard_key,
+)
+from replaystore.format.validate import read_group_doc, validate_layout
 from replaystore.storage.lock import WriterLock
 from replaystore.storage.reader import FrameReader
 from replaystore.storage.ring import Ring
-from replaystore.format.schema import CodecSpec, Layout, Schema, default_layout, from_attrs
-from replaystore.format.shards import decode_shard, fsync_dir, numcodecs_codec, shard_key
 from replaystore.store import ReplayStore
-from replaystore.format.validate import read_group_doc, validate_layout
-from replaystore.cli.verify import Problem, verify_store
 
 Progress = Callable[[str, int, int], None]
 RENAME_EXCHANGE = 2

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from replaystore.errors import ConfigError
 from replaystore.cli.summary import episodes
+from replaystore.errors import ConfigError
 from replaystore.store import ReplayStore
 
 SAMPLES = 4

@@ -1,6 +1,6 @@
 """``replaystore inspect``: what a store holds, from its metadata and scalar arrays only.
 
-No frame is decoded, so this is fast for any size: the scalars of a 1M-step store are ~22 MB.
+No frame is decoded, so this is fast for any size: the scalars of a 1M-step store are ~19 MB.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """Decode processes: the prefetcher's GIL-free work (decoding chunks, gathering frames) run in child
 processes that write straight into frame blocks shared with this one.
 
-Why: with its work on two threads, the prefetcher kept two cores only ~1.6 busy beside a consumer.
-Measured per batch on the 1M-frame benchmark store: the threads waited ~100-145 us for the GIL
-(against ~55 us with no consumer), between ~275 us of decoding, ~90 us of gathering and ~55 us
-of planning; an empty Python loop got ~0.75x the rate of two threads calling ``store.sample``. With
-the decoding and gathering in two processes, tools/bench_sampling.py's Python loop got 0.93x, 0.97x
-and 0.75x that rate in three runs, against 0.86x, 0.90x and 0.67x on threads in the same runs (the
-lower pair when the machine ran fast); the consumer's process used ~160-190 us of CPU a batch
-instead of ~590. With a second request queued at each worker (below), 1.03x, 0.94x, 0.94x and
-0.86x in the next four runs, against 0.90x, 0.95x, 0.78x and 0.77x on threads. What is left is CPU
-per batch (README, "tf.data, in detail").
+Why: planning a block needs the store's state and the GIL, but decoding chunks and gathering frames
+(most of a block's work) needs neither. On threads, that work waits for the GIL beside a consumer
+that also holds it (a training loop, the tf.data bridge); in a process of its own it does not, and
+the consumer's process spends far less CPU a batch (figures in docs/benchmarks.md).
 
 How:
 
@@ -25,10 +19,8 @@ How:
   goes to (``decodeworker`` documents the format). The worker replies once the block is written;
   a thread per worker reads its replies and wakes the thread that sent each request.
 - A worker holds up to ``QUEUED`` requests: the next one waits in its pipe (widened to hold a whole
-  request) while it fills a block. When a worker had to wait for a thread here to hand it the next
-  block, that thread first needed the GIL, and the workers sat idle ~7% of the time: with two
-  queued, the two cores were ~1.93-1.96 busy instead of ~1.83-1.87, and a Python loop over
-  ``as_dataset`` got 0-6% more batches a second in paired runs.
+  request) while it fills a block, so a worker never idles waiting for a thread here, which would
+  first need the GIL, to hand it the next block.
 - A batch whose chunks a worker cannot decode is finished here by the reader, which names the bad
   chunk (``ChunkChecksumError``) or, if it decodes after all, fills the batch. A worker that dies is
   dropped with a warning, and its blocks are decoded on the prefetcher's threads from then on.
@@ -57,8 +49,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from replaystore.storage.decoders import LIBZSTD
 from replaystore.feed.decodeworker import HEADER, OK
+from replaystore.storage.decoders import LIBZSTD
 
 if TYPE_CHECKING:
     from replaystore.storage.reader import FrameReader, Plan

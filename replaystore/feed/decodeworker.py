@@ -5,9 +5,9 @@ it imports only the standard library and numpy: not replaystore, zarr or TensorF
 memfd holding the prefetcher's frame blocks, inherited from the parent and mapped shared, so what
 this process writes there the parent sees without a copy.
 
-Why a process: the prefetcher's two worker threads spent ~25% of their time waiting for the GIL
-beside a consumer, on two cores (decodeprocs.py has the numbers). Here the GIL-free half of a
-block's work (decoding and gathering, ~85% of it) runs under another interpreter's lock.
+Why a process: the prefetcher's worker threads wait for the GIL beside a consumer; here the half of
+a block's work that needs no store state (decoding and gathering, most of it) runs under another
+interpreter's lock (decodeprocs.py says more).
 
 Protocol, on stdin / stdout, all integers int64 little-endian. A request is one block:
 

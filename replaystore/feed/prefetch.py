@@ -15,8 +15,8 @@ share the priorities of the moment it was drawn (like any prefetching prioritize
 
 With ``processes`` (the default where it is available, see decodeprocs.py) a block is planned on a
 worker thread as before, but decoded and gathered by one of ``threads`` decode *processes* into
-block memory shared with them: on two cores the threads spent a quarter of their time waiting for
-the GIL beside a consumer. There are then two threads per process, so that one plans the next
+block memory shared with them, so that the decoding does not wait for the GIL beside a consumer.
+There are then two threads per process, so that one plans the next
 block while the other's is decoded. The batches are the same either way.
 """
 
@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from replaystore.feed.decodeprocs import DecodeProcesses, unavailable
 from replaystore.errors import SampleError
+from replaystore.feed.decodeprocs import DecodeProcesses, unavailable
 
 if TYPE_CHECKING:
     from replaystore.store import ReplayStore
@@ -137,13 +137,9 @@ class Prefetcher:
         batch's frames decoded and gathered straight into the block's frame arrays (no copy).
 
         The decoding and gathering go to a decode process when the block is in shared memory, else
-        they run here. One planning step for the whole block keeps the GIL-holding Python work to
-        ~1/k of a per-batch draw (~36 against ~78 us a batch at k=32). On threads alone its cost
-        was that the step holds the GIL for ~1.2 ms, and a second worker waits for it (two workers
-        kept ~1.77 cores busy, two threads calling ``store.sample`` 1.93); a step per batch ran
-        slower beside a consumer. Decoding stays per batch: one 256-transition plan decodes ~380
-        chunks (21 MB) before gathering any and ran at ~1,900 batches/s against ~2,500 batch by
-        batch, whose chunks stay in cache."""
+        they run here. One planning step for the whole block keeps the GIL-holding Python work to a
+        fraction of a per-batch draw. Decoding stays per batch: a whole block's chunks decoded
+        before any is gathered would fall out of the CPU cache."""
         rng = np.random.default_rng([self.seed, j])
         k, b = self.batches_per_block, self.batch_size
         owner, shared = self._frame_memory()

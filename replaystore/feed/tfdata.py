@@ -1,40 +1,25 @@
 """``ReplayStore.as_dataset``: sampled batches as a ``tf.data.Dataset``. The one module that imports
 TensorFlow (``import replaystore`` does not).
 
-The bridge from Python is the cost to beat: measured here, ``from_generator`` delivered ~400 batches/s
-and a ``numpy_function`` per batch ~800/s, against thousands a second from the sampler. So each
-``numpy_function`` call hands over a whole *block* of batches drawn ahead by ``prefetch.Prefetcher``
-in the background (worker threads, and decode processes where available), and the block is cut
-into batches inside TensorFlow without copying:
+The cost to beat is the bridge from Python: a ``numpy_function`` or ``from_generator`` call per
+batch costs more than sampling the batch. So each ``numpy_function`` call hands over a whole *block*
+of batches drawn ahead by ``prefetch.Prefetcher`` (worker threads, and decode processes where
+available), and the block is cut into batches inside TensorFlow without copying:
 
-- a block's ``obs`` and ``next_obs`` are ``(k, batch, stack, ...)`` arrays aligned to 64 bytes:
-  TensorFlow wraps an aligned numpy array as it is, while numpy's usual 16-byte alignment made it
-  copy every block (measured on the bridge alone: 5,064 batches/s unaligned, 10,937 aligned);
-- ``from_tensor_slices`` cuts a block into its k batches. Its slices share the block's memory
-  when they start on a 64-byte boundary (Atari batches do; odd shapes are copied), and it runs no
-  function per batch: a ``map`` over ``range(k)`` per block ran a graph function for every batch,
-  whose hand-offs between TensorFlow's threads cost ~70 us of CPU a batch;
-- no ``tf.data`` prefetch: the workers already keep ``prefetch`` batches ready, so the consumer's
-  own thread takes a block (one ``numpy_function`` call) and slices it, with no hand-over between
-  threads;
-- the workers gather each batch straight into the block (no copy) and recycle a block once no
-  tensor refers to it any more (the tensors hold a reference to the arrays handed over);
-- a Python loop's ``next()`` goes through ``BatchIterator``: TensorFlow's stock ``next()`` spent
-  ~45 of its ~70 us a batch (9 tensors) in Python, with the GIL held, re-checking shapes and
-  rebuilding the dict, and that beside the workers was what kept a Python loop at 0.65-0.8x the
-  sampler's rate.
+- a block's ``obs`` and ``next_obs`` are ``(k, batch, stack, ...)`` arrays aligned to 64 bytes,
+  which TensorFlow wraps as they are (numpy's usual 16-byte alignment makes it copy);
+- ``from_tensor_slices`` cuts a block into its k batches, sharing the block's memory where a slice
+  starts on a 64-byte boundary, with no graph function run per batch;
+- no ``tf.data`` prefetch stage: the workers already keep ``prefetch`` batches ready, so the
+  consumer's own thread takes a block and slices it, with no hand-over between threads;
+- blocks are recycled once no tensor refers to them (the tensors hold the arrays handed over);
+- a Python loop's ``next()`` goes through ``BatchIterator``, which skips the stock iterator's
+  per-element Python work (re-checking shapes the graph already fixed) that holds the GIL the
+  workers need.
 
-Bridge alone (pre-drawn blocks, 32 a call, empty Python loop): ~150 us of CPU a batch with a graph
-function per batch and a prefetch thread, ~90 us without them, ~37 us with ``BatchIterator``
-(~30,000 batches/s). With the workers decoding on threads, an empty Python loop got 0.87-0.96x the
-sampler's own rate with one worker but only 0.74-0.77x with two, the same as a loop inside a
-``tf.function``: on two cores the two worker threads spent a quarter of their time waiting for the
-GIL beside a consumer. So by default the workers' decoding and gathering run in decode processes
-(decodeprocs.py) that write into block memory shared with this process; tools/bench_sampling.py
-has the side-by-side numbers, and the README the latest.
-
-Each element is a dict with the fields of ``Batch``; ``index`` and ``weight`` ride along so a learner
-can call ``store.update_priorities(batch["index"], new_priorities)``.
+docs/design.md ("Feeding a learner") shows the flow, docs/benchmarks.md the figures. Each element is a
+dict with the fields of ``Batch``; ``index`` and ``weight`` ride along so a learner can call
+``store.update_priorities(batch["index"], new_priorities)``.
 """
 
 from __future__ import annotations
@@ -136,9 +121,8 @@ class BatchIterator(iterator_ops.OwnedIterator):
     The stock ``next()`` runs tf.data's generic structure code on every element: it rebuilds the
     dict through ``nest`` and calls ``set_shape`` on each of the 9 tensors, which for an eager
     tensor only checks in Python a shape the graph has already fixed (``ensure_shape`` and
-    ``from_tensor_slices`` above). Measured on a bare ``from_tensors(...).repeat()`` of such dicts:
-    ~67 us a ``next()``, against ~24 us for the op alone and ~17 us with its attributes passed as
-    plain lists. All of it holds the GIL the sampling workers need. The op and everything else are
+    ``from_tensor_slices`` above), all with the GIL held that the sampling workers need; that work
+    costs about three times the op itself (docs/benchmarks.md). The op and everything else are
     the stock iterator's (an error while sampling raises from this ``next()``); inside a
     ``tf.function``, or where eager execution was made asynchronous, the stock ``next()`` runs.
     """
@@ -148,15 +132,15 @@ class BatchIterator(iterator_ops.OwnedIterator):
         self._names = list(dataset.element_spec)  # the element_spec's order, as the stock iterator gives
         flat = tf.nest.flatten({name: i for i, name in enumerate(self._names)})  # the order tf.data flattens in
         self._pick = operator.itemgetter(*[flat.index(i) for i in range(len(flat))])
-        # the op's attributes as plain ints and lists, which the eager fast path reads ~7 us a call
-        # quicker than DType and TensorShape objects (the shapes are all fully known here)
+        # the op's attributes as plain ints and lists, which the eager fast path reads quicker than
+        # DType and TensorShape objects (the shapes are all fully known here)
         self._types = [dtype.as_datatype_enum for dtype in self._flat_output_types]
         self._shapes = [shape.as_list() for shape in self._flat_output_shapes]
         # The stock next() runs the op under a fresh synchronous executor, so that an error (the end
         # of the data) raises in next() even when eager execution is asynchronous. Eager execution
         # is synchronous unless asked otherwise, and that scope's executor calls release and retake
-        # the GIL: without it the consumer used ~35-40 against ~45-55 us of CPU a batch beside two
-        # workers, with fewer thread switches. So the stock next() runs only where it matters.
+        # the GIL (more CPU a batch and more thread switches). So the stock next() runs only where
+        # it matters.
         self._stock = context.context().is_async()
 
     def _next_internal(self) -> dict[str, tf.Tensor]:

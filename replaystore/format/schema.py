@@ -300,7 +300,7 @@ def default_layout(frame_bytes: int, capacity: int = DEFAULT_SHARD_LEN) -> Layou
     """The measured default: ~64 KiB frame chunks (8 Atari frames), 4096-step shards, zstd-3; a store
     of fewer than 4 * 4096 steps gets power-of-two shards of at most a quarter of its capacity.
 
-    See README "Choosing the layout" for the measurements behind these numbers.
+    docs/benchmarks.md ("Layout") has the measurements behind these numbers.
     """
     shard_len = min(DEFAULT_SHARD_LEN, 1 << int(math.log2(max(capacity // 4, 1))))  # >= 4 shards a ring
     chunk_len = 1 << max(0, int(math.log2(max(1, CHUNK_TARGET_BYTES // max(frame_bytes, 1)))))

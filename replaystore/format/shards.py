@@ -1,9 +1,8 @@
 """Bytes on disk: zarr v3 sharded arrays, encoded and decoded without zarr's per-chunk overhead.
 
-Why not ``arr[a:b] = x``: measured here on real Breakout frames, zarr's own write path managed
-~17,000 frames/s at 8-frame chunks (its per-chunk overhead dominates) and its indexing ~1 ms per
-chunk read, while numcodecs zstd-3 encodes the same chunks at ~290,000 frames/s and decodes one in
-~17 us. So this module writes the exact bytes zarr's ``sharding_indexed`` codec would
+Why not ``arr[a:b] = x``: zarr's own write path and indexing carry a per-chunk overhead (~1 ms a
+chunk read) that dominates at 8-frame chunks, an order of magnitude slower than encoding the chunks
+directly (docs/benchmarks.md, "Layout"). So this module writes the exact bytes zarr's ``sharding_indexed`` codec would
 (inner codecs ``bytes -> zstd|blosc -> crc32c``; an index of ``(offset, nbytes)`` uint64 pairs,
 ``2**64-1`` for an empty chunk, followed by its own crc32c, at the end of the shard) and parses
 them back. The array metadata itself is created by zarr, so any zarr v3 reader opens the arrays;

@@ -19,9 +19,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from replaystore.sampling.sampler import n_step_span
 from replaystore.storage.reader import FrameReader, Plan
 from replaystore.storage.ring import Ring
-from replaystore.sampling.sampler import n_step_span
 
 
 @dataclass(frozen=True)

@@ -75,7 +75,7 @@ def check_budget(parts: dict[str, int], budget: int | None, *, path: str) -> Non
     """Raise ``ConfigError`` when ``parts`` cannot fit in ``budget`` bytes (or in physical RAM)."""
     total = sum(parts.values())
     limit, what = (budget, f"memory_budget is {budget / MB:.0f} MB") if budget is not None else (
-        physical_ram(), f"this machine has {(physical_ram() or 0) / MB:.0f} MB of RAM")
+        physical_ram(), f"this computer has {(physical_ram() or 0) / MB:.0f} MB of RAM")
     if limit is None or total <= limit:
         return
     largest = max(parts, key=lambda k: parts[k])

@@ -17,14 +17,14 @@ from typing import Any
 
 import numpy as np
 
+from replaystore.errors import SampleError
+from replaystore.format.schema import Layout, Schema
 from replaystore.sampling import sampler as _sampler
 from replaystore.sampling.assemble import Batch, Pending, prepare
-from replaystore.errors import SampleError
 from replaystore.sampling.memory import estimate
 from replaystore.sampling.priority import Priorities
 from replaystore.storage.reader import FrameReader
 from replaystore.storage.ring import Ring
-from replaystore.format.schema import Layout, Schema
 
 
 class Sampling:
@@ -106,9 +106,8 @@ class Sampling:
         ``next_obs``, ``terminated``, ``truncated``, ``discount``, ``index``, ``weight``) and a
         fixed ``element_spec``. ``threads`` workers draw ``batches_per_call`` batches per call ahead
         of the consumer and ``prefetch`` batches are kept ready. A larger ``batches_per_call``
-        spreads the bridge's per-call cost over more batches (measured on Atari with an empty
-        Python loop, against the sampler's own rate: ~0.8x at 8 and ~0.9x at 32 with one worker,
-        ~0.7x and ~0.75x with two) but holds more RAM: a block holds
+        spreads the bridge's per-call cost over more batches (the trainer uses 32; see
+        docs/sampling.md) but holds more RAM: a block holds
         ``batches_per_call`` batches of frames (``obs`` and ``next_obs``: 1.8 MB for Atari at batch
         32), and up to ``threads + ceil(prefetch / batches_per_call) + 4`` blocks can be alive (the
         default, 8, with 2 threads and prefetch 4: ~100 MB for Atari). ``device="auto"`` places batches on the
@@ -119,8 +118,8 @@ class Sampling:
         ``processes``: where the workers decode. By default (None) ``threads`` decode *processes*
         are started where that is possible (Linux, libzstd, a zstd-coded store): they decode and
         gather the frames straight into block memory shared with this process, while planning
-        stays on the threads; on two cores this freed the threads from waiting for the GIL beside
-        the consumer (README, "tf.data, in detail"). False decodes on the threads; True insists on
+        stays on the threads, so the decoding does not wait for the GIL beside the consumer
+        (docs/design.md, "Feeding a learner"). False decodes on the threads; True insists on
         processes (an error says why they cannot run). The batches are the same either way.
 
         Returns a ``tfdata.ReplayDataset``: a ``tf.data.Dataset`` whose ``prefetcher`` owns the

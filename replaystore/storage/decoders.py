@@ -1,23 +1,21 @@
-"""Chunk decoders for the read path: the array's codec, decoded with the least overhead measured here.
+"""Chunk decoders for the read path: the array's codec, decoded into reused buffers with the least
+per-chunk overhead.
 
 A zstd chunk that zarr (and numcodecs) wrote is a standard zstd frame that records its content size.
-``numcodecs.Zstd.decode`` creates a fresh decompression context for every call: measured on real
-Breakout chunks of 8 frames, 18 us a chunk, of which ~13 us is context setup. A reused
-``zstandard.ZstdDecompressor`` decodes the same bytes in ~5 us and releases the GIL while it works
-(2 threads: ~3.6 us a chunk). Contexts are not thread-safe, so each thread keeps its own.
+``numcodecs.Zstd.decode`` sets up a fresh decompression context for every call, which costs more than
+decoding an 8-frame chunk; a reused ``zstandard.ZstdDecompressor`` skips that and releases the GIL
+while it works. Contexts are not thread-safe, so each thread keeps its own.
 
 Where the system has libzstd (``ctypes.util.find_library("zstd")``, e.g. Debian's libzstd1), a
 batch's chunks are decoded by ``ZSTD_decompressDCtx`` through ctypes straight into the decode area:
 no bytes object per chunk and no copy out of it. And since libzstd decodes concatenated frames back
 to back, the batch's payloads are joined and decoded by *one* call, which releases the GIL once per
-batch instead of once per chunk. Measured on the 1M-frame benchmark store (~50 chunks a batch),
-decoding alone: per-chunk calls 3,100 batches/s on one thread and 3,100 on two (the GIL hand-offs
-ate the second core); one call 4,000 and 7,700. Whole uniform sampling went from ~2,000 to ~2,200
-batches/s on one thread and from ~2,100 to ~3,500 on two. Only payloads whose zstd header declares
-exactly one chunk's size are joined (``declares_chunk``; zarr, numcodecs and replaystore always
-write it), and zstd checks every frame's decoded size against its header, so one bad frame cannot
-shift the others; if the joined call fails the chunks are decoded one by one to name the bad one.
-Without libzstd the ``zstandard`` path above is used, chunk by chunk; both paths are tested.
+batch instead of once per chunk: that is what lets a second sampling thread help (docs/benchmarks.md,
+"Decoding chunks"). Only payloads whose zstd header declares exactly one chunk's size are joined
+(``declares_chunk``; zarr, numcodecs and replaystore always write it), and zstd checks every frame's
+decoded size against its header, so one bad frame cannot shift the others; if the joined call fails
+the chunks are decoded one by one to name the bad one. Without libzstd the ``zstandard`` path is
+used, chunk by chunk; both paths are tested.
 
 Blosc chunks are decoded by numcodecs (blosc keeps its own contexts). Either way the result is
 written into a caller-owned, reused buffer, and a chunk that does not decode (or decodes to the
@@ -32,8 +30,8 @@ from typing import Any
 import numpy as np
 import zstandard
 
-from replaystore.feed.decodeworker import load_libzstd
 from replaystore.errors import ChunkChecksumError
+from replaystore.feed.decodeworker import load_libzstd
 from replaystore.format.schema import CodecSpec
 from replaystore.format.shards import numcodecs_codec
 
@@ -83,10 +81,8 @@ class ChunkDecoder:
         ``as_one`` (the caller vouches that every payload is one zstd frame declaring exactly one
         chunk's size, see ``declares_chunk``): the payloads are joined and decoded by a single
         ``ZSTD_decompressDCtx`` call, which decodes concatenated frames back to back. One call, so
-        one release of the GIL per batch instead of one per chunk: measured on the benchmark store,
-        decoding a batch's ~50 chunks went from ~3,100/s to ~4,000/s on one thread and from ~3,100/s
-        to ~7,700/s on two (per-chunk calls hand the GIL back and forth ~50 times a batch and did
-        not scale at all). zstd checks each frame's decoded size against its header, so a damaged
+        one release of the GIL per batch instead of one per chunk (per-chunk calls hand the GIL back
+        and forth ~50 times a batch and do not scale with threads; docs/benchmarks.md). zstd checks each frame's decoded size against its header, so a damaged
         frame cannot shift its neighbours; on any failure the chunks are decoded one by one, which
         names the bad one.
         """

@@ -14,9 +14,10 @@ while the expensive part runs without any lock:
     can, see decoders.py; split across a thread pool when ``decode_threads > 1``) and gathers the
     frames with one ``np.take``. There is no per-transition Python loop: the only loop is over distinct chunks.
 
-Why compressed bytes and not decoded chunks: measured here, a decoded-chunk LRU barely helps uniform
-sampling (1-13% hits), while a whole 1M-frame Atari store is ~65 MB compressed, so caching compressed
-chunks (bounded by ``cache_bytes``, first in first out) and decoding on demand keeps every read in RAM.
+Why compressed bytes and not decoded chunks: a decoded-chunk LRU barely helps uniform sampling
+(each batch touches ~50 random chunks), while a whole 1M-frame Atari store is ~65 MB compressed, so
+caching compressed chunks (bounded by ``cache_bytes``, first in first out) and decoding on demand
+keeps every read in RAM.
 
 Where the bytes come from (open shard files, their indexes, snapshots for readers in other
 processes) is shardfiles.py.
@@ -35,10 +36,10 @@ from pathlib import Path
 
 import numpy as np
 
-from replaystore.storage.decoders import ChunkDecoder
 from replaystore.format.schema import Layout, Schema
-from replaystore.storage.shardfiles import ShardFiles
 from replaystore.format.shards import EMPTY
+from replaystore.storage.decoders import ChunkDecoder
+from replaystore.storage.shardfiles import ShardFiles
 
 #: Below this many chunks a batch is decoded on the calling thread alone (pool overhead ~20 us).
 MIN_CHUNKS_PER_TASK = 8
@@ -128,8 +129,7 @@ class FrameReader:
     def plan_many(self, positions: np.ndarray, outs: list[np.ndarray | list[np.ndarray] | None]) -> list[Plan]:
         """``plan`` for each of ``positions[i]`` with ``outs[i]``, in one set of vectorised steps: the
         chunks of all the batches found with one ``np.unique`` and looked up in one pass (the
-        prefetcher plans its blocks this way: ~44 us a batch with the GIL held, against ~55 us for 32
-        separate plans)."""
+        prefetcher plans its blocks this way: less GIL-holding work a batch than separate plans)."""
         positions = np.asarray(positions, dtype=np.int64)
         k, shape = positions.shape[0], positions.shape[1:]
         slots = positions.reshape(k, -1) % self.capacity
@@ -284,9 +284,8 @@ class FrameReader:
     def _output(self, n: int) -> np.ndarray:
         """A ``(n, *obs_shape)`` array for a batch's frames, recycled once no batch uses it any more.
 
-        Measured here: a fresh 1-2 MB block per batch costs ~0.8 ms in page faults whenever the
-        previous batch is still alive (a prefetch queue, a training step), more than decoding the
-        batch. So each thread keeps a few blocks and hands one out again only when nothing refers to
+        A fresh 1-2 MB block per batch costs more in page faults than decoding the batch whenever the
+        previous batch is still alive (a prefetch queue, a training step). So each thread keeps a few blocks and hands one out again only when nothing refers to
         it (its reference count shows only the pool's own references).
         """
         pool = getattr(self._local, "outputs", None)
@@ -335,8 +334,7 @@ class FrameReader:
         """A chunk not in the cache: read it, and cache it, evicting the oldest-cached chunks.
 
         First in, first out rather than LRU: uniform and prioritized draws have no recency to
-        exploit, and skipping the per-hit reordering took ~20% off ``plan`` (measured, 48 chunks a
-        batch). The newest data never waits here anyway: it is in the writer's buffer.
+        exploit, and skipping the per-hit reordering makes ``plan`` cheaper. The newest data never waits here anyway: it is in the writer's buffer.
         """
         self.misses += 1
         payload = self.files.chunk(cid)

@@ -1,6 +1,6 @@
 """The ring of steps in RAM: per-slot scalars and which slots are sampleable transitions.
 
-The store keeps *steps*, not transitions (see README, "Data model"). Step ``t`` (a position, counted
+The store keeps *steps*, not transitions (docs/format.md, "The data model"). Step ``t`` (a position, counted
 from the store's birth) lives in slot ``t % capacity`` and holds the observation seen at ``t``; if the
 episode went on, also the action taken, the reward and the ``terminated``/``truncated`` flags of that
 move. The last step of an episode (``is_last``) holds only its observation. ``ep_step`` is the step's
@@ -10,8 +10,9 @@ index within its episode, which is all frame stacking needs: offset ``m`` of the
 Step ``t`` is a sampleable (1-step) transition when it is live, not last, its successor ``t+1`` is
 stored, and its stack does not reach below the oldest live step. That set is kept as a per-slot
 bitmap ``valid`` with a count, updated at O(frame_stack) cost per step, so ``len()`` is O(1) and
-uniform sampling is one vectorised draw plus a gather. The scalars are small (26 bytes a step), so
-the whole ring of them lives in RAM (26 MB per million steps) and is written to disk as shards.
+uniform sampling is one vectorised draw plus a gather. The scalars are small (19 bytes a step, plus
+1 for the bitmap), so the whole ring of them lives in RAM (20 MB per million steps) and is written
+to disk as shards.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The frame array's shard files as the read path sees them: each chunk's verified compressed bytes,
-read through descriptors kept open with their parsed shard index (split out of reader.py: where a
-chunk's bytes come from, apart from what the reader does with them).
+read through descriptors kept open with their parsed shard index: where a chunk's bytes come from,
+apart from what the reader does with them.
 
 A shard's index is read once, when its file is opened, and kept with the open descriptor; a chunk is
 then one ``pread``, checked against its crc32c. At most ``max_open`` files stay open (least

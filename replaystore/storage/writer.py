@@ -30,8 +30,6 @@ from typing import Any
 import numpy as np
 
 from replaystore.errors import CorruptStoreError
-from replaystore.storage.reader import FrameReader
-from replaystore.storage.ring import Ring
 from replaystore.format.schema import ATTR_KEY, Layout, Schema, State, to_attrs
 from replaystore.format.shards import (
     atomic_write,
@@ -41,6 +39,8 @@ from replaystore.format.shards import (
     numcodecs_codec,
     shard_key,
 )
+from replaystore.storage.reader import FrameReader
+from replaystore.storage.ring import Ring
 
 log = logging.getLogger(__name__)
 
