@@ -64,3 +64,13 @@ class StoreWriteError(ReplayStoreError, OSError):
 
 class ConfigError(ReplayStoreError, ValueError):
     """A creation or open argument is out of range (capacity, layout, budget)."""
+
+
+class TooManyOpenFilesError(ReplayStoreError, OSError):
+    """The process ran out of file descriptors (EMFILE) opening a store's files."""
+
+
+class LockUnavailableError(ReplayStoreError, OSError):
+    """The writer lock could not be taken for a reason other than another writer holding it (the
+    filesystem does not support locks, the lock file cannot be created, or the platform lacks
+    ``fcntl``)."""

@@ -46,6 +46,7 @@ def test_a_batch_of_chunks_is_decoded_by_one_call_and_matches_chunk_by_chunk(fil
     store = ReplayStore.open(filled)
     positions = live_positions(store)
     plan = store.reader.plan(positions)
+    store.reader.fetch([plan])  # the chunks were not cached: planning only located them
     assert plan.as_one and len(plan.ids) > 1
     joined = store.reader.finish(plan).copy()
     plan = store.reader.plan(positions)
@@ -63,6 +64,7 @@ def test_frames_without_a_recorded_size_are_decoded_on_their_own(filled: Path) -
 
     store = ReplayStore.open(filled)
     plan = store.reader.plan(positions)
+    store.reader.fetch([plan])
     assert not plan.as_one  # shard 1's chunks do not declare their size
     np.testing.assert_array_equal(store.reader.finish(plan), expected)
     assert verify_store(filled).ok
@@ -89,6 +91,7 @@ def test_a_frame_that_declares_the_right_size_but_does_not_decode_is_named(fille
     store = ReplayStore.open(filled)
     assert store.reader.decoder.declares_chunk(frame, CHUNK_LEN * 3 * 4)
     plan = store.reader.plan(live_positions(store))
+    store.reader.fetch([plan])
     assert plan.as_one  # it passes every check that can be made without decoding
     with pytest.raises(ChunkChecksumError, match="chunk 0 of shard 1 of 'obs' passed its checksum but does not decompress"):
         store.reader.finish(plan)
@@ -107,6 +110,7 @@ def test_decoding_on_several_threads_gives_the_same_batches(store_path: Path, li
     for threads in (1, 3):
         with ReplayStore.open(store_path, decode_threads=threads) as s:
             plan = s.reader.plan(live_positions(s)[:400])
+            s.reader.fetch([plan])
             assert len(plan.ids) >= 3 * 8 and plan.as_one == libzstd  # enough chunks for 3 tasks
             batches.append([s.sample(128, rng=np.random.default_rng(seed), n_step=3) for seed in range(5)])
     for one, three in zip(*batches, strict=True):

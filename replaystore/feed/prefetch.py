@@ -146,6 +146,7 @@ class Prefetcher:
         pair = frame_pair(owner, self.block_shape, self.frame_dtype)
         del owner  # only the pool and the views may refer to it once the block is handed out
         pending = self.store.plan_sample(b, rng=rng, out=pair, batches=k, **self.sample_kwargs)
+        self.store.reader.fetch(pending.plans)  # cache misses, read here without the store's lock
         done = self.processes.fill(pending.plans, pair) if shared else 0
         for plan in pending.plans[done:]:  # on this thread: no processes, or a batch they could not decode
             self.store.reader.finish(plan)

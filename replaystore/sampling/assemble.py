@@ -58,6 +58,7 @@ class Pending:
     def finish(self, reader: FrameReader) -> Batch:
         """Decode the frames. Given an ``out``, the fields hold all K batches (``obs`` and
         ``next_obs`` are the ``(K, n, ...)`` arrays of ``out``, the others ``(K * n,)``)."""
+        reader.fetch(self.plans)  # chunks missing from the cache, read for all the batches at once
         frames = [reader.finish(plan) for plan in self.plans]
         if self.out is None:
             return replace(self.batch, obs=frames[0][0], next_obs=frames[0][1])

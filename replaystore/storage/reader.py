@@ -6,11 +6,16 @@ while the expensive part runs without any lock:
 ``plan(positions)`` (called under the store's lock)
     maps the frames to their chunks, copies frames still in the writer's RAM buffer (the shard being
     filled: the newest data is served without touching disk), and collects each distinct on-disk
-    chunk's compressed bytes: from the compressed-chunk cache, or read from its shard file (one
-    ``pread``, checked against its crc32c; see shardfiles.py) and remembered. The bytes are
-    immutable, so the plan stays valid whatever the writer does next.
+    chunk's compressed bytes from the compressed-chunk cache. A chunk not in the cache is only
+    *located*: its byte range in the shard file open now, which stays open for the plan
+    (shardfiles.py). No disk read happens under the lock.
+``fetch(plans)`` (no lock)
+    reads the located chunks (one ``pread`` each, checked against its crc32c, with the kernel told
+    about all of a block's ranges first) and admits them to the cache, unless the writer rewrote
+    their shard meanwhile. The bytes come from the file version the plan located, so a plan stays
+    valid whatever the writer does next, and several samplers wait on the disk side by side.
 ``finish(plan)`` (no lock)
-    decodes the chunks into a reused per-thread area (one libzstd call for the whole batch where it
+    fetches what is still missing, then decodes the chunks into a reused per-thread area (one libzstd call for the whole batch where it
     can, see decoders.py; split across a thread pool when ``decode_threads > 1``) and gathers the
     frames with one ``np.take``. There is no per-transition Python loop: the only loop is over distinct chunks.
 
@@ -39,7 +44,7 @@ import numpy as np
 from replaystore.format.schema import Layout, Schema
 from replaystore.format.shards import EMPTY
 from replaystore.storage.decoders import ChunkDecoder
-from replaystore.storage.shardfiles import ShardFiles
+from replaystore.storage.shardfiles import ChunkRead, ShardFiles
 
 #: Below this many chunks a batch is decoded on the calling thread alone (pool overhead ~20 us).
 MIN_CHUNKS_PER_TASK = 8
@@ -63,6 +68,7 @@ class Plan:
     shape: tuple[int, ...]  # the shape of the positions array
     as_one: bool  # every payload may be decoded joined with the others (decoders.ChunkDecoder.decode_many)
     single: bool  # the output is one array (not a list of ``out`` arrays)
+    reads: list[tuple[int, ChunkRead]]  # payloads still to read (index into ``payloads``), see ``fetch``
 
 
 class FrameReader:
@@ -91,6 +97,8 @@ class FrameReader:
         self._odd: set[int] = set()  # chunk ids seen whose payload cannot be decoded joined (see ChunkDecoder)
         self._chunk_nbytes = self.chunk_len * int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
         self._joinable = self.decoder.joinable
+        self._generation = [0] * -(-self.capacity // self.shard_len)  # per shard: bumped when it is rewritten
+        self._cache = threading.Lock()  # guards the cache's contents; ``_by_id`` is read without it (list reads are atomic)
         self._local = threading.local()  # per-thread decode area
         self._pool: ThreadPoolExecutor | None = None
         self.hits = 0
@@ -169,25 +177,55 @@ class FrameReader:
         # in the benchmark), the Python pass only when something is missing
         misses = [i for i, payload in enumerate(found) if payload is None] if None in found else []
         self.hits += len(ids) - len(misses)
+        located: dict[int, ChunkRead | None] = {}  # a chunk two batches miss is read once
         if misses:
-            fetched: dict[int, bytes | None] = {}  # a chunk two batches miss is read once
-            for i in misses:
-                cid = ids[i]
-                found[i] = fetched[cid] = fetched[cid] if cid in fetched else self._payload(cid)
-        joinable = self._joinable and None not in found and (not self._odd or self._odd.isdisjoint(ids))
+            self.misses += len(misses)
+            try:
+                for i in misses:
+                    cid = ids[i]
+                    if cid not in located:
+                        located[cid] = self.files.locate(cid, self._generation[cid // self.chunks_per_shard])
+            except BaseException:
+                self.files.read_none([r for r in located.values() if r is not None])
+                raise
+        joinable = self._joinable and not misses and None not in found and (
+            not self._odd or self._odd.isdisjoint(ids))
         cuts = list(accumulate(counts, initial=0))
         plans = []
         for i in range(k):
             a, b = starts[i], starts[i + 1]
             mine_ids, mine = ids[a:b], found[a:b]
-            as_one = joinable or (self._joinable and None not in mine and self._odd.isdisjoint(mine_ids))
+            reads = [(j, r) for j, cid in enumerate(mine_ids)
+                     if mine[j] is None and (r := located.get(cid)) is not None] if located else []
+            as_one = not reads and (joinable or (self._joinable and None not in mine and self._odd.isdisjoint(mine_ids)))
             plans.append(Plan(parts[i], bounds[i], rows[i], which[cuts[i]:cuts[i + 1]], offset[cuts[i]:cuts[i + 1]],
-                              mine_ids, mine, shape, as_one, single=not isinstance(outs[i], list)))
+                              mine_ids, mine, shape, as_one, single=not isinstance(outs[i], list), reads=reads))
         return plans
+
+    def fetch(self, plans: list[Plan]) -> None:
+        """Read the chunks ``plans`` located but did not find in the cache (no lock needed), put them
+        in the plans and the cache. Raises ``ChunkChecksumError`` naming a damaged chunk."""
+        todo = {id(r): r for plan in plans for _, r in plan.reads}
+        if not todo:
+            return
+        reads = list(todo.values())
+        self.files.read(reads)
+        with self._cache:
+            for r in reads:
+                self._admit(r.cid, r.payload)
+                if r.payload is not None and r.generation == self._generation[r.cid // self.chunks_per_shard]:
+                    self._insert(r.cid, r.payload)
+        for plan in plans:
+            for j, r in plan.reads:
+                plan.payloads[j] = r.payload
+            plan.reads = []
+            plan.as_one = self._joinable and None not in plan.payloads and self._odd.isdisjoint(plan.ids)
 
     def finish(self, plan: Plan) -> np.ndarray | list[np.ndarray]:
         """Phase 2 (no lock needed): decode the planned chunks and gather the frames. Returns the
         frames shaped ``(*positions.shape, *obs_shape)``, or the list of ``out`` arrays given to ``plan``."""
+        if plan.reads:
+            self.fetch([plan])
         n = len(plan.payloads)
         if n:
             area = self._decode_area(n)
@@ -235,9 +273,9 @@ class FrameReader:
                 if off + nbytes > len(raw) or self._held + nbytes > self.cache_bytes:
                     return added
                 payload = self.files.check(raw[off : off + nbytes], cid)
-                self._admit(cid, payload)
-                self._chunks[cid] = self._by_id[cid] = payload
-                self._held += len(payload)
+                with self._cache:
+                    self._admit(cid, payload)
+                    self._insert(cid, payload)
                 added += len(payload)
         return added
 
@@ -249,22 +287,25 @@ class FrameReader:
         """Forget everything cached about ``shard`` (the writer just rewrote it)."""
         self.files.drop(shard)
         first = shard * self.chunks_per_shard
-        for cid in range(first, first + self.chunks_per_shard):
-            payload = self._chunks.pop(cid, None)
-            if payload is not None:
-                self._held -= len(payload)
-                self._by_id[cid] = None
-        if self._odd:
-            self._odd.difference_update(range(first, first + self.chunks_per_shard))
+        with self._cache:
+            self._generation[shard] += 1  # chunks of the old file being read now stay out of the cache
+            for cid in range(first, first + self.chunks_per_shard):
+                payload = self._chunks.pop(cid, None)
+                if payload is not None:
+                    self._held -= len(payload)
+                    self._by_id[cid] = None
+            if self._odd:
+                self._odd.difference_update(range(first, first + self.chunks_per_shard))
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
         self.files.close()
-        self._chunks.clear()
-        self._by_id = [None] * len(self._by_id)
-        self._held = 0
+        with self._cache:
+            self._chunks.clear()
+            self._by_id = [None] * len(self._by_id)
+            self._held = 0
 
     # ---------------------------------------------------------------------------------------------
     # Internals
@@ -330,23 +371,21 @@ class FrameReader:
         if payload is not None and self._joinable and not self.decoder.declares_chunk(payload, self._chunk_nbytes):
             self._odd.add(cid)
 
-    def _payload(self, cid: int) -> bytes | None:
-        """A chunk not in the cache: read it, and cache it, evicting the oldest-cached chunks.
+    def _insert(self, cid: int, payload: bytes) -> None:
+        """Cache a chunk's payload, evicting the oldest-cached chunks (under ``_cache``).
 
         First in, first out rather than LRU: uniform and prioritized draws have no recency to
-        exploit, and skipping the per-hit reordering makes ``plan`` cheaper. The newest data never waits here anyway: it is in the writer's buffer.
+        exploit, and skipping the per-hit reordering makes ``plan`` cheaper. The newest data never
+        waits here anyway: it is in the writer's buffer.
         """
-        self.misses += 1
-        payload = self.files.chunk(cid)
-        self._admit(cid, payload)
-        if payload is not None and len(payload) <= self.cache_bytes:
-            self._chunks[cid] = self._by_id[cid] = payload
-            self._held += len(payload)
-            while self._held > self.cache_bytes:
-                oldest = next(iter(self._chunks))
-                self._held -= len(self._chunks.pop(oldest))
-                self._by_id[oldest] = None
-        return payload
+        if len(payload) > self.cache_bytes or self._by_id[cid] is not None:
+            return
+        self._chunks[cid] = self._by_id[cid] = payload
+        self._held += len(payload)
+        while self._held > self.cache_bytes:
+            oldest = next(iter(self._chunks))
+            self._held -= len(self._chunks.pop(oldest))
+            self._by_id[oldest] = None
 
 
 def _scatter(parts: list[np.ndarray], bounds: list[int], rows: np.ndarray, values: np.ndarray) -> None:

@@ -6,26 +6,36 @@ A shard's index is read once, when its file is opened, and kept with the open de
 then one ``pread``, checked against its crc32c. At most ``max_open`` files stay open (least
 recently used closed first).
 
+Reads happen in two steps so that the disk is never touched under the store's lock: ``locate``
+(under the lock) finds a chunk's byte range and pins its open file; ``read`` (no lock) reads and
+verifies the bytes and unpins. A file retired meanwhile (evicted, or its shard rewritten by the
+writer) stays open until its last pinned read is done, so a read always sees the file version it
+was planned on: never a shard newer than the commit the batch was planned at.
+
 Consistency for readers in other processes: the index and the chunk bytes of a shard always come
 from the same open file (a rewritten shard is a new file renamed over the old, so an open descriptor
 keeps the old, whole version). The writing process drops a shard's descriptor whenever it rewrites
 it (``drop``). A read-only store calls ``snapshot()`` when it opens: every frame shard file is opened
 then and kept open, so however far a writer in another process moves on (and wraps the ring), the
-reader keeps reading the files of the commit it opened at (up to SNAPSHOT_MAX_SHARDS shards, 2M
-steps at the default layout; a bigger store opens shards lazily, and a reader that outlives a whole
-lap of the writer can then read newer frames: reopen such readers).
+reader keeps reading the files of the commit it opened at (up to ``snapshot_limit()`` shards: 512,
+2M steps at the default layout, or a quarter of the process's descriptor limit if that is lower; a
+bigger store opens shards lazily, and a reader that outlives a whole lap of the writer can then read
+newer frames: reopen such readers).
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import threading
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from replaystore.errors import ChunkChecksumError
+from replaystore.errors import ChunkChecksumError, TooManyOpenFilesError
 from replaystore.format.shards import (
     CRC_BYTES,
     EMPTY,
@@ -38,8 +48,36 @@ from replaystore.format.shards import (
 log = logging.getLogger(__name__)
 
 MAX_OPEN_SHARDS = 128
-SNAPSHOT_MAX_SHARDS = 512  # file descriptors: stay well inside the usual limit of 1024
+SNAPSHOT_MAX_SHARDS = 512  # file descriptors a read-only store may keep open, at most
 NAME = "obs"
+
+
+class ShardHandle:
+    """An open shard file with its parsed index. ``pins`` counts reads planned on it and not yet
+    done: a handle retired (evicted, or its shard rewritten) while pinned stays open until the last
+    of them has read, so a planned read always reads the file version it was planned on."""
+
+    __slots__ = ("fd", "index", "size", "pins", "retired")
+
+    def __init__(self, fd: int, index: np.ndarray, size: int) -> None:
+        self.fd = fd
+        self.index = index
+        self.size = size  # bytes before the index: chunk bytes must lie below this
+        self.pins = 0
+        self.retired = False
+
+
+@dataclass
+class ChunkRead:
+    """One chunk to read outside the store's lock: where its bytes are, in a pinned file."""
+
+    cid: int
+    handle: ShardHandle
+    offset: int
+    nbytes: int
+    generation: int  # the shard's generation when planned: a newer one means its cache entry is stale
+    payload: bytes | None = None
+    done: bool = False
 
 
 class ShardFiles:
@@ -54,23 +92,66 @@ class ShardFiles:
         self.chunks_per_shard = shard_len // chunk_len
         self.max_open = MAX_OPEN_SHARDS
         self._tail = self.chunks_per_shard * INDEX_ENTRY_BYTES + CRC_BYTES
-        self._handles: OrderedDict[int, tuple[int, np.ndarray, int]] = OrderedDict()  # shard -> (fd, index, size)
+        self._handles: OrderedDict[int, ShardHandle] = OrderedDict()
+        self._pins = threading.Lock()  # guards pins, retired and closing (reads finish outside the store's lock)
 
-    def chunk(self, cid: int) -> bytes | None:
-        """Global chunk ``cid``'s compressed bytes, checked, or None for a chunk never written."""
+    @property
+    def open_files(self) -> int:
+        """Descriptors this object holds now (retired handles still pinned included)."""
+        return len(self._handles)
+
+    def locate(self, cid: int, generation: int = 0) -> ChunkRead | None:
+        """Where global chunk ``cid``'s bytes are, with their file pinned until ``read``; None for a
+        chunk never written (all fill value). Called under the store's lock."""
         shard, chunk = divmod(cid, self.chunks_per_shard)
-        fd, index, size = self._handle(shard)
-        off, nbytes = index[chunk]
+        handle = self._handle(shard)
+        off, nbytes = handle.index[chunk]
         if off == EMPTY:
             return None
         first_slot = cid * self.chunk_len
-        if int(off) + int(nbytes) > size or nbytes < CRC_BYTES:
+        if int(off) + int(nbytes) > handle.size or nbytes < CRC_BYTES:
             raise ChunkChecksumError(
                 f"chunk {chunk} of shard {shard} of '{NAME}' (slots {first_slot}..{first_slot + self.chunk_len - 1}) "
                 "points outside its shard file; the store is damaged: run `replaystore verify`",
                 array=NAME, shard=shard, chunk=chunk,
             )
-        return self.check(os.pread(fd, int(nbytes), int(off)), cid)
+        with self._pins:
+            handle.pins += 1
+        return ChunkRead(cid, handle, int(off), int(nbytes), generation)
+
+    def read(self, reads: list[ChunkRead]) -> None:
+        """Read and verify each of ``reads`` (no lock of the store needed) and unpin its file. With
+        several, the kernel is first told about all of them, so reads that miss the page cache are
+        issued together instead of one after another."""
+        reads = [r for r in reads if not r.done]
+        try:
+            if len(reads) > 1 and _WILLNEED is not None:
+                for r in reads:
+                    try:
+                        _fadvise(r.handle.fd, r.offset, r.nbytes, _WILLNEED)
+                    except OSError:
+                        break
+            for r in reads:
+                r.payload = self.check(_pread(r.handle.fd, r.nbytes, r.offset), r.cid)
+                r.done = True
+                self._unpin(r.handle)
+        finally:
+            self.read_none(reads)  # after an error: unpin what was not read
+
+    def read_none(self, reads: list[ChunkRead]) -> None:
+        """Give up ``reads`` without reading them (a plan that failed): unpin their files."""
+        for r in reads:
+            if not r.done:
+                r.done = True
+                self._unpin(r.handle)
+
+    def chunk(self, cid: int) -> bytes | None:
+        """Global chunk ``cid``'s compressed bytes, checked, or None for a chunk never written."""
+        where = self.locate(cid)
+        if where is None:
+            return None
+        self.read([where])
+        return where.payload
 
     def check(self, raw: bytes | memoryview, cid: int) -> bytes:
         """``raw`` (a chunk's stored bytes, checksum included) verified, as the chunk's payload."""
@@ -90,9 +171,9 @@ class ShardFiles:
 
     def snapshot(self) -> bool:
         """Open every shard file now and keep them all open (see the module docstring); returns
-        False, doing nothing, for a store of more than SNAPSHOT_MAX_SHARDS shards."""
+        False, doing nothing, for a store of more shards than ``snapshot_limit()``."""
         n_shards = -(-self.capacity // self.shard_len)
-        if n_shards > SNAPSHOT_MAX_SHARDS:
+        if n_shards > snapshot_limit():
             return False
         self.max_open = max(MAX_OPEN_SHARDS, n_shards)
         for shard in range(n_shards):
@@ -103,44 +184,105 @@ class ShardFiles:
             except OSError as exc:  # out of file descriptors: fall back to opening shards lazily
                 log.warning("could not keep all %d shard files of %s open (%s); opening them lazily", n_shards,
                             self.root, exc)
+                self.max_open = MAX_OPEN_SHARDS
+                while len(self._handles) > self.max_open:
+                    self._retire(self._handles.popitem(last=False)[1])
                 return False
         return True
 
     def drop(self, shard: int) -> None:
-        """Close ``shard``'s file (the writer just rewrote it; the next read opens the new one)."""
+        """Let go of ``shard``'s file (the writer just rewrote it; the next read opens the new one)."""
         handle = self._handles.pop(shard, None)
         if handle is not None:
-            os.close(handle[0])
+            self._retire(handle)
 
     def close(self) -> None:
-        for fd, _, _ in self._handles.values():
-            os.close(fd)
+        handles = list(self._handles.values())
         self._handles.clear()
+        for handle in handles:
+            self._retire(handle)
 
-    def _handle(self, shard: int) -> tuple[int, np.ndarray, int]:
+    def _retire(self, handle: ShardHandle) -> None:
+        with self._pins:
+            handle.retired = True
+            if handle.pins:
+                return  # the last read planned on it closes it
+        os.close(handle.fd)
+
+    def _unpin(self, handle: ShardHandle) -> None:
+        with self._pins:
+            handle.pins -= 1
+            if not (handle.retired and handle.pins == 0):
+                return
+        os.close(handle.fd)
+
+    def _handle(self, shard: int) -> ShardHandle:
         handle = self._handles.get(shard)
         if handle is not None:
             self._handles.move_to_end(shard)
             return handle
         path = self.root / shard_key(NAME, shard, self.ndim)
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         except FileNotFoundError:
             raise ChunkChecksumError(
                 f"shard {shard} of '{NAME}' ({path}) is missing although the store's state says it holds live "
                 "steps; the store is damaged: run `replaystore verify`",
                 array=NAME, shard=shard, chunk=None,
             ) from None
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                raise TooManyOpenFilesError(exc.errno, _emfile_message(path, exc)) from exc
+            raise
         try:
             size = os.fstat(fd).st_size
-            tail = os.pread(fd, self._tail, max(0, size - self._tail))
+            tail = _pread(fd, self._tail, max(0, size - self._tail))
             index = parse_index(tail, self.chunks_per_shard, name=NAME, shard=shard)
         except BaseException:
             os.close(fd)
             raise
-        handle = (fd, index, size - self._tail)
+        handle = ShardHandle(fd, index, size - self._tail)
         self._handles[shard] = handle
         if len(self._handles) > self.max_open:
-            _, (old_fd, _, _) = self._handles.popitem(last=False)
-            os.close(old_fd)
+            self._retire(self._handles.popitem(last=False)[1])
         return handle
+
+
+def snapshot_limit() -> int:
+    """Shard files a read-only store keeps open to read one commit however far a writer moves on:
+    at most SNAPSHOT_MAX_SHARDS, and at most a quarter of this process's descriptor limit, so that a
+    few open stores never exhaust it. A bigger store opens its shard files lazily instead."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return SNAPSHOT_MAX_SHARDS
+    if soft == resource.RLIM_INFINITY or soft <= 0:
+        return SNAPSHOT_MAX_SHARDS
+    return max(0, min(SNAPSHOT_MAX_SHARDS, soft // 4))
+
+
+def _emfile_message(path: Path, exc: OSError) -> str:
+    try:
+        import resource
+
+        limit = f"the limit is {resource.getrlimit(resource.RLIMIT_NOFILE)[0]}"
+    except (ImportError, OSError, ValueError):
+        limit = "the limit was reached"
+    return (f"cannot open {path}: this process has too many open files ({exc.strerror}; {limit}); close replay "
+            "stores you no longer use (store.close(), or open them in a `with` block), or raise the limit "
+            "(`ulimit -n`, or resource.setrlimit(RLIMIT_NOFILE, ...))")
+
+
+def _pread_fallback(fd: int, n: int, offset: int) -> bytes:
+    """``os.pread`` where the platform lacks it (one read at a time: the descriptor's offset is shared)."""
+    with _SEEK_LOCK:
+        os.lseek(fd, offset, os.SEEK_SET)
+        return os.read(fd, n)
+
+
+_SEEK_LOCK = threading.Lock()
+_pread = getattr(os, "pread", None) or _pread_fallback
+_fadvise = getattr(os, "posix_fadvise", None)
+_WILLNEED = getattr(os, "POSIX_FADV_WILLNEED", None) if _fadvise is not None else None
