@@ -32,6 +32,7 @@ import dataclasses
 import logging
 import numbers
 import threading
+import weakref
 from pathlib import Path
 from typing import Any, Self
 
@@ -99,8 +100,7 @@ class ReplayStore(Writing, Sampling):
         self.ring.added = state.added
         self.ring.oldest = state.oldest
         self._writer: Writer | None = None
-        self.reader = FrameReader(root, schema, layout, cache_bytes=cache_bytes, decode_threads=decode_threads,
-                                  live_region=(lambda: self._writer.live_region() if self._writer else None))
+        self.reader = FrameReader(root, schema, layout, cache_bytes=cache_bytes, decode_threads=decode_threads)
         self._committed = state
         load_scalars(root, schema, layout, self.ring)
         self.ring.rebuild_valid()
@@ -110,8 +110,12 @@ class ReplayStore(Writing, Sampling):
             self.reader.snapshot()  # read the files of this commit even while a writer moves on
         if writable:
             self._writer = Writer(root, schema, layout, self.ring, self.reader, group_doc, state)
-            if self._episode_in_progress():
-                self._head_obs = self._writer.frame_at(state.added - 1)
+            self.reader.live_region = self._writer.live_region  # frames still in RAM are read from there
+        # Closes what this store holds if it is dropped without close(). It refers to the parts only,
+        # never to the store, so it does not keep the store alive (and the parts do not refer to it).
+        self._finalizer = weakref.finalize(self, _release, self._writer, self.reader, lock, str(root))
+        if self._writer is not None and self._episode_in_progress():
+            self._head_obs = self._writer.frame_at(state.added - 1)
 
     # ---------------------------------------------------------------------------------------------
     # Construction
@@ -235,9 +239,8 @@ class ReplayStore(Writing, Sampling):
                     self._writer.flush()
             finally:
                 self._closed = True
-                self.reader.close()
-                if self._lock is not None:
-                    self._lock.release()
+                self._finalizer.detach()
+                _release(None, self.reader, self._lock, str(self.path))
 
     def __enter__(self) -> Self:
         return self
@@ -313,3 +316,18 @@ class ReplayStore(Writing, Sampling):
             raise ReadOnlyError(f"cannot {what}: {self.path} is open read-only; open it with mode='a' to append")
         return self._writer
 
+
+def _release(writer: Writer | None, reader: FrameReader, lock: WriterLock | None, path: str) -> None:
+    """Close a store's parts: what ``close`` does, and what a store dropped without ``close`` gets
+    when it is garbage-collected (a writer's last steps are flushed, like a file's buffer)."""
+    try:
+        if writer is not None:
+            try:
+                writer.flush()
+            except Exception as exc:  # noqa: BLE001 - a finalizer cannot raise; say what was lost
+                log.warning("replay store %s was dropped without close() and its last flush failed (%s); it "
+                            "reopens at its last commit", path, exc)
+    finally:
+        reader.close()
+        if lock is not None:
+            lock.release()

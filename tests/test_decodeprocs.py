@@ -181,6 +181,58 @@ def test_workers_end_when_the_prefetcher_is_dropped(filled: ReplayStore) -> None
         proc.wait(timeout=30)
 
 
+HANGS = """
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+sys.stdin.buffer.read(24)  # takes a request's frame, then never answers
+time.sleep(3600)
+"""
+GARBAGE = """
+import os, sys
+sys.stdin.buffer.read(24)
+sys.stdout.buffer.write(os.urandom(16))  # not a reply to anything
+sys.stdout.buffer.flush()
+sys.stdin.buffer.read()
+"""
+
+
+@pytest.mark.parametrize("script", [HANGS, GARBAGE], ids=["hangs", "writes-garbage"])
+def test_a_worker_that_misbehaves_is_killed_and_the_threads_take_over(
+        filled: ReplayStore, script: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    worker = tmp_path / "worker.py"
+    worker.write_text(script)
+    monkeypatch.setattr(decodeprocs, "WORKER", worker)
+    monkeypatch.setattr(decodeprocs, "REPLY_TIMEOUT", 1.0)
+    expected = draw(filled, False, blocks=6)
+    with caplog.at_level(logging.WARNING, logger="replaystore.feed.decodeprocs"):
+        p = Prefetcher(filled, 8, batches_per_block=3, threads=2, depth=3, seed=11, processes=True)
+        procs = list(p.processes._procs)
+        got = [{name: value.copy() for name, value in p.next_block().items()} for _ in range(6)]
+        started = time.monotonic()
+        p.close()
+    assert time.monotonic() - started < 15
+    assert_same(got, expected)
+    assert "killed" in caplog.text and "decoded on the prefetcher's threads" in caplog.text
+    assert all(proc.poll() is not None for proc in procs)
+
+
+def test_a_hung_worker_does_not_hang_close(filled: ReplayStore, tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    worker = tmp_path / "worker.py"
+    worker.write_text(HANGS)
+    monkeypatch.setattr(decodeprocs, "WORKER", worker)
+    monkeypatch.setattr(decodeprocs, "CLOSE_TIMEOUT", 1.0)
+    p = Prefetcher(filled, 8, batches_per_block=3, threads=2, depth=3, seed=11, processes=True)
+    procs = list(p.processes._procs)
+    p._inflight.append(p._pool.submit(p._draw, 0))  # a block sent to a worker that will never answer
+    time.sleep(0.5)
+    started = time.monotonic()
+    p.close()
+    assert time.monotonic() - started < 10
+    assert all(proc.poll() is not None for proc in procs)
+
+
 def test_where_processes_cannot_run(filled: ReplayStore, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(decodeprocs, "LIBZSTD", None)
     with pytest.raises(SampleError, match="no libzstd shared library.*processes=False"):

@@ -22,8 +22,14 @@ How:
   request) while it fills a block, so a worker never idles waiting for a thread here, which would
   first need the GIL, to hand it the next block.
 - A batch whose chunks a worker cannot decode is finished here by the reader, which names the bad
-  chunk (``ChunkChecksumError``) or, if it decodes after all, fills the batch. A worker that dies is
-  dropped with a warning, and its blocks are decoded on the prefetcher's threads from then on.
+  chunk (``ChunkChecksumError``) or, if it decodes after all, fills the batch.
+- Requests and replies are framed: a request carries a magic number, a sequence number and its
+  length, and the worker checks that its parts add up and stay inside the shared memory before it
+  writes anything; a reply carries the sequence number it answers. A worker that dies, answers out
+  of turn, sends garbage, or does not answer within ``REPLY_TIMEOUT`` seconds is killed and dropped
+  with a warning; its blocks are decoded on the prefetcher's threads from then on, with the same
+  result. A request that fails halfway through being written kills its worker too (it could not
+  tell where the next request starts).
 - Workers exit at the end of their input: when ``close`` closes it, or when this process ends. They
   run in a process group of their own and ignore SIGINT, so a terminal's Ctrl-C reaches only this
   process (the trainer checkpoints on it, still sampling, before it closes the dataset).
@@ -35,10 +41,10 @@ a zstd-coded store (``unavailable`` says why not, and the prefetcher then decode
 from __future__ import annotations
 
 import collections
-import fcntl
 import logging
 import mmap
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -49,7 +55,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from replaystore.feed.decodeworker import HEADER, OK
+from replaystore.feed.decodeworker import FRAME, HEADER, MAGIC, OK
 from replaystore.storage.decoders import LIBZSTD
 
 if TYPE_CHECKING:
@@ -79,6 +85,11 @@ QUEUED = 2
 #: Bytes a worker's input pipe holds (Linux's default is 64 KiB; a 32-batch Atari request is ~0.9
 #: MB), so that a request is written in one go rather than in step with the worker's reads.
 PIPE_NBYTES = 1 << 20
+#: Seconds a request may wait for its reply before the worker is taken for hung and killed (a block
+#: takes milliseconds; this only has to exceed the longest stall of a very busy machine).
+REPLY_TIMEOUT = 60.0
+#: Seconds ``close`` waits for the workers to exit at the end of their input before killing them.
+CLOSE_TIMEOUT = 5.0
 
 
 class DecodeProcesses:
@@ -139,15 +150,26 @@ class DecodeProcesses:
                 if worker.dead:
                     reply.set(None)
                 else:
+                    worker.seq += 1
+                    reply.seq = worker.seq
                     worker.pending.append(reply)
-                    worker.proc.stdin.write(head)
-                    worker.proc.stdin.write(blob)  # larger than the buffer: written straight through
-                    worker.proc.stdin.flush()
+                    frame = np.array([MAGIC, worker.seq, len(head) + len(blob)], dtype="<i8").tobytes()
+                    try:
+                        worker.proc.stdin.write(frame + head)
+                        worker.proc.stdin.write(blob)  # larger than the buffer: written straight through
+                        worker.proc.stdin.flush()
+                    except BaseException:
+                        # part of a request may be in the pipe: the worker cannot find the next one
+                        self._workers.kill(worker, "a request to it could not be written whole")
+                        raise
         except (BrokenPipeError, OSError, ValueError):
             pass  # the worker is gone: its reply thread sees the end of its output and answers ``reply``
-        failed = reply.wait()
+        failed = reply.wait(REPLY_TIMEOUT)
+        if failed is _Reply.LATE:
+            self._workers.kill(worker, f"it did not answer within {REPLY_TIMEOUT:.0f} s")
+            failed = reply.wait(CLOSE_TIMEOUT)
         self._workers.done(worker)
-        if failed is None:
+        if failed is None or failed is _Reply.LATE:
             return 0
         return len(plans) if failed == OK else failed
 
@@ -173,6 +195,7 @@ class DecodeProcesses:
                 "k": len(plans), "rows": pair[0][0].size * pair[0].itemsize // self._frame_nbytes,
                 "frame_nbytes": self._frame_nbytes, "chunk_nbytes": chunk_len * self._frame_nbytes,
                 "chunks": lengths.size, "gathered": source.size, "blob_nbytes": len(blob)}
+        assert FRAME == 3  # MAGIC, sequence number, length: written by ``fill``
         header = np.array([head[name] for name in HEADER], dtype="<i8")
         return b"".join([header.tobytes(), per_batch.tobytes(), lengths.tobytes(), source.tobytes(),
                          dest.tobytes()]), blob
@@ -187,6 +210,8 @@ class _Worker:
         self.writing = threading.Lock()  # held while a request is written and its reply queued
         self.load = 0
         self.dead = False
+        self.seq = 0  # the last request's sequence number
+        self.killed = False
 
 
 class _Workers:
@@ -225,10 +250,17 @@ class _Workers:
 
     def collect(self, worker: _Worker) -> None:
         stdout = worker.proc.stdout
+        why = None
         try:
-            while len(raw := stdout.read(8)) == 8:
-                worker.pending.popleft().set(int.from_bytes(raw, "little", signed=True))
-        except (OSError, ValueError, IndexError):  # a broken pipe, or a reply nobody asked for
+            while len(raw := stdout.read(16)) == 16:
+                seq, value = np.frombuffer(raw, "<i8").tolist()
+                # only this thread takes from ``pending`` (senders append under ``writing``)
+                expected = worker.pending[0].seq if worker.pending else None
+                if seq != expected or not (value == OK or 0 <= value < 1 << 31):
+                    why = f"it answered request {seq} with {value} when request {expected} was due"
+                    break
+                worker.pending.popleft().set(value)
+        except (OSError, ValueError):  # a broken pipe
             pass
         finally:
             stdout.close()
@@ -240,10 +272,21 @@ class _Workers:
                 self.alive -= 1
                 self.free.notify_all()
                 expected = self.stopping
-            if not expected:
+            if why is not None:
+                self.kill(worker, why)
+            elif not expected:
                 _stop([worker.proc])
                 log.warning("replaystore decode process %d stopped (exit code %s); its blocks are decoded on "
                             "the prefetcher's threads from now on", worker.proc.pid, worker.proc.returncode)
+
+    def kill(self, worker: _Worker, why: str) -> None:
+        """Kill a worker that cannot be trusted any more; its reply thread then fails what it had."""
+        if worker.killed:
+            return
+        worker.killed = True
+        log.warning("replaystore decode process %d killed: %s; its blocks are decoded on the prefetcher's "
+                    "threads from now on", worker.proc.pid, why)
+        _kill(worker.proc)
 
     def stop(self) -> None:
         with self.free:
@@ -255,25 +298,36 @@ class _Workers:
 class _Reply:
     """A worker's answer to one request, waited for by the thread that sent it."""
 
+    LATE = object()  # what ``wait`` returns when no answer came in time
+
     def __init__(self) -> None:
         self._ready = threading.Lock()
         self._ready.acquire()
         self.value: int | None = None
+        self.seq = 0
+        self._taken = False
 
     def set(self, value: int | None) -> None:
         self.value = value
         self._ready.release()
 
-    def wait(self) -> int | None:
-        self._ready.acquire()
+    def wait(self, timeout: float) -> Any:
+        """The answer (None: the worker is gone), or ``LATE`` after ``timeout`` seconds."""
+        if self._taken:
+            return self.value
+        if not self._ready.acquire(timeout=timeout):
+            return self.LATE
+        self._taken = True
         return self.value
 
 
 def _widen(pipe: Any) -> None:
     """Let ``pipe`` hold a whole request where the system allows it (Linux's ``F_SETPIPE_SZ``)."""
     try:
+        import fcntl
+
         fcntl.fcntl(pipe.fileno(), fcntl.F_SETPIPE_SZ, PIPE_NBYTES)
-    except (AttributeError, OSError):
+    except (ImportError, AttributeError, OSError):
         pass  # older kernels, or a lower /proc/sys/fs/pipe-max-size: the default works, only slower
 
 
@@ -288,7 +342,21 @@ def _stop(procs: list[subprocess.Popen]) -> None:
             pass
     for proc in procs:
         try:
-            proc.wait(timeout=5)
+            proc.wait(timeout=CLOSE_TIMEOUT)
         except subprocess.TimeoutExpired:
+            _kill(proc)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """SIGKILL a worker's process group (it leads its own), and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError, AttributeError):
+        try:
             proc.kill()
-            proc.wait()
+        except OSError:
+            pass
+    try:
+        proc.wait(timeout=CLOSE_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        pass

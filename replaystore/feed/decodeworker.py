@@ -9,7 +9,8 @@ Why a process: the prefetcher's worker threads wait for the GIL beside a consume
 a block's work that needs no store state (decoding and gathering, most of it) runs under another
 interpreter's lock (decodeprocs.py says more).
 
-Protocol, on stdin / stdout, all integers int64 little-endian. A request is one block:
+Protocol, on stdin / stdout, all integers int64 little-endian. A request is one block, framed:
+``MAGIC``, its sequence number, and the byte length of what follows, then
 
 - ``HEADER`` fields: ``obs`` and ``next_obs`` byte offsets of the block in the memfd, ``k``
   batches, ``rows`` frames per part (``obs[i]`` holds ``rows`` frames, as does ``next_obs[i]``),
@@ -20,9 +21,11 @@ Protocol, on stdin / stdout, all integers int64 little-endian. A request is one 
   its destination row among ``obs[i]`` and ``next_obs[i]`` laid end to end;
 - the payloads, back to back.
 
-The reply is one int64: -1 when every batch was written, else the index of the first batch whose
-chunks did not decode (the parent decodes that batch itself to name the bad chunk). End of input
-ends the process. It runs in a process group of its own, so Ctrl-C in a terminal does not reach
+The reply is two int64: the request's sequence number, then -1 when every batch was written, else
+the index of the first batch whose chunks did not decode (the parent decodes that batch itself to
+name the bad chunk). A frame that does not start with ``MAGIC``, or whose parts do not add up to
+its length or point outside the shared memory, is never acted on: the process exits with status
+``DESYNC`` (the parent then decodes on its threads). End of input ends the process. It runs in a process group of its own, so Ctrl-C in a terminal does not reach
 it, and it ignores SIGINT anyway: the parent decides when it stops.
 """
 
@@ -43,6 +46,13 @@ import numpy as np
 
 HEADER = ("obs_at", "next_at", "k", "rows", "frame_nbytes", "chunk_nbytes", "chunks", "gathered", "blob_nbytes")
 OK = -1
+MAGIC = 0x31515245444F4352  # b"RCODERQ1", little-endian
+FRAME = 3  # int64s before a request's body: MAGIC, sequence number, body bytes
+DESYNC = 4  # exit status: a request that cannot be trusted
+
+
+class BadRequest(Exception):
+    """A request whose framing or sizes are inconsistent: nothing of it is written."""
 
 
 def load_libzstd() -> Any:
@@ -77,7 +87,7 @@ class BlockDecoder:
         self.area = np.empty(0, np.uint8)  # decoded chunks of one batch, reused (fresh memory is costly)
         self.scratch = np.empty(0, np.uint8)
 
-    def fill(self, head: dict[str, int], arrays: list[np.ndarray], blob: bytes) -> int:
+    def fill(self, head: dict[str, int], arrays: list[np.ndarray], blob: bytes | memoryview) -> int:
         """Decode and gather every batch of one request; ``OK`` or the first batch that failed."""
         chunk_counts, row_counts, joined, lengths, source, dest = arrays
         rows, frame, chunk = head["rows"], head["frame_nbytes"], head["chunk_nbytes"]
@@ -133,24 +143,36 @@ class BlockDecoder:
         return self.scratch[:nbytes]
 
 
-def read_request(stream: Any) -> tuple[dict[str, int], list[np.ndarray], bytes] | None:
-    """One request from ``stream``, or None at the end of input."""
-    raw = stream.read(8 * len(HEADER))
-    if len(raw) < 8 * len(HEADER):
+def read_request(stream: Any, memory_nbytes: int) -> tuple[int, dict[str, int], list[np.ndarray], bytes] | None:
+    """One request from ``stream`` (its sequence number, header, arrays and payloads), or None at the
+    end of input. Raises ``BadRequest`` for a frame that cannot be trusted."""
+    frame = stream.read(8 * FRAME)
+    if len(frame) < 8 * FRAME:
         return None
-    head = dict(zip(HEADER, np.frombuffer(raw, "<i8").tolist(), strict=True))
+    magic, seq, length = np.frombuffer(frame, "<i8").tolist()
+    if magic != MAGIC or not 8 * len(HEADER) <= length <= 1 << 40:
+        raise BadRequest(f"frame {magic:#x} of {length} bytes")
+    body = stream.read(length)
+    if len(body) < length:
+        return None
+    head = dict(zip(HEADER, np.frombuffer(body[: 8 * len(HEADER)], "<i8").tolist(), strict=True))
     k, chunks, gathered = head["k"], head["chunks"], head["gathered"]
     sizes = [k, k, k, chunks, gathered, gathered]
-    body = stream.read(8 * sum(sizes))
-    blob = stream.read(head["blob_nbytes"])
-    if len(body) < 8 * sum(sizes) or len(blob) < head["blob_nbytes"]:
-        return None
-    flat = np.frombuffer(body, "<i8")
+    if min(sizes) < 0 or min(head.values()) < 0 or 8 * (len(HEADER) + sum(sizes)) + head["blob_nbytes"] != length:
+        raise BadRequest("sizes that do not add up to the frame")
+    flat = np.frombuffer(body, "<i8", count=len(HEADER) + sum(sizes))[len(HEADER):]
     arrays, at = [], 0
     for size in sizes:
         arrays.append(flat[at : at + size])
         at += size
-    return head, arrays, blob
+    chunk_counts, row_counts, _, lengths, _, dest = arrays
+    part = head["rows"] * head["frame_nbytes"]
+    if (int(chunk_counts.sum()) != chunks or int(row_counts.sum()) != gathered
+            or int(lengths[lengths > 0].sum()) != head["blob_nbytes"]
+            or max(head["obs_at"], head["next_at"]) + k * part > memory_nbytes
+            or (dest.size and (int(dest.min()) < 0 or int(dest.max()) >= 2 * head["rows"]))):
+        raise BadRequest("a request that points outside its block")
+    return seq, head, arrays, memoryview(body)[8 * (len(HEADER) + sum(sizes)):]
 
 
 def main(argv: list[str]) -> int:
@@ -161,9 +183,14 @@ def main(argv: list[str]) -> int:
     memory = np.frombuffer(mmap.mmap(fd, nbytes), np.uint8)
     decoder = BlockDecoder(memory, lib)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    while (request := read_request(stdin)) is not None:
-        stdout.write(np.int64(decoder.fill(*request)).tobytes())
-        stdout.flush()
+    try:
+        while (request := read_request(stdin, nbytes)) is not None:
+            seq, head, arrays, blob = request
+            stdout.write(np.array([seq, decoder.fill(head, arrays, blob)], dtype="<i8").tobytes())
+            stdout.flush()
+    except BadRequest as exc:
+        sys.stderr.write(f"replaystore decode process: {exc}; stopping\n")
+        return DESYNC
     return 0
 
 

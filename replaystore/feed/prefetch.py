@@ -122,14 +122,17 @@ class Prefetcher:
         return future.result()
 
     def close(self) -> None:
+        """Stop the workers: the decode processes first (a hung one is killed after
+        ``decodeprocs.CLOSE_TIMEOUT`` seconds, and the blocks it held are finished on the threads),
+        then the threads, which then have at most a block each to finish."""
         with self._lock:
             self._closed = True
             for f in self._inflight:
                 f.cancel()
             self._inflight.clear()
-        self._pool.shutdown(wait=True)
         if self.processes is not None:
             self.processes.close()
+        self._pool.shutdown(wait=True)
 
     def _draw(self, j: int) -> dict[str, np.ndarray]:
         """Block ``j``: its transitions drawn with ``default_rng([seed, j])`` and its ring reads done

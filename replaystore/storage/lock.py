@@ -3,11 +3,16 @@
 ``flock`` is released by the kernel when the holding process dies, so a lock left by a crashed or
 SIGKILLed writer never blocks the next one; no pid-liveness guessing is needed. The file also records
 the holder's pid, host and start time so the refusal can say who holds it. Readers take no lock.
+
+Every way the lock can fail is named: another writer (``StoreLockedError``, naming it), a filesystem
+without locks such as NFS without lockd, a directory that cannot be written, a platform without
+``fcntl`` (``LockUnavailableError``), no descriptors left (``TooManyOpenFilesError``). The lock's
+descriptor is closed on every path that does not end holding it.
 """
 
 from __future__ import annotations
 
-import fcntl
+import errno
 import json
 import os
 import shutil
@@ -15,10 +20,17 @@ import socket
 import time
 from pathlib import Path
 
-from replaystore.errors import StoreExistsError, StoreLockedError
+from replaystore.errors import LockUnavailableError, StoreExistsError, StoreLockedError, TooManyOpenFilesError
 from replaystore.format.validate import is_store_dir
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: reading works, writing is refused when a lock is asked for
+    fcntl = None  # type: ignore[assignment]
+
 LOCK_NAME = "writer.lock"
+#: flock errors that mean "this filesystem does not do locks", not "someone holds it"
+_NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.ENOSYS}
 
 
 class WriterLock:
@@ -29,31 +41,60 @@ class WriterLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        """Take the lock or raise ``StoreLockedError`` naming the live holder."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        """Take the lock or raise ``StoreLockedError`` naming the live holder (see the module
+        docstring for the other errors)."""
+        store = self.path.parent
+        if fcntl is None:
+            raise LockUnavailableError(errno.ENOSYS, f"cannot open {store} for writing: this platform has no fcntl "
+                                       "(POSIX file locks), which the writer lock needs; open it with mode='r' to "
+                                       "read it, or write it on Linux or macOS")
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                raise TooManyOpenFilesError(exc.errno, f"cannot create the writer lock {self.path}: this process has "
+                                            "too many open files; close replay stores you no longer use, or raise "
+                                            "the limit (`ulimit -n`)") from exc
+            raise LockUnavailableError(exc.errno, f"cannot create the writer lock {self.path} ({exc.strerror}); "
+                                       "the store's directory must be writable to open it for writing: open it "
+                                       "with mode='r' to read it") from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = self._describe_holder()
             os.close(fd)
             raise StoreLockedError(
-                f"{self.path.parent} is open for writing by {holder}; close that writer first, "
+                f"{store} is open for writing by {holder}; close that writer first, "
                 "or open this store with mode='r' to read it while it is written"
             ) from None
-        info = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}).encode()
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, info, 0)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in _NO_LOCKS:
+                raise LockUnavailableError(exc.errno, f"cannot lock {self.path} ({exc.strerror}): the filesystem "
+                                           f"holding {store} does not support file locks (NFS without lockd, "
+                                           "some FUSE mounts); put the store on a local disk to write it, or "
+                                           "open it with mode='r' to read it") from exc
+            raise LockUnavailableError(exc.errno, f"cannot lock {self.path} ({exc.strerror}); open the store "
+                                       "with mode='r' to read it") from exc
+        try:  # who holds it, for the refusal a second writer gets: worth having, not worth failing for
+            info = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}).encode()
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, info, 0)
+        except OSError:
+            pass
         self._fd = fd
 
     def release(self) -> None:
-        if self._fd is not None:
-            try:
-                os.ftruncate(self._fd, 0)
-            except OSError:
-                pass
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            os.ftruncate(fd, 0)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        except OSError:
+            pass  # closing the descriptor below releases the lock anyway
+        finally:
+            os.close(fd)
 
     @property
     def held(self) -> bool:
