@@ -2,7 +2,8 @@
 
 Usage: python crash_child.py STORE LOG SEED. Every step's content is a function of its position, so
 a killed child's store can be checked, and a new child continues it exactly. After each flush the
-committed ``added`` is appended to LOG (fsynced): the parent checks that much survived.
+committed ``added`` is appended to LOG (fsynced): the parent checks that much survived. Once the
+child has committed something of its own it prints ``writing`` (the parent kills only after that).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ def main(path: str, log: str, seed: int) -> None:
         store = ReplayStore.create(path, CAPACITY, gym.spaces.Box(0, 255, SHAPE, np.uint8), gym.spaces.Discrete(4),
                                    STACK, layout=Layout(shard_len=SHARD, obs_chunk_len=CHUNK))
     fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    started, ready = store.committed.added, False
     while True:
         h = store.added - 1 if store.episode_in_progress else store.added
         action, reward, term, trunc = move(h)
@@ -47,6 +49,10 @@ def main(path: str, log: str, seed: int) -> None:
             store.flush()
             os.write(fd, f"{store.committed.added}\n".encode())
             os.fsync(fd)
+        if not ready and store.committed.added > started:  # the handshake: this child has committed
+            sys.stdout.write("writing\n")
+            sys.stdout.flush()
+            ready = True
 
 
 if __name__ == "__main__":

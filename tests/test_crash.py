@@ -8,6 +8,7 @@ child continues it, so kills land in every phase (mid-shard, at a shard boundary
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -54,21 +55,19 @@ def kill_rounds(tmp_path: Path, rounds: int, seed: int) -> None:
     path, log = tmp_path / "r.zarr", tmp_path / "commits.log"
     rng = np.random.default_rng(seed)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    survived = 0
+    live_kills = 0  # kills that hit a child still writing, after it had committed something itself
     for i in range(rounds):
         child = subprocess.Popen([sys.executable, str(CHILD), str(path), str(log), str(i)], env=env,
-                                 stderr=subprocess.PIPE)
-        deadline = time.monotonic() + 20
-        while not (path / "zarr.json").exists() and time.monotonic() < deadline and child.poll() is None:
-            time.sleep(0.01)
-        time.sleep(float(rng.uniform(0.05, 0.8)))
-        assert child.poll() is None, child.stderr.read().decode() if child.stderr else "child exited"
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        ready = select.select([child.stdout], [], [], 60)[0] and child.stdout.readline() == b"writing\n"
+        assert ready, child.stderr.read().decode() if child.poll() is not None else "the child never started writing"
+        time.sleep(float(rng.uniform(0.0, 0.4)))
+        live_kills += child.poll() is None
         child.send_signal(signal.SIGKILL)
         child.wait()
         logged = [int(x) for x in log.read_text().split()] if log.exists() else [0]
         check_store(path, max(logged, default=0))
-        survived += 1
-    assert survived == rounds
+    assert live_kills >= rounds * 0.9, f"only {live_kills} of {rounds} kills landed on a writing child"
     final = ReplayStore.open(path)
     assert final.committed.added > final.capacity, "the ring never wrapped during the crash test"
     final.close()

@@ -195,11 +195,15 @@ def decode_shard(raw: bytes, *, chunk_len: int, n_chunks: int, codec: Any, out: 
         decode_chunk(payload, codec, rows, name=name, shard=shard, chunk=c)
 
 
-def atomic_write(path: Path, data: bytes, *, sync: bool = True) -> None:
-    """Write ``data`` to ``path`` via a fsynced temporary file and a rename; ENOSPC gets a clear error."""
+def atomic_write(path: Path, data: bytes, *, sync: bool = True, dirs: set[Path] | None = None) -> None:
+    """Write ``data`` to ``path`` via a fsynced temporary file and a rename; ENOSPC gets a clear error.
+
+    The rename is durable once ``path``'s directory is fsynced: with ``dirs``, that directory (and
+    the parent of any directory made for it) is added there for the caller to sync once for many
+    files (``fsync_dirs``); without, it is synced here."""
     tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}{PARTIAL_SUFFIX}")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        made = _make_parents(path.parent)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             view = memoryview(data)
@@ -211,6 +215,12 @@ def atomic_write(path: Path, data: bytes, *, sync: bool = True) -> None:
         finally:
             os.close(fd)
         os.replace(tmp, path)
+        if sync:
+            todo = {path.parent, *(d.parent for d in made)}
+            if dirs is None:
+                fsync_dirs(todo)
+            else:
+                dirs.update(todo)
     except OSError as exc:
         try:
             tmp.unlink(missing_ok=True)
@@ -226,17 +236,44 @@ def atomic_write(path: Path, data: bytes, *, sync: bool = True) -> None:
 
 
 def fsync_dir(path: Path) -> None:
-    """fsync a directory so renames inside it survive a power cut."""
+    """fsync a directory so renames inside it survive a power cut. Errors are raised as
+    ``StoreWriteError``, except where the filesystem cannot sync directories at all (EINVAL,
+    ENOTSUP: nothing more can be done there)."""
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError as exc:
+        raise StoreWriteError(exc.errno or errno.EIO, f"could not open {path} to make its files durable: {exc}") from exc
     try:
         os.fsync(fd)
-    except OSError:
-        pass
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EBADF):
+            raise StoreWriteError(exc.errno or errno.EIO, f"could not make the files in {path} durable (fsync: "
+                                  f"{exc.strerror}); the store on disk is still at its last commit") from exc
     finally:
         os.close(fd)
+
+
+def fsync_dirs(dirs: set[Path]) -> None:
+    """``fsync_dir`` each of ``dirs``, deepest first (a new directory before the one holding it)."""
+    for d in sorted(dirs, key=lambda d: len(d.parts), reverse=True):
+        fsync_dir(d)
+
+
+def _make_parents(directory: Path) -> list[Path]:
+    """Make ``directory`` and its missing parents; returns those it made (their parents need a sync)."""
+    missing = []
+    d = directory
+    while not d.exists():
+        missing.append(d)
+        if d.parent == d:
+            break
+        d = d.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir()
+        except FileExistsError:
+            pass
+    return missing
 
 
 def remove_partials(root: Path) -> int:

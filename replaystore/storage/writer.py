@@ -24,6 +24,7 @@ import dataclasses
 import datetime as _dt
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ from replaystore.format.shards import (
     atomic_write,
     decode_shard,
     encode_shard,
-    fsync_dir,
+    fsync_dirs,
     numcodecs_codec,
     shard_key,
 )
@@ -47,8 +48,7 @@ log = logging.getLogger(__name__)
 
 def write_group_json(root: Path, group_doc: dict[str, Any]) -> None:
     """Atomically replace ``root/zarr.json`` (the commit point)."""
-    atomic_write(root / "zarr.json", json.dumps(group_doc, indent=2).encode())
-    fsync_dir(root)
+    atomic_write(root / "zarr.json", json.dumps(group_doc, indent=2).encode())  # syncs root too
 
 
 class Writer:
@@ -90,6 +90,28 @@ class Writer:
         self.buffer[slot - shard * self.layout.shard_len] = obs
         self.region_dirty = True
 
+    def writes_for(self, positions: list[int]) -> bool:
+        """Whether putting frames at ``positions`` (in order) writes to disk: one falls outside the shard
+        the buffer holds."""
+        shard_len, cap = self.layout.shard_len, self.schema.capacity
+        return any((p % cap) // shard_len != self.region for p in positions)
+
+    def undo_point(self, positions: list[int]) -> Callable[[], None]:
+        """A function that puts the buffer, its shard and the counters back as they are now, after
+        putting frames at ``positions`` failed part-way (a write error in the commit it caused)."""
+        region, dirty, episodes, committed = self.region, self.region_dirty, self.episodes, self.committed
+        shard_len, cap = self.layout.shard_len, self.schema.capacity
+        rows = [p % cap - region * shard_len for p in positions if (p % cap) // shard_len == region]
+        kept = self.buffer[rows].copy()
+
+        def undo() -> None:
+            if self.region != region:  # the shard was written and the buffer moved on: load it back
+                self.enter_region(region)
+            self.buffer[rows] = kept
+            self.region_dirty, self.episodes, self.committed = dirty, episodes, committed
+
+        return undo
+
     def frame_at(self, position: int) -> np.ndarray:
         return np.array(self.reader.gather(np.array([position], dtype=np.int64))[0])
 
@@ -124,16 +146,17 @@ class Writer:
         new_lo = ring.lo
         if new_lo > self.committed.live_start(self.schema.capacity):
             self.commit(dataclasses.replace(self.committed, oldest=new_lo, updated=_now()))
+        dirs: set[Path] = set()  # directories files were renamed into: each synced once, before the commit
         if self.region_dirty:
-            self._write_obs_shard()
+            self._write_obs_shard(dirs)
         for shard in sorted(ring.dirty_shards):
-            self._write_scalar_shard(shard, ring.fields)
+            self._write_scalar_shard(shard, ring.fields, dirs)
         priority_only = {"priority": ring.priority}
         for shard in sorted(ring.dirty_priority_shards - ring.dirty_shards):
-            self._write_scalar_shard(shard, priority_only)
+            self._write_scalar_shard(shard, priority_only, dirs)
+        fsync_dirs(dirs)
         ring.dirty_shards.clear()
         ring.dirty_priority_shards.clear()
-        fsync_dir(self.root)
         self.commit(self.state())
 
     def commit(self, state: State) -> None:
@@ -148,15 +171,15 @@ class Writer:
     def _rows(self, shard: int) -> int:
         return min(self.layout.shard_len, self.schema.capacity - shard * self.layout.shard_len)
 
-    def _write_obs_shard(self) -> None:
+    def _write_obs_shard(self, dirs: set[Path]) -> None:
         shard = self.region
         data = encode_shard(self.buffer, chunk_len=self.layout.obs_chunk_len, rows=self._rows(shard), codec=self.codec)
         path = self.root / shard_key("obs", shard, self._item_ndim)
-        atomic_write(path, data)
+        atomic_write(path, data, dirs=dirs)
         self.reader.invalidate(shard)
         self.region_dirty = False
 
-    def _write_scalar_shard(self, shard: int, fields: dict[str, np.ndarray]) -> None:
+    def _write_scalar_shard(self, shard: int, fields: dict[str, np.ndarray], dirs: set[Path]) -> None:
         start = shard * self.layout.shard_len
         rows = self._rows(shard)
         for name, values in fields.items():
@@ -166,7 +189,7 @@ class Writer:
             buf[:rows] = values[start : start + rows]
             buf[rows:] = 0
             data = encode_shard(buf, chunk_len=self.layout.shard_len, rows=rows, codec=self.codec)
-            atomic_write(self.root / shard_key(name, shard, 0), data)
+            atomic_write(self.root / shard_key(name, shard, 0), data, dirs=dirs)
 
 
 def load_scalars(root: Path, schema: Schema, layout: Layout, ring: Ring) -> None:

@@ -65,18 +65,53 @@ class Writing:
                 "before starting a new one"
             )
         ring = self.ring
-        if not in_progress:
-            writer.put_frame(ring.added, obs_a)
-            ring.append_step(0, False)
-            writer.episodes += 1
-        head = ring.added - 1
-        ring.set_move(head, act, rew, term, trunc)
-        ring.priority[head % ring.capacity] = self._priorities.max_priority
-        writer.put_frame(ring.added, next_a)
-        done = term or trunc
-        ring.append_step(int(ring.ep_step[head % ring.capacity]) + 1, done)
-        ring.mark_transition(head)
+        frames = [ring.added, ring.added + 1] if not in_progress else [ring.added]
+        # Writing reaches the disk only when a frame falls outside the writer's shard (once a shard):
+        # then keep what this call changes, so that a failed write can put it all back.
+        undo = self._undo_point(frames) if writer.writes_for(frames) else None
+        try:
+            if not in_progress:
+                writer.put_frame(ring.added, obs_a)
+                ring.append_step(0, False)
+                writer.episodes += 1
+            head = ring.added - 1
+            ring.set_move(head, act, rew, term, trunc)
+            ring.priority[head % ring.capacity] = self._priorities.max_priority
+            writer.put_frame(ring.added, next_a)
+            done = term or trunc
+            ring.append_step(int(ring.ep_step[head % ring.capacity]) + 1, done)
+            ring.mark_transition(head)
+        except BaseException:
+            if undo is not None:
+                undo()
+            raise
         self._head_obs = None if done else next_a.copy()
+
+    def _undo_point(self, frames: list[int]) -> Callable[[], None]:
+        """A function that puts back everything in RAM an ``add`` writing ``frames`` can change: the
+        steps it adds, the move before them, the old steps it retires (and the stacks that reached
+        them), the counters, and the writer's buffer. The disk needs no undoing: a failed commit
+        leaves the files of the last one (see storage/writer.py)."""
+        ring, writer = self.ring, self._require_writer("add")
+        lo = ring.lo
+        positions = np.r_[frames[0] - 1 : frames[-1] + 1, lo : lo + len(frames) + ring.frame_stack].astype(np.int64)
+        slots = np.unique(positions[positions >= 0] % ring.capacity)
+        saved = {name: values[slots].copy() for name, values in ring.fields.items()}
+        valid = ring.valid[slots].copy()
+        counters = (ring.added, ring.oldest, ring.n_valid, set(ring.dirty_shards), set(ring.dirty_priority_shards))
+        head_obs = self._head_obs
+        restore_writer = writer.undo_point(frames)
+
+        def undo() -> None:
+            for name, values in ring.fields.items():
+                values[slots] = saved[name]
+            ring.valid[slots] = valid
+            ring.added, ring.oldest, ring.n_valid = counters[:3]
+            ring.dirty_shards, ring.dirty_priority_shards = set(counters[3]), set(counters[4])
+            self._head_obs = head_obs
+            restore_writer()
+
+        return undo
 
     def load_steps(self, scalars: Mapping[str, np.ndarray], frame_blocks: Iterable[np.ndarray]) -> None:
         """Fill this new, empty store with whole steps at positions ``0 .. n-1`` (``compact`` copies a

@@ -1,0 +1,295 @@
+"""Faults a store must survive in the field: the disk filling up inside ``add``, stores dropped
+without ``close()`` (descriptors), running out of descriptors, lock errors, and samplers with a
+tiny cache reading chunks outside the lock while the writer wraps the ring."""
+
+from __future__ import annotations
+
+import errno
+import gc
+import os
+import resource
+import subprocess
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import OBS_SHAPE, fill, frame, make_store, snapshot
+
+from replaystore import Layout, ReplayStore, StoreWriteError
+from replaystore.cli.verify import verify_store
+from replaystore.errors import LockUnavailableError, TooManyOpenFilesError
+from replaystore.storage import lock as lock_module
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def ram_state(store: ReplayStore) -> dict[str, object]:
+    """Everything in RAM that ``add`` may change, copied."""
+    ring, writer = store.ring, store._writer
+    return {**{name: values.copy() for name, values in ring.fields.items()}, "valid": ring.valid.copy(),
+            "counters": (ring.added, ring.oldest, ring.n_valid, sorted(ring.dirty_shards)),
+            "buffer": writer.buffer.copy(), "region": (writer.region, writer.region_dirty, writer.episodes),
+            "committed": store.committed, "head": None if store._head_obs is None else store._head_obs.copy()}
+
+
+def assert_same_ram(a: dict[str, object], b: dict[str, object]) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        if isinstance(a[key], np.ndarray):
+            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+        else:
+            assert a[key] == b[key], key
+
+
+def add_one(store: ReplayStore, i: int, episode_len: int) -> None:
+    """Transition ``i`` as ``conftest.fill`` adds it, on its own (so a failed one can be retried)."""
+    done = (i + 1) % episode_len == 0
+    obs = frame(i) if i % episode_len == 0 else frame(i + 100_000)
+    store.add(obs, i % 5, float(i % 3), frame(i + 1 + 100_000), done and i % 2 == 0, done and i % 2 == 1)
+
+
+def fill_disk(where: Path) -> Path:
+    """Take every byte left on the filesystem at ``where`` with one file; returns it."""
+    ballast = where / "ballast"
+    fd = os.open(ballast, os.O_WRONLY | os.O_CREAT)
+    try:
+        for size in (65536, 4096, 512, 1):
+            try:
+                while True:
+                    os.write(fd, b"x" * size)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC
+    finally:
+        os.close(fd)
+    return ballast
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path):
+    """A 1 MiB tmpfs: a real disk that fills up (ENOSPC), mounted for the test."""
+    where = tmp_path / "tiny"
+    where.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.decode().strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def test_disk_full_inside_add_leaves_the_store_as_it_was(tiny_disk: Path) -> None:
+    path = tiny_disk / "r.zarr"
+    store = make_store(path, capacity=64, shard_len=16, chunk_len=4)
+    fill(store, 20, episode_len=7)
+    store.flush()
+    ballast = fill_disk(tiny_disk)
+    failed = 0
+    for i in range(20, 60):  # go on adding until an add has to write a shard and cannot
+        before, disk = ram_state(store), snapshot(path)
+        try:
+            add_one(store, i, 7)
+        except StoreWriteError as exc:
+            assert exc.errno == errno.ENOSPC and "disk full" in str(exc)
+            assert_same_ram(ram_state(store), before)
+            assert snapshot(path) == disk, "a failed add changed the files of the last commit"
+            failed = i
+            break
+    assert failed, "no add ever had to write"
+    with pytest.raises(StoreWriteError):  # still full: the same add fails the same way, nothing changes
+        add_one(store, failed, 7)
+    assert_same_ram(ram_state(store), before)
+    ballast.unlink()
+    add_one(store, failed, 7)  # space again: the same add now succeeds
+    for i in range(failed + 1, failed + 31):
+        add_one(store, i, 7)
+    expected = store.sample(16, rng=np.random.default_rng(0))
+    store.close()
+    assert verify_store(path).ok
+    again = ReplayStore.open(path)
+    assert again.added == store.added
+    got = again.sample(16, rng=np.random.default_rng(0))
+    for name in ("obs", "next_obs", "action", "reward", "terminated", "truncated"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(expected, name), err_msg=name)
+    again.close()
+
+
+def test_disk_full_when_add_wraps_the_ring(tiny_disk: Path) -> None:
+    """The add that needs the disk is one that overwrites old steps: it fails whole too."""
+    path = tiny_disk / "r.zarr"
+    store = make_store(path, capacity=32, shard_len=8, chunk_len=4)
+    fill(store, 40, episode_len=5)
+    store.flush()
+    ballast = fill_disk(tiny_disk)
+    for i in range(40, 60):
+        before = ram_state(store)
+        try:
+            add_one(store, i, 5)
+        except StoreWriteError:
+            assert_same_ram(ram_state(store), before)
+            break
+    else:
+        pytest.fail("no add ever had to write")
+    ballast.unlink()
+    for j in range(i, i + 10):
+        add_one(store, j, 5)
+    store.close()
+    assert verify_store(path).ok
+
+
+def test_stores_dropped_without_close_give_their_descriptors_back(tmp_path: Path) -> None:
+    path = tmp_path / "r.zarr"
+    store = make_store(path, capacity=128, shard_len=32, chunk_len=4)  # 4 shard files: 8,000 if they leaked
+    fill(store, 250)
+    store.close()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, hard), hard))
+    try:
+        gc.collect()
+        start = open_fds()
+        for _ in range(2000):
+            s = ReplayStore.open(path)
+            s.sample(4)
+            del s  # never closed
+        gc.collect()
+        assert open_fds() == start
+        writer = ReplayStore.open(path, mode="a")  # a writer dropped without close: flushed, lock released
+        for i in range(250, 255):
+            add_one(writer, i, 7)
+        added = writer.added
+        del writer
+        gc.collect()
+        assert open_fds() == start
+        with ReplayStore.open(path, mode="a") as again:  # the lock is free again
+            assert again.committed.added == added
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_running_out_of_descriptors_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "r.zarr"
+    store = make_store(path, capacity=256, shard_len=16, chunk_len=4)
+    fill(store, 250)
+    store.close()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (open_fds() + 3, hard))
+        s = ReplayStore.open(path)  # too few descriptors to keep every shard open: opens them lazily
+        with pytest.raises(TooManyOpenFilesError, match="too many open files.*close replay stores.*ulimit -n"):
+            for _ in range(50):
+                s.sample(32)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    s.close()
+
+
+@pytest.mark.parametrize("err", [errno.ENOLCK, errno.EOPNOTSUPP, errno.EIO], ids=["ENOLCK", "EOPNOTSUPP", "EIO"])
+def test_lock_errors_are_named_and_leak_nothing(tmp_path: Path, err: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """flock failing for a reason other than another writer (NFS without lockd says ENOLCK)."""
+    path = tmp_path / "r.zarr"
+    store = make_store(path)
+    fill(store, 20)
+    store.close()
+    disk = snapshot(path)
+
+    def flock(fd: int, op: int) -> None:
+        raise OSError(err, os.strerror(err))
+
+    monkeypatch.setattr(lock_module.fcntl, "flock", flock)
+    start = open_fds()
+    with pytest.raises(LockUnavailableError) as exc:
+        ReplayStore.open(path, mode="a")
+    assert exc.value.errno == err and "mode='r'" in str(exc.value)
+    if err != errno.EIO:
+        assert "does not support file locks" in str(exc.value)
+    assert open_fds() == start and snapshot(path) == disk
+    ReplayStore.open(path).close()  # reading needs no lock
+
+
+def test_a_read_only_directory_cannot_be_locked_but_can_be_read(tmp_path: Path) -> None:
+    if os.geteuid() == 0:
+        pytest.skip("root writes to read-only directories anyway")
+    path = tmp_path / "r.zarr"
+    store = make_store(path)
+    fill(store, 20)
+    store.close()
+    (path / "writer.lock").unlink()
+    path.chmod(0o555)
+    try:
+        with pytest.raises(LockUnavailableError, match="must be writable"):
+            ReplayStore.open(path, mode="a")
+        ReplayStore.open(path).close()
+    finally:
+        path.chmod(0o755)
+
+
+FRAME = 8  # bytes of the frame that carry its position
+
+
+def frame_of(position: int) -> np.ndarray:
+    """A frame that says which step it is: its first 8 bytes are the position."""
+    out = np.full(OBS_SHAPE, position % 253, dtype=np.uint8)
+    out.flat[:FRAME] = np.frombuffer(np.int64(position).tobytes(), np.uint8)
+    return out
+
+
+def test_samplers_with_a_tiny_cache_while_the_writer_wraps_see_the_ground_truth(tmp_path: Path) -> None:
+    """Two threads sample with a 1 KB cache (nearly every chunk read from disk, outside the lock)
+    while this thread adds and wraps a 128-step ring 20 times. Every sampled transition must be the
+    one written at its position: frames, stack padding, move and next frames, all derived from the
+    position the newest frame names (not from the store's own output)."""
+    episode = 9  # moves per episode: an episode is 10 steps, step p is ep_step p % 10
+    path = tmp_path / "r.zarr"
+    store = ReplayStore.create(path, 128, *_spaces(), frame_stack=3, cache_bytes=64,
+                               layout=Layout(shard_len=16, obs_chunk_len=4))
+
+    def add(p: int) -> None:  # adds the move from step p (a new episode adds its first step too)
+        store.add(frame_of(p), p % 5, float(p % 7), frame_of(p + 1), (p + 1) % (episode + 1) == episode, False)
+
+    p = 0
+    while store.added < 40:
+        add(p)
+        p += 2 if (p + 1) % (episode + 1) == episode else 1
+    errors: list[str] = []
+    checked = [0]
+    stop = threading.Event()
+
+    def sample() -> None:
+        rng = np.random.default_rng(threading.get_ident() % 1000)
+        while not stop.is_set():
+            batch = store.sample(8, rng=rng)
+            for i in range(8):
+                at = int(np.frombuffer(batch.obs[i, -1].tobytes()[:FRAME], np.int64)[0])
+                ep = at % (episode + 1)
+                want = [frame_of(at - min(m, ep)) for m in (2, 1, 0)]
+                want_next = [frame_of(at + 1 - min(m, ep + 1)) for m in (2, 1, 0)]
+                if not (np.array_equal(batch.obs[i], np.stack(want)) and np.array_equal(batch.next_obs[i], np.stack(want_next))
+                        and batch.action[i] == at % 5 and batch.reward[i] == float(at % 7)
+                        and bool(batch.terminated[i]) == ((at + 1) % (episode + 1) == episode)):
+                    errors.append(f"transition at step {at} (slot {batch.index[i]}) is not what was written")
+            checked[0] += 8
+
+    threads = [threading.Thread(target=sample) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        while store.added < 20 * 128 and not errors:
+            add(p)
+            p += 2 if (p + 1) % (episode + 1) == episode else 1
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not errors, errors[:3]
+    assert checked[0] > 500
+    assert store.cache_hit_rate < 0.5, "the cache was meant to miss"
+    store.close()
+
+
+def _spaces():
+    import gymnasium as gym
+
+    return gym.spaces.Box(0, 255, OBS_SHAPE, np.uint8), gym.spaces.Discrete(5)
