@@ -85,13 +85,16 @@ class ReplayStore(Writing, Sampling):
     """
 
     def __init__(self, root: Path, schema: Schema, layout: Layout, state: State, group_doc: dict[str, Any], *,
-                 writable: bool, cache_bytes: int, lock: WriterLock | None, decode_threads: int = 1) -> None:
+                 writable: bool, cache_bytes: int, lock: WriterLock | None, decode_threads: int = 1,
+                 memory_budget: int | None = None) -> None:
         self.path = root
         self.schema = schema
         self.layout = layout
         self.mode = "a" if writable else "r"
         self._lock = lock
         self._closed = False
+        self._memory_budget = memory_budget
+        self._prefetchers: weakref.WeakSet[Any] = weakref.WeakSet()  # live ones: their RAM is the store's too
         # Guards the ring, the writer and the reader's caches: ``add``/``flush`` and the planning half of
         # ``sample`` hold it; decoding frames does not (see reader.py), so samplers on other threads
         # (``as_dataset``) and the acting thread's ``add`` mostly run side by side.
@@ -165,7 +168,7 @@ class ReplayStore(Writing, Sampling):
             raise
         log.info("created replay store %s (capacity %d, layout %s)", root, capacity, layout)
         return cls(root, schema, layout, state, doc, writable=True, cache_bytes=cache_bytes, lock=lock,
-                   decode_threads=decode_threads)
+                   decode_threads=decode_threads, memory_budget=memory_budget)
 
     @classmethod
     def open(cls, path: str | Path, mode: str = "r", *, cache_bytes: int = DEFAULT_CACHE_BYTES,
@@ -198,7 +201,7 @@ class ReplayStore(Writing, Sampling):
                 if removed:
                     log.info("removed %d temporary files left by an interrupted writer in %s", removed, root)
                 return cls(root, schema, layout, state, doc, writable=True, cache_bytes=cache_bytes, lock=lock,
-                           decode_threads=decode_threads)
+                           decode_threads=decode_threads, memory_budget=memory_budget)
             except BaseException:
                 lock.release()
                 raise
@@ -209,7 +212,7 @@ class ReplayStore(Writing, Sampling):
         for _ in range(100):
             try:
                 store = cls(root, schema, layout, state, doc, writable=False, cache_bytes=cache_bytes, lock=None,
-                            decode_threads=decode_threads)
+                            decode_threads=decode_threads, memory_budget=memory_budget)
             except CorruptStoreError:
                 doc = read_group_doc(root)
                 _, _, again = from_attrs(doc.get("attributes"), path=str(root))

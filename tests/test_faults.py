@@ -293,3 +293,75 @@ def _spaces():
     import gymnasium as gym
 
     return gym.spaces.Box(0, 255, OBS_SHAPE, np.uint8), gym.spaces.Discrete(5)
+
+
+def test_the_memory_estimate_counts_prefetchers_and_the_budget_refuses_one_that_does_not_fit(tmp_path: Path) -> None:
+    from replaystore import ConfigError
+    from replaystore.feed.prefetch import Prefetcher
+
+    path = tmp_path / "r.zarr"
+    store = make_store(path, capacity=256, shard_len=32, chunk_len=4)
+    fill(store, 250)
+    store.close()
+    plain = ReplayStore.open(path)
+    base = plain.memory_estimate()
+    assert {"sampling_buffers", "shard_indexes", "chunk_cache"} <= base.keys()
+    p = Prefetcher(plain, 8, batches_per_block=4, threads=1, depth=2, seed=0, processes=False)
+    with_prefetcher = plain.memory_estimate()
+    assert with_prefetcher["prefetch_blocks"] == p.memory["prefetch_blocks"] > 0
+    p.close()
+    del p
+    gc.collect()
+    assert "prefetch_blocks" not in plain.memory_estimate()
+    plain.close()
+
+    budget = sum(base.values()) + 4096
+    tight = ReplayStore.open(path, memory_budget=budget)
+    with pytest.raises(ConfigError, match="prefetch blocks.*lower batches_per_call"):
+        Prefetcher(tight, 8, batches_per_block=512, threads=1, depth=2, seed=0, processes=False)
+    assert "prefetch_blocks" not in tight.memory_estimate()
+    tight.close()
+
+
+def test_a_containers_memory_limit_is_read(tmp_path: Path) -> None:
+    from replaystore.sampling.memory import cgroup_limit
+
+    v2, v1 = tmp_path / "memory.max", tmp_path / "memory.limit_in_bytes"
+    v2.write_text("max\n")
+    v1.write_text(f"{2**63 - 4096}\n")  # cgroup v1's "no limit"
+    assert cgroup_limit((str(v2), str(v1))) is None
+    v2.write_text("1073741824\n")
+    assert cgroup_limit((str(v2), str(v1))) == 2**30
+    assert cgroup_limit((str(tmp_path / "missing"),)) is None
+
+
+def test_without_fcntl_and_pread_the_store_reads_and_refuses_to_write_clearly(tmp_path: Path) -> None:
+    """A platform without POSIX locks or ``os.pread`` (Windows): importing works, reading works,
+    and opening for writing says why not, at that call."""
+    import sys
+
+    path = tmp_path / "r.zarr"
+    store = make_store(path)
+    fill(store, 40)
+    expected = store.sample(8, rng=np.random.default_rng(0)).obs
+    store.close()
+    np.save(tmp_path / "expected.npy", expected)
+    code = f"""
+import sys, os
+sys.modules["fcntl"] = None  # import fcntl raises ImportError
+del os.pread
+import numpy as np
+import replaystore, replaystore.cli, replaystore.feed.prefetch
+from replaystore import ReplayStore
+from replaystore.errors import LockUnavailableError
+with ReplayStore.open({str(path)!r}) as s:
+    assert np.array_equal(s.sample(8, rng=np.random.default_rng(0)).obs, np.load({str(tmp_path / 'expected.npy')!r}))
+try:
+    ReplayStore.open({str(path)!r}, mode="a")
+except LockUnavailableError as exc:
+    assert "no fcntl" in str(exc), exc
+    print("refused")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "refused"

@@ -11,8 +11,8 @@ How it works, and why it is safe:
    by slot, frames are read a new shard at a time and written as whole shards. Positions are
    renumbered from 0 but each step keeps its ``ep_step``, so every stack, n-step return and priority
    is what it was: sampling the result is equivalent. The new store is verified before it is used.
-3. Publish it. To a new DST: one ``rename``. In place: ``renameat2(RENAME_EXCHANGE)`` swaps the two
-   directories in one atomic step, then the old one is deleted. A crash at any moment leaves either
+3. Publish it. To a new DST: one ``rename``. In place: ``renameat2(RENAME_EXCHANGE)`` on Linux
+   (``renamex_np(RENAME_SWAP)`` on macOS) swaps the two directories in one atomic step, then the old one is deleted. A crash at any moment leaves either
    the old store or the new one at the path, never neither (tests/test_compact.py kills it at
    random moments); a leftover temporary directory is removed by the next compact.
 """
@@ -23,6 +23,7 @@ import ctypes
 import errno
 import os
 import shutil
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -58,6 +59,7 @@ from replaystore.store import ReplayStore
 
 Progress = Callable[[str, int, int], None]
 RENAME_EXCHANGE = 2
+RENAME_SWAP = 2  # macOS's renamex_np flag
 AT_FDCWD = -100
 
 
@@ -240,8 +242,12 @@ def _publish(tmp: Path, target: Path, *, in_place: bool) -> None:
         fsync_dir(target.parent)
         return
     libc = ctypes.CDLL(None, use_errno=True)
-    fn = getattr(libc, "renameat2", None)
-    rc = -1 if fn is None else fn(AT_FDCWD, os.fsencode(tmp), AT_FDCWD, os.fsencode(target), RENAME_EXCHANGE)
+    if sys.platform == "darwin":  # macOS: renamex_np(RENAME_SWAP) swaps two paths atomically
+        fn = getattr(libc, "renamex_np", None)
+        rc = -1 if fn is None else fn(os.fsencode(tmp), os.fsencode(target), RENAME_SWAP)
+    else:  # Linux: renameat2(RENAME_EXCHANGE)
+        fn = getattr(libc, "renameat2", None)
+        rc = -1 if fn is None else fn(AT_FDCWD, os.fsencode(tmp), AT_FDCWD, os.fsencode(target), RENAME_EXCHANGE)
     if rc != 0:
         err = errno.ENOSYS if fn is None else ctypes.get_errno()
         shutil.rmtree(tmp, ignore_errors=True)

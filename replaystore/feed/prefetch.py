@@ -32,6 +32,7 @@ import numpy as np
 
 from replaystore.errors import SampleError
 from replaystore.feed.decodeprocs import DecodeProcesses, unavailable
+from replaystore.sampling.memory import prefetch_estimate
 
 if TYPE_CHECKING:
     from replaystore.store import ReplayStore
@@ -95,7 +96,13 @@ class Prefetcher:
         self.frame_dtype = np.dtype(schema.observation.dtype)
         self._blocks: list[np.ndarray] = []
         self.processes: DecodeProcesses | None = None
-        if processes or (processes is None and why_not is None):
+        use_processes = bool(processes or (processes is None and why_not is None))
+        #: bytes of RAM this prefetcher holds, by part (counted in ``store.memory_estimate()``)
+        self.memory = prefetch_estimate(schema, store.layout, batch_size=batch_size, batches_per_block=batches_per_block,
+                                        threads=threads, blocks=depth + BLOCKS_IN_USE, processes=use_processes,
+                                        chunk_payload_bytes=store.reader.mean_chunk_bytes())
+        store.admit_prefetcher(self)  # refused here, before anything starts, if it does not fit
+        if use_processes:
             self.processes = DecodeProcesses(store.reader, processes=threads, blocks=depth + BLOCKS_IN_USE,
                                              block_nbytes=frame_nbytes(self.block_shape, self.frame_dtype))
             self._blocks = self.processes.take_blocks()  # the shared blocks, made once, recycled

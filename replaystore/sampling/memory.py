@@ -11,12 +11,21 @@ write buffer        2 x shard_len x frame bytes (writers only)    ``layout.shard
 chunk cache         at most ``cache_bytes`` of compressed chunks  ``cache_bytes``
 cache lookup        8 bytes per chunk of the ring                 ``capacity``, ``layout.obs_chunk_len``
 decode areas        128 chunks per decoding thread                ``decode_threads``, ``obs_chunk_len``
-shard indexes       128 open shards x 16 bytes per chunk          ``layout.shard_len``
+shard indexes       16 bytes per chunk of each open shard file    ``layout.shard_len`` (readers keep
+                    (128, or every shard for a read-only store)   every shard open, up to 512)
+sampling buffers    a thread's recycled outputs for batches of    the threads that call ``sample``
+                    32 (16 of them) and its scratch
+prefetch blocks     (depth + 4) blocks of batches_per_call        ``batches_per_call``, ``prefetch``,
+                    batches' frames (as_dataset / Prefetcher)     ``threads``
+decode processes    per process: the interpreter and numpy, a     ``threads``, or ``processes=False``
+                    batch's decoded chunks, a request's bytes
 ==================  ============================================  =====================================
 
 Frames are never held in RAM beyond these: that is the point of the store. ``check_budget`` refuses a
-configuration whose estimate exceeds ``memory_budget`` (or, with no budget, the machine's physical
-RAM), naming the part that is largest and the knob that shrinks it.
+configuration whose estimate exceeds ``memory_budget`` (or, with no budget, the memory this process
+may use: the machine's RAM, or the container's limit where a cgroup sets a lower one), naming the
+part that is largest and the knob that shrinks it. A prefetcher's parts are checked, against the
+same budget, when it starts.
 """
 
 from __future__ import annotations
@@ -30,9 +39,12 @@ import numpy as np
 
 from replaystore.errors import ConfigError
 from replaystore.format.schema import SCALAR_FIELDS, Layout, Schema
+from replaystore.storage.reader import OUTPUT_POOL
+from replaystore.storage.shardfiles import MAX_OPEN_SHARDS, SNAPSHOT_MAX_SHARDS
 
 DECODE_AREA_CHUNKS = 128
-OPEN_SHARDS = 128
+#: A decode process before its buffers: the interpreter, numpy and libzstd (private memory, measured).
+DECODE_PROCESS_BASE = 24 * 2**20
 MB = 2**20
 
 _KNOBS = {
@@ -43,24 +55,47 @@ _KNOBS = {
     "cache_lookup": "capacity (or layout.obs_chunk_len)",
     "decode_areas": "decode_threads (or layout.obs_chunk_len)",
     "shard_indexes": "layout.shard_len",
+    "sampling_buffers": "the number of threads that call sample",
+    "prefetch_blocks": "batches_per_call (or prefetch, threads)",
+    "decode_processes": "threads, or pass processes=False",
 }
 
 
 def estimate(schema: Schema, layout: Layout, *, writable: bool, cache_bytes: int, decode_threads: int) -> dict[str, int]:
-    """Bytes of RAM each part of a store with this configuration can use."""
+    """Bytes of RAM each part of a store with this configuration can use (one sampling thread)."""
     cap = schema.capacity
     frame = schema.observation.frame_bytes
     per_step = sum(np.dtype(d).itemsize for d in SCALAR_FIELDS.values()) + 1  # + the sampleable bitmap
     tree_leaves = 1 << max(0, int(cap - 1).bit_length())
     chunks_per_shard = layout.shard_len // layout.obs_chunk_len
+    n_shards = -(-cap // layout.shard_len)
+    open_shards = min(n_shards, MAX_OPEN_SHARDS if writable else max(MAX_OPEN_SHARDS, SNAPSHOT_MAX_SHARDS))
+    batch_frames = max(256, 2 * 32 * schema.frame_stack)  # obs and next_obs of a batch of 32
     return {
         "scalars": cap * per_step,
         "priority_tree": 2 * 2 * tree_leaves * 8,
         "write_buffer": 2 * layout.shard_len * frame if writable else 0,
         "chunk_cache": int(cache_bytes),
-        "cache_lookup": 8 * -(-cap // layout.shard_len) * chunks_per_shard,
+        "cache_lookup": 8 * n_shards * chunks_per_shard,
         "decode_areas": max(1, decode_threads) * DECODE_AREA_CHUNKS * layout.obs_chunk_len * frame,
-        "shard_indexes": OPEN_SHARDS * chunks_per_shard * 16,
+        "shard_indexes": open_shards * chunks_per_shard * 16,
+        "sampling_buffers": (OUTPUT_POOL + 1) * batch_frames * frame,
+    }
+
+
+def prefetch_estimate(schema: Schema, layout: Layout, *, batch_size: int, batches_per_block: int, threads: int,
+                      blocks: int, processes: bool, chunk_payload_bytes: int) -> dict[str, int]:
+    """Bytes of RAM a prefetcher over a store of ``schema`` holds: its frame blocks (shared with the
+    decode processes when there are any, so counted once) and each decode process's own memory.
+    ``chunk_payload_bytes`` is the mean compressed size of a frame chunk (for a request's bytes)."""
+    frame = schema.observation.frame_bytes
+    block = 2 * batches_per_block * batch_size * schema.frame_stack * frame
+    chunks_per_batch = 2 * batch_size * schema.frame_stack  # at most: every frame in a chunk of its own
+    per_process = (DECODE_PROCESS_BASE + chunks_per_batch * layout.obs_chunk_len * frame
+                   + batches_per_block * chunks_per_batch * chunk_payload_bytes)
+    return {
+        "prefetch_blocks": blocks * block,
+        "decode_processes": threads * per_process if processes else 0,
     }
 
 
@@ -71,18 +106,44 @@ def physical_ram() -> int | None:
         return None
 
 
-def check_budget(parts: dict[str, int], budget: int | None, *, path: str) -> None:
-    """Raise ``ConfigError`` when ``parts`` cannot fit in ``budget`` bytes (or in physical RAM)."""
+CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
+def cgroup_limit(files: tuple[str, ...] = CGROUP_LIMITS) -> int | None:
+    """The memory limit of this process's container (cgroup v2, else v1), or None where none is set."""
+    for name in files:
+        try:
+            text = Path(name).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 1 << 60:  # v1 says "no limit" with a huge number, v2 with "max"
+            return int(text)
+    return None
+
+
+def memory_limit() -> tuple[int | None, str]:
+    """What this process may use, and how to say it: the container's limit where a cgroup sets one
+    below the machine's RAM, else the RAM."""
+    ram, limit = physical_ram(), cgroup_limit()
+    if limit is not None and (ram is None or limit < ram):
+        return limit, f"this container's memory limit is {limit / MB:.0f} MB"
+    return ram, f"this computer has {(ram or 0) / MB:.0f} MB of RAM"
+
+
+def check_budget(parts: dict[str, int], budget: int | None, *, path: str, adding: dict[str, int] | None = None) -> None:
+    """Raise ``ConfigError`` when ``parts`` cannot fit in ``budget`` bytes (or in the memory this
+    process may use). With ``adding`` (the parts of something being added, such as a prefetcher,
+    already in ``parts``), the error names the largest of those and its knob."""
     total = sum(parts.values())
-    limit, what = (budget, f"memory_budget is {budget / MB:.0f} MB") if budget is not None else (
-        physical_ram(), f"this computer has {(physical_ram() or 0) / MB:.0f} MB of RAM")
+    limit, what = (budget, f"memory_budget is {budget / MB:.0f} MB") if budget is not None else memory_limit()
     if limit is None or total <= limit:
         return
-    largest = max(parts, key=lambda k: parts[k])
+    largest = max(adding or parts, key=lambda k: (adding or parts)[k])
     listing = ", ".join(f"{k.replace('_', ' ')} {v / MB:.1f} MB" for k, v in sorted(parts.items(), key=lambda kv: -kv[1]) if v)
     raise ConfigError(
         f"the replay store at {path} would need about {total / MB:.0f} MB of RAM ({listing}) but {what}; "
-        f"the largest part is the {largest.replace('_', ' ')}: lower {_KNOBS[largest]}"
+        + ("the prefetcher's largest part is " if adding else "the largest part is ")
+        + f"the {largest.replace('_', ' ')}: lower {_KNOBS[largest]}"
         + (", or raise memory_budget" if budget is not None else "")
     )
 

@@ -21,7 +21,7 @@ from replaystore.errors import SampleError
 from replaystore.format.schema import Layout, Schema
 from replaystore.sampling import sampler as _sampler
 from replaystore.sampling.assemble import Batch, Pending, prepare
-from replaystore.sampling.memory import estimate
+from replaystore.sampling.memory import check_budget, estimate
 from replaystore.sampling.priority import Priorities
 from replaystore.storage.reader import FrameReader
 from replaystore.storage.ring import Ring
@@ -38,6 +38,8 @@ class Sampling:
     _mutex: threading.RLock
     _priorities: Priorities
     _writer: Any
+    _memory_budget: int | None
+    _prefetchers: Any  # a WeakSet of the live prefetchers over this store
     capacity: int  # a property of ReplayStore
     _check_open: Callable[[], None]  # ReplayStore's: raises StoreClosedError after close()
 
@@ -179,9 +181,24 @@ class Sampling:
             return self.reader.warm(range(n_shards))
 
     def memory_estimate(self) -> dict[str, int]:
-        """Bytes of RAM each part of this store can use (see memory.py); ``sum()`` for the total."""
-        return estimate(self.schema, self.layout, writable=self._writer is not None, cache_bytes=self.reader.cache_bytes,
-                        decode_threads=self.reader.decode_threads)
+        """Bytes of RAM each part of this store can use, its live prefetchers' (``as_dataset``) blocks
+        and decode processes included (see memory.py); ``sum(...values())`` for the total."""
+        parts = estimate(self.schema, self.layout, writable=self._writer is not None,
+                         cache_bytes=self.reader.cache_bytes, decode_threads=self.reader.decode_threads)
+        for prefetcher in list(self._prefetchers):
+            for name, nbytes in prefetcher.memory.items():
+                parts[name] = parts.get(name, 0) + nbytes
+        return parts
+
+    def admit_prefetcher(self, prefetcher: Any) -> None:
+        """Count a new prefetcher's RAM (``prefetcher.memory``) as this store's: refused with
+        ``ConfigError`` when the total would exceed the store's memory budget (or the memory this
+        process may use), before the prefetcher starts anything."""
+        parts = self.memory_estimate()
+        for name, nbytes in prefetcher.memory.items():
+            parts[name] = parts.get(name, 0) + nbytes
+        check_budget(parts, self._memory_budget, path=str(self.path), adding=prefetcher.memory)
+        self._prefetchers.add(prefetcher)
 
     @property
     def cache_hit_rate(self) -> float:

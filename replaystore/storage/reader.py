@@ -118,6 +118,17 @@ class FrameReader:
         total = self.hits + self.misses
         return self.hits / total if total else 0.0
 
+    def mean_chunk_bytes(self) -> int:
+        """The mean compressed size of a frame chunk: from the cache, else from a few shard files'
+        sizes, else (nothing written yet) a chunk's raw size."""
+        with self._cache:
+            if self._chunks:
+                return max(1, self._held // len(self._chunks))
+        sizes = [size for shard in range(min(8, len(self._generation))) if (size := self.files.file_bytes(shard))]
+        if sizes:
+            return max(1, sum(sizes) // (len(sizes) * self.chunks_per_shard))
+        return self._chunk_nbytes
+
     def gather(self, positions: np.ndarray) -> np.ndarray:
         """Frames at ``positions`` (any shape of int64 positions) as ``(*positions.shape, *obs_shape)``.
 

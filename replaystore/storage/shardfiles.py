@@ -169,6 +169,13 @@ class ShardFiles:
         index = parse_index(raw[max(0, len(raw) - self._tail):], self.chunks_per_shard, name=NAME, shard=shard)
         return raw[: max(0, len(raw) - self._tail)], index.tolist()
 
+    def file_bytes(self, shard: int) -> int:
+        """The size of ``shard``'s file on disk (0 if it does not exist)."""
+        try:
+            return (self.root / shard_key(NAME, shard, self.ndim)).stat().st_size
+        except OSError:
+            return 0
+
     def snapshot(self) -> bool:
         """Open every shard file now and keep them all open (see the module docstring); returns
         False, doing nothing, for a store of more shards than ``snapshot_limit()``."""
