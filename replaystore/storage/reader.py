@@ -43,6 +43,7 @@ import numpy as np
 
 from replaystore.format.schema import Layout, Schema
 from replaystore.format.shards import EMPTY
+from replaystore.storage.chunkcache import ChunkCache
 from replaystore.storage.decoders import ChunkDecoder
 from replaystore.storage.shardfiles import ChunkRead, ShardFiles
 
@@ -89,16 +90,11 @@ class FrameReader:
         self.decode_threads = max(1, int(decode_threads))
         self.files = ShardFiles(root, ndim=len(self.shape), capacity=self.capacity, shard_len=self.shard_len,
                                 chunk_len=self.chunk_len)
-        self._chunks: dict[int, bytes] = {}  # global chunk id -> verified payload, oldest cached first
-        # the same payloads by chunk id (None: not cached), for the hot lookup: one list slot per chunk
-        # of the shards (8 bytes each) is ~2-3x quicker to look up than the dict (see plan_many)
-        self._by_id: list[bytes | None] = [None] * (-(-self.capacity // self.shard_len) * self.chunks_per_shard)
-        self._held = 0
+        self.cache = ChunkCache(n_shards=-(-self.capacity // self.shard_len), chunks_per_shard=self.chunks_per_shard,
+                                cache_bytes=cache_bytes)
         self._odd: set[int] = set()  # chunk ids seen whose payload cannot be decoded joined (see ChunkDecoder)
         self._chunk_nbytes = self.chunk_len * int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
         self._joinable = self.decoder.joinable
-        self._generation = [0] * -(-self.capacity // self.shard_len)  # per shard: bumped when it is rewritten
-        self._cache = threading.Lock()  # guards the cache's contents; ``_by_id`` is read without it (list reads are atomic)
         self._local = threading.local()  # per-thread decode area
         self._pool: ThreadPoolExecutor | None = None
         self.hits = 0
@@ -110,7 +106,7 @@ class FrameReader:
     @property
     def bytes_held(self) -> int:
         """Compressed bytes in the chunk cache."""
-        return self._held
+        return self.cache.held
 
     @property
     def hit_rate(self) -> float:
@@ -121,10 +117,10 @@ class FrameReader:
     def mean_chunk_bytes(self) -> int:
         """The mean compressed size of a frame chunk: from the cache, else from a few shard files'
         sizes, else (nothing written yet) a chunk's raw size."""
-        with self._cache:
-            if self._chunks:
-                return max(1, self._held // len(self._chunks))
-        sizes = [size for shard in range(min(8, len(self._generation))) if (size := self.files.file_bytes(shard))]
+        cached = self.cache.mean_bytes()
+        if cached is not None:
+            return cached
+        sizes = [size for shard in range(min(8, len(self.cache.generation))) if (size := self.files.file_bytes(shard))]
         if sizes:
             return max(1, sum(sizes) // (len(sizes) * self.chunks_per_shard))
         return self._chunk_nbytes
@@ -182,7 +178,7 @@ class FrameReader:
         # the hot path, one C-level pass: ~48 random chunks of a 125,000-chunk cache took ~12-22 us
         # through the dict (its index, its entry, the payload: a cache miss each) and ~3-8 through the
         # list, with the GIL held; what a second sampling thread can overlap is what is not held
-        by_id = self._by_id
+        by_id = self.cache.by_id
         found = list(itemgetter(*ids)(by_id)) if len(ids) > 1 else [by_id[i] for i in ids]
         # ``None in found``: a C-level scan first (~1,600 chunks for a prefetcher block, all cached
         # in the benchmark), the Python pass only when something is missing
@@ -195,7 +191,7 @@ class FrameReader:
                 for i in misses:
                     cid = ids[i]
                     if cid not in located:
-                        located[cid] = self.files.locate(cid, self._generation[cid // self.chunks_per_shard])
+                        located[cid] = self.files.locate(cid, self.cache.generation[cid // self.chunks_per_shard])
             except BaseException:
                 self.files.read_none([r for r in located.values() if r is not None])
                 raise
@@ -221,11 +217,10 @@ class FrameReader:
             return
         reads = list(todo.values())
         self.files.read(reads)
-        with self._cache:
-            for r in reads:
-                self._admit(r.cid, r.payload)
-                if r.payload is not None and r.generation == self._generation[r.cid // self.chunks_per_shard]:
-                    self._insert(r.cid, r.payload)
+        for r in reads:
+            self._admit(r.cid, r.payload)
+            if r.payload is not None:
+                self.cache.admit(r.cid, r.payload, r.generation)
         for plan in plans:
             for j, r in plan.reads:
                 plan.payloads[j] = r.payload
@@ -279,14 +274,14 @@ class FrameReader:
             raw, index = read
             for chunk, (off, nbytes) in enumerate(index):
                 cid = shard * self.chunks_per_shard + chunk
-                if off == int(EMPTY) or cid in self._chunks:
+                if off == int(EMPTY) or cid in self.cache:
                     continue
-                if off + nbytes > len(raw) or self._held + nbytes > self.cache_bytes:
+                if off + nbytes > len(raw) or self.cache.held + nbytes > self.cache_bytes:
                     return added
                 payload = self.files.check(raw[off : off + nbytes], cid)
-                with self._cache:
-                    self._admit(cid, payload)
-                    self._insert(cid, payload)
+                self._admit(cid, payload)
+                with self.cache.lock:
+                    self.cache.insert(cid, payload)
                 added += len(payload)
         return added
 
@@ -298,25 +293,16 @@ class FrameReader:
         """Forget everything cached about ``shard`` (the writer just rewrote it)."""
         self.files.drop(shard)
         first = shard * self.chunks_per_shard
-        with self._cache:
-            self._generation[shard] += 1  # chunks of the old file being read now stay out of the cache
-            for cid in range(first, first + self.chunks_per_shard):
-                payload = self._chunks.pop(cid, None)
-                if payload is not None:
-                    self._held -= len(payload)
-                    self._by_id[cid] = None
-            if self._odd:
-                self._odd.difference_update(range(first, first + self.chunks_per_shard))
+        self.cache.invalidate(shard)  # chunks of the old file being read now stay out of the cache
+        if self._odd:
+            self._odd.difference_update(range(first, first + self.chunks_per_shard))
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
         self.files.close()
-        with self._cache:
-            self._chunks.clear()
-            self._by_id = [None] * len(self._by_id)
-            self._held = 0
+        self.cache.clear()
 
     # ---------------------------------------------------------------------------------------------
     # Internals
@@ -381,22 +367,6 @@ class FrameReader:
         """Note a chunk whose payload cannot be decoded joined with others (see ``Plan.as_one``)."""
         if payload is not None and self._joinable and not self.decoder.declares_chunk(payload, self._chunk_nbytes):
             self._odd.add(cid)
-
-    def _insert(self, cid: int, payload: bytes) -> None:
-        """Cache a chunk's payload, evicting the oldest-cached chunks (under ``_cache``).
-
-        First in, first out rather than LRU: uniform and prioritized draws have no recency to
-        exploit, and skipping the per-hit reordering makes ``plan`` cheaper. The newest data never
-        waits here anyway: it is in the writer's buffer.
-        """
-        if len(payload) > self.cache_bytes or self._by_id[cid] is not None:
-            return
-        self._chunks[cid] = self._by_id[cid] = payload
-        self._held += len(payload)
-        while self._held > self.cache_bytes:
-            oldest = next(iter(self._chunks))
-            self._held -= len(self._chunks.pop(oldest))
-            self._by_id[oldest] = None
 
 
 def _scatter(parts: list[np.ndarray], bounds: list[int], rows: np.ndarray, values: np.ndarray) -> None:
