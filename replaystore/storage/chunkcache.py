@@ -15,6 +15,8 @@ cache never serves a chunk of a file newer or older than the current one.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
+from typing import Any
 
 
 class ChunkCache:
@@ -28,16 +30,19 @@ class ChunkCache:
         self.generation = [0] * n_shards
         self.lock = threading.Lock()
         self.held = 0  # bytes cached
-        self._order: dict[int, bytes] = {}  # the same payloads, oldest cached first
+        self._order: OrderedDict[int, bytes] = OrderedDict()  # the same payloads, oldest cached first
 
     def __contains__(self, cid: int) -> bool:
         return self.by_id[cid] is not None
 
-    def admit(self, cid: int, payload: bytes, generation: int) -> None:
-        """Cache ``payload`` if its shard is still at ``generation`` (holds ``lock``)."""
+    def admit(self, reads: list[Any]) -> None:
+        """Cache the payloads of ``reads`` (``shardfiles.ChunkRead``) whose shard is still at the
+        generation they were planned at (takes ``lock`` once)."""
+        per_shard, generation = self.chunks_per_shard, self.generation
         with self.lock:
-            if generation == self.generation[cid // self.chunks_per_shard]:
-                self.insert(cid, payload)
+            for r in reads:
+                if r.payload is not None and r.generation == generation[r.cid // per_shard]:
+                    self.insert(r.cid, r.payload)
 
     def insert(self, cid: int, payload: bytes) -> None:
         """Cache ``payload``, evicting the oldest-cached chunks (the caller holds ``lock``)."""
@@ -45,9 +50,9 @@ class ChunkCache:
             return
         self._order[cid] = self.by_id[cid] = payload
         self.held += len(payload)
-        while self.held > self.cache_bytes:
-            oldest = next(iter(self._order))
-            self.held -= len(self._order.pop(oldest))
+        while self.held > self.cache_bytes:  # popitem(last=False): O(1), where a dict's first key is not
+            oldest, dropped = self._order.popitem(last=False)
+            self.held -= len(dropped)
             self.by_id[oldest] = None
 
     def invalidate(self, shard: int) -> None:

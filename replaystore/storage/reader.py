@@ -187,14 +187,8 @@ class FrameReader:
         located: dict[int, ChunkRead | None] = {}  # a chunk two batches miss is read once
         if misses:
             self.misses += len(misses)
-            try:
-                for i in misses:
-                    cid = ids[i]
-                    if cid not in located:
-                        located[cid] = self.files.locate(cid, self.cache.generation[cid // self.chunks_per_shard])
-            except BaseException:
-                self.files.read_none([r for r in located.values() if r is not None])
-                raise
+            wanted = list(dict.fromkeys(ids[i] for i in misses))
+            located = dict(zip(wanted, self.files.locate(wanted, self.cache.generation)))
         joinable = self._joinable and not misses and None not in found and (
             not self._odd or self._odd.isdisjoint(ids))
         cuts = list(accumulate(counts, initial=0))
@@ -217,10 +211,12 @@ class FrameReader:
             return
         reads = list(todo.values())
         self.files.read(reads)
-        for r in reads:
-            self._admit(r.cid, r.payload)
-            if r.payload is not None:
-                self.cache.admit(r.cid, r.payload, r.generation)
+        if self._joinable:
+            size, odd = self._chunk_nbytes, self._odd
+            for r in reads:
+                if _declared_size(r.payload) != size:
+                    odd.add(r.cid)
+        self.cache.admit(reads)
         for plan in plans:
             for j, r in plan.reads:
                 plan.payloads[j] = r.payload
@@ -375,3 +371,23 @@ def _scatter(parts: list[np.ndarray], bounds: list[int], rows: np.ndarray, value
     for part, start, a, b in zip(parts, bounds, cuts, cuts[1:]):
         if a < b:
             part[rows[a:b] - start] = values[a:b]
+
+
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def _declared_size(payload: bytes | None) -> int | None:
+    """The content size a zstd frame's header declares, or None (not a zstd frame, or no size):
+    what ``ChunkDecoder.declares_chunk`` checks, read from the header in Python (a chunk read from
+    disk is checked here without a call into libzstd)."""
+    if payload is None or len(payload) < 6 or payload[:4] != _ZSTD_MAGIC:
+        return None
+    fhd = payload[4]
+    single = (fhd >> 5) & 1
+    size = ((1 if single else 0), 2, 4, 8)[fhd >> 6]
+    if not size:
+        return None
+    at = 5 + (0 if single else 1) + (0, 1, 2, 4)[fhd & 3]
+    if len(payload) < at + size:
+        return None
+    return int.from_bytes(payload[at : at + size], "little") + (256 if size == 2 else 0)

@@ -30,9 +30,9 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
 from pathlib import Path
 
+import google_crc32c
 import numpy as np
 
 from replaystore.errors import ChunkChecksumError, TooManyOpenFilesError
@@ -57,27 +57,31 @@ class ShardHandle:
     done: a handle retired (evicted, or its shard rewritten) while pinned stays open until the last
     of them has read, so a planned read always reads the file version it was planned on."""
 
-    __slots__ = ("fd", "index", "size", "pins", "retired")
+    __slots__ = ("fd", "index", "entries", "size", "pins", "retired")
 
     def __init__(self, fd: int, index: np.ndarray, size: int) -> None:
         self.fd = fd
         self.index = index
+        self.entries: list[tuple[int, int]] = index.tolist()  # (offset, nbytes) per chunk, for quick lookups
         self.size = size  # bytes before the index: chunk bytes must lie below this
         self.pins = 0
         self.retired = False
 
 
-@dataclass
 class ChunkRead:
-    """One chunk to read outside the store's lock: where its bytes are, in a pinned file."""
+    """One chunk to read outside the store's lock: where its bytes are, in a pinned file, and (once
+    read) its verified payload. ``generation`` is its shard's when planned (see chunkcache.py)."""
 
-    cid: int
-    handle: ShardHandle
-    offset: int
-    nbytes: int
-    generation: int  # the shard's generation when planned: a newer one means its cache entry is stale
-    payload: bytes | None = None
-    done: bool = False
+    __slots__ = ("cid", "handle", "offset", "nbytes", "generation", "payload", "done")
+
+    def __init__(self, cid: int, handle: ShardHandle, offset: int, nbytes: int, generation: int) -> None:
+        self.cid = cid
+        self.handle = handle
+        self.offset = offset
+        self.nbytes = nbytes
+        self.generation = generation
+        self.payload: bytes | None = None
+        self.done = False
 
 
 class ShardFiles:
@@ -100,24 +104,39 @@ class ShardFiles:
         """Descriptors this object holds now (retired handles still pinned included)."""
         return len(self._handles)
 
-    def locate(self, cid: int, generation: int = 0) -> ChunkRead | None:
-        """Where global chunk ``cid``'s bytes are, with their file pinned until ``read``; None for a
-        chunk never written (all fill value). Called under the store's lock."""
-        shard, chunk = divmod(cid, self.chunks_per_shard)
-        handle = self._handle(shard)
-        off, nbytes = handle.index[chunk]
-        if off == EMPTY:
-            return None
-        first_slot = cid * self.chunk_len
-        if int(off) + int(nbytes) > handle.size or nbytes < CRC_BYTES:
-            raise ChunkChecksumError(
-                f"chunk {chunk} of shard {shard} of '{NAME}' (slots {first_slot}..{first_slot + self.chunk_len - 1}) "
-                "points outside its shard file; the store is damaged: run `replaystore verify`",
-                array=NAME, shard=shard, chunk=chunk,
-            )
-        with self._pins:
-            handle.pins += 1
-        return ChunkRead(cid, handle, int(off), int(nbytes), generation)
+    def locate(self, cids: list[int], generations: list[int]) -> list[ChunkRead | None]:
+        """Where each of global chunks ``cids`` is, with its file pinned until ``read``; None for a
+        chunk never written (all fill value). ``generations`` are the shards' (chunkcache.py).
+        Called under the store's lock; reads nothing but shard indexes of files not yet open."""
+        out: list[ChunkRead | None] = []
+        per_shard, handles = self.chunks_per_shard, self._handles
+        pinned: list[ShardHandle] = []
+        try:
+            for cid in cids:
+                shard, chunk = divmod(cid, per_shard)
+                handle = handles.get(shard)
+                if handle is None:
+                    handle = self._handle(shard)
+                else:
+                    handles.move_to_end(shard)
+                off, nbytes = handle.entries[chunk]
+                if off == _EMPTY:
+                    out.append(None)
+                    continue
+                if off + nbytes > handle.size or nbytes < CRC_BYTES:
+                    first_slot = cid * self.chunk_len
+                    raise ChunkChecksumError(
+                        f"chunk {chunk} of shard {shard} of '{NAME}' (slots {first_slot}..{first_slot + self.chunk_len - 1}) "
+                        "points outside its shard file; the store is damaged: run `replaystore verify`",
+                        array=NAME, shard=shard, chunk=chunk,
+                    )
+                out.append(ChunkRead(cid, handle, off, nbytes, generations[shard]))
+                pinned.append(handle)
+        finally:
+            with self._pins:  # pinned only now, all at once: until then nothing could close them
+                for handle in pinned:
+                    handle.pins += 1
+        return out
 
     def read(self, reads: list[ChunkRead]) -> None:
         """Read and verify each of ``reads`` (no lock of the store needed) and unpin its file. With
@@ -125,29 +144,41 @@ class ShardFiles:
         issued together instead of one after another."""
         reads = [r for r in reads if not r.done]
         try:
-            if len(reads) > 1 and _WILLNEED is not None:
+            if len(reads) > 1 and _WILLNEED is not None:  # the kernel reads all of them in parallel
                 for r in reads:
                     try:
                         _fadvise(r.handle.fd, r.offset, r.nbytes, _WILLNEED)
                     except OSError:
                         break
             for r in reads:
-                r.payload = self.check(_pread(r.handle.fd, r.nbytes, r.offset), r.cid)
-                r.done = True
-                self._unpin(r.handle)
+                self._take(r, _pread(r.handle.fd, r.nbytes, r.offset))
         finally:
-            self.read_none(reads)  # after an error: unpin what was not read
+            self.read_none(reads)  # every read done (or given up after an error): unpin, at once
+
+    def _take(self, r: ChunkRead, raw: bytes) -> None:
+        """Check ``raw`` (``r``'s stored bytes) and keep its payload in ``r``."""
+        payload = raw[:-CRC_BYTES]
+        if len(raw) != r.nbytes or _crc_value(payload) != int.from_bytes(raw[-CRC_BYTES:], "little"):
+            self.check(raw, r.cid)  # raises ChunkChecksumError naming the chunk
+        r.payload = payload
 
     def read_none(self, reads: list[ChunkRead]) -> None:
-        """Give up ``reads`` without reading them (a plan that failed): unpin their files."""
-        for r in reads:
-            if not r.done:
-                r.done = True
-                self._unpin(r.handle)
+        """Mark ``reads`` done (read, or given up: a plan that failed) and unpin their files."""
+        closing = []
+        with self._pins:
+            for r in reads:
+                if not r.done:
+                    r.done = True
+                    handle = r.handle
+                    handle.pins -= 1
+                    if handle.retired and handle.pins == 0:
+                        closing.append(handle.fd)
+        for fd in closing:
+            os.close(fd)
 
     def chunk(self, cid: int) -> bytes | None:
         """Global chunk ``cid``'s compressed bytes, checked, or None for a chunk never written."""
-        where = self.locate(cid)
+        where = self.locate([cid], [0] * (cid // self.chunks_per_shard + 1))[0]
         if where is None:
             return None
         self.read([where])
@@ -292,4 +323,6 @@ def _pread_fallback(fd: int, n: int, offset: int) -> bytes:
 _SEEK_LOCK = threading.Lock()
 _pread = getattr(os, "pread", None) or _pread_fallback
 _fadvise = getattr(os, "posix_fadvise", None)
+_crc_value = google_crc32c.value
+_EMPTY = int(EMPTY)
 _WILLNEED = getattr(os, "POSIX_FADV_WILLNEED", None) if _fadvise is not None else None
