@@ -81,30 +81,37 @@ def tiny_disk(tmp_path: Path):
         subprocess.run(["umount", "-l", str(where)], check=False)
 
 
-def test_disk_full_inside_add_leaves_the_store_as_it_was(tiny_disk: Path) -> None:
-    path = tiny_disk / "r.zarr"
-    store = make_store(path, capacity=64, shard_len=16, chunk_len=4)
-    fill(store, 20, episode_len=7)
-    store.flush()
-    ballast = fill_disk(tiny_disk)
-    failed = 0
-    for i in range(20, 60):  # go on adding until an add has to write a shard and cannot
-        before, disk = ram_state(store), snapshot(path)
+def add_until_a_write_fails(store: ReplayStore, start: int, episode_len: int) -> int:
+    """Add transitions from ``start`` on, on a full disk, until one has to write a shard and cannot;
+    check that it left RAM and disk exactly as they were, and return it."""
+    for i in range(start, start + 4 * store.layout.shard_len):
+        before, disk = ram_state(store), snapshot(store.path)
         try:
-            add_one(store, i, 7)
+            add_one(store, i, episode_len)
         except StoreWriteError as exc:
             assert exc.errno == errno.ENOSPC and "disk full" in str(exc)
             assert_same_ram(ram_state(store), before)
-            assert snapshot(path) == disk, "a failed add changed the files of the last commit"
-            failed = i
-            break
-    assert failed, "no add ever had to write"
-    with pytest.raises(StoreWriteError):  # still full: the same add fails the same way, nothing changes
-        add_one(store, failed, 7)
-    assert_same_ram(ram_state(store), before)
+            assert snapshot(store.path) == disk, "a failed add changed the files of the last commit"
+            with pytest.raises(StoreWriteError):  # still full: the same add fails the same way
+                add_one(store, i, episode_len)
+            assert_same_ram(ram_state(store), before)
+            return i
+    pytest.fail("no add ever had to write")
+
+
+@pytest.mark.parametrize("capacity, steps_before", [(64, 20), (32, 40)], ids=["filling", "wrapping"])
+def test_disk_full_inside_add_leaves_the_store_as_it_was(tiny_disk: Path, capacity: int, steps_before: int) -> None:
+    """An add whose automatic commit hits ENOSPC (on a ring still filling, and on one overwriting its
+    oldest steps) changes nothing; once there is space the same add succeeds, and a reopened store
+    holds everything."""
+    path = tiny_disk / "r.zarr"
+    store = make_store(path, capacity=capacity, shard_len=16, chunk_len=4)
+    fill(store, steps_before, episode_len=7)
+    store.flush()
+    ballast = fill_disk(tiny_disk)
+    failed = add_until_a_write_fails(store, steps_before, 7)
     ballast.unlink()
-    add_one(store, failed, 7)  # space again: the same add now succeeds
-    for i in range(failed + 1, failed + 31):
+    for i in range(failed, failed + 31):  # space again: the same add now succeeds, and the next ones
         add_one(store, i, 7)
     expected = store.sample(16, rng=np.random.default_rng(0))
     store.close()
@@ -115,29 +122,6 @@ def test_disk_full_inside_add_leaves_the_store_as_it_was(tiny_disk: Path) -> Non
     for name in ("obs", "next_obs", "action", "reward", "terminated", "truncated"):
         np.testing.assert_array_equal(getattr(got, name), getattr(expected, name), err_msg=name)
     again.close()
-
-
-def test_disk_full_when_add_wraps_the_ring(tiny_disk: Path) -> None:
-    """The add that needs the disk is one that overwrites old steps: it fails whole too."""
-    path = tiny_disk / "r.zarr"
-    store = make_store(path, capacity=32, shard_len=8, chunk_len=4)
-    fill(store, 40, episode_len=5)
-    store.flush()
-    ballast = fill_disk(tiny_disk)
-    for i in range(40, 60):
-        before = ram_state(store)
-        try:
-            add_one(store, i, 5)
-        except StoreWriteError:
-            assert_same_ram(ram_state(store), before)
-            break
-    else:
-        pytest.fail("no add ever had to write")
-    ballast.unlink()
-    for j in range(i, i + 10):
-        add_one(store, j, 5)
-    store.close()
-    assert verify_store(path).ok
 
 
 def test_stores_dropped_without_close_give_their_descriptors_back(tmp_path: Path) -> None:

@@ -90,8 +90,9 @@ class Writing:
     def _undo_point(self, frames: list[int]) -> Callable[[], None]:
         """A function that puts back everything in RAM an ``add`` writing ``frames`` can change: the
         steps it adds, the move before them, the old steps it retires (and the stacks that reached
-        them), the counters, and the writer's buffer. The disk needs no undoing: a failed commit
-        leaves the files of the last one (see storage/writer.py)."""
+        them), the counters, and the writer's buffer. The disk needs no undoing: a commit that fails
+        leaves the last committed state in place, and every step it calls live is still whole on
+        disk (a shard rewritten before the failure holds the same live steps; storage/writer.py)."""
         ring, writer = self.ring, self._require_writer("add")
         lo = ring.lo
         positions = np.r_[frames[0] - 1 : frames[-1] + 1, lo : lo + len(frames) + ring.frame_stack].astype(np.int64)
