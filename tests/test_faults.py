@@ -349,3 +349,26 @@ except LockUnavailableError as exc:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "refused"
+
+
+def test_more_shards_than_open_files_reads_right(tmp_path: Path) -> None:
+    """A store with many more shards than it keeps open (and a cache too small to help): files are
+    closed and reopened under the batches' feet, and every frame must still be the one written."""
+    path = tmp_path / "r.zarr"
+    store = ReplayStore.create(path, 512, *_spaces(), frame_stack=2, layout=Layout(shard_len=16, obs_chunk_len=4))
+    p = 0
+    while store.added < 500:
+        store.add(frame_of(p), 0, 0.0, frame_of(p + 1), (p + 1) % 10 == 9, False)
+        p += 2 if (p + 1) % 10 == 9 else 1
+    store.close()
+    reader = ReplayStore.open(path, cache_bytes=64)
+    reader.reader.files.close()
+    reader.reader.files.max_open = 2  # 32 shards, 2 open at a time: nearly every read reopens a file
+    for seed in range(100):
+        batch = reader.sample(16, rng=np.random.default_rng(seed))
+        for i in range(16):
+            at = int(np.frombuffer(batch.obs[i, -1].tobytes()[:FRAME], np.int64)[0])
+            np.testing.assert_array_equal(batch.obs[i, -1], frame_of(at))
+            np.testing.assert_array_equal(batch.next_obs[i, -1], frame_of(at + 1))
+    assert reader.reader.files.open_files <= 2
+    reader.close()

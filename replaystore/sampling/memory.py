@@ -11,8 +11,7 @@ write buffer        2 x shard_len x frame bytes (writers only)    ``layout.shard
 chunk cache         at most ``cache_bytes`` of compressed chunks  ``cache_bytes``
 cache lookup        8 bytes per chunk of the ring                 ``capacity``, ``layout.obs_chunk_len``
 decode areas        128 chunks per decoding thread                ``decode_threads``, ``obs_chunk_len``
-shard indexes       16 bytes per chunk of each open shard file    ``layout.shard_len`` (readers keep
-                    (128, or every shard for a read-only store)   every shard open, up to 512)
+shard indexes       16 bytes per chunk of every shard file read   ``capacity`` (or ``layout.obs_chunk_len``)
 sampling buffers    a thread's recycled outputs for batches of    the threads that call ``sample``
                     32 (16 of them) and its scratch
 prefetch blocks     (depth + 4) blocks of batches_per_call        ``batches_per_call``, ``prefetch``,
@@ -40,7 +39,6 @@ import numpy as np
 from replaystore.errors import ConfigError
 from replaystore.format.schema import SCALAR_FIELDS, Layout, Schema
 from replaystore.storage.reader import OUTPUT_POOL
-from replaystore.storage.shardfiles import MAX_OPEN_SHARDS, SNAPSHOT_MAX_SHARDS
 
 DECODE_AREA_CHUNKS = 128
 #: A decode process before its buffers: the interpreter, numpy and libzstd (private memory, measured).
@@ -54,7 +52,7 @@ _KNOBS = {
     "chunk_cache": "cache_bytes",
     "cache_lookup": "capacity (or layout.obs_chunk_len)",
     "decode_areas": "decode_threads (or layout.obs_chunk_len)",
-    "shard_indexes": "layout.shard_len",
+    "shard_indexes": "capacity (or layout.obs_chunk_len)",
     "sampling_buffers": "the number of threads that call sample",
     "prefetch_blocks": "batches_per_call (or prefetch, threads)",
     "decode_processes": "threads, or pass processes=False",
@@ -69,7 +67,7 @@ def estimate(schema: Schema, layout: Layout, *, writable: bool, cache_bytes: int
     tree_leaves = 1 << max(0, int(cap - 1).bit_length())
     chunks_per_shard = layout.shard_len // layout.obs_chunk_len
     n_shards = -(-cap // layout.shard_len)
-    open_shards = min(n_shards, MAX_OPEN_SHARDS if writable else max(MAX_OPEN_SHARDS, SNAPSHOT_MAX_SHARDS))
+    open_shards = n_shards  # every shard's index is kept once read (storage/shardfiles.py)
     batch_frames = max(256, 2 * 32 * schema.frame_stack)  # obs and next_obs of a batch of 32
     return {
         "scalars": cap * per_step,

@@ -28,12 +28,12 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import struct
 import threading
 from collections import OrderedDict
 from pathlib import Path
 
 import google_crc32c
-import numpy as np
 
 from replaystore.errors import ChunkChecksumError, TooManyOpenFilesError
 from replaystore.format.shards import (
@@ -57,12 +57,11 @@ class ShardHandle:
     done: a handle retired (evicted, or its shard rewritten) while pinned stays open until the last
     of them has read, so a planned read always reads the file version it was planned on."""
 
-    __slots__ = ("fd", "index", "entries", "size", "pins", "retired")
+    __slots__ = ("fd", "index", "size", "pins", "retired")
 
-    def __init__(self, fd: int, index: np.ndarray, size: int) -> None:
+    def __init__(self, fd: int, index: bytes, size: int) -> None:
         self.fd = fd
-        self.index = index
-        self.entries: list[tuple[int, int]] = index.tolist()  # (offset, nbytes) per chunk, for quick lookups
+        self.index = index  # the shard index: (offset, nbytes) little-endian uint64 pairs, checked
         self.size = size  # bytes before the index: chunk bytes must lie below this
         self.pins = 0
         self.retired = False
@@ -94,10 +93,13 @@ class ShardFiles:
         self.shard_len = shard_len
         self.chunk_len = chunk_len
         self.chunks_per_shard = shard_len // chunk_len
-        self.max_open = MAX_OPEN_SHARDS
+        self.max_open = lazy_limit()
         self._tail = self.chunks_per_shard * INDEX_ENTRY_BYTES + CRC_BYTES
         self._handles: OrderedDict[int, ShardHandle] = OrderedDict()
-        self._pins = threading.Lock()  # guards pins, retired and closing (reads finish outside the store's lock)
+        self._pins = threading.RLock()  # guards pins, retired and closing (reads finish outside the store's lock)
+        # shard -> (the file's identity, its index): a shard file reopened unchanged (a store with more
+        # shards than open files) skips reading and checking its index again; 16 bytes a chunk
+        self._indexes: dict[int, tuple[tuple[int, int, int, int], bytes]] = {}
 
     @property
     def open_files(self) -> int:
@@ -109,9 +111,8 @@ class ShardFiles:
         chunk never written (all fill value). ``generations`` are the shards' (chunkcache.py).
         Called under the store's lock; reads nothing but shard indexes of files not yet open."""
         out: list[ChunkRead | None] = []
-        per_shard, handles = self.chunks_per_shard, self._handles
-        pinned: list[ShardHandle] = []
-        try:
+        per_shard, handles, entry = self.chunks_per_shard, self._handles, _ENTRY.unpack_from
+        with self._pins:  # each handle pinned as soon as it is taken: opening the next may evict it
             for cid in cids:
                 shard, chunk = divmod(cid, per_shard)
                 handle = handles.get(shard)
@@ -119,7 +120,7 @@ class ShardFiles:
                     handle = self._handle(shard)
                 else:
                     handles.move_to_end(shard)
-                off, nbytes = handle.entries[chunk]
+                off, nbytes = entry(handle.index, INDEX_ENTRY_BYTES * chunk)
                 if off == _EMPTY:
                     out.append(None)
                     continue
@@ -131,11 +132,7 @@ class ShardFiles:
                         array=NAME, shard=shard, chunk=chunk,
                     )
                 out.append(ChunkRead(cid, handle, off, nbytes, generations[shard]))
-                pinned.append(handle)
-        finally:
-            with self._pins:  # pinned only now, all at once: until then nothing could close them
-                for handle in pinned:
-                    handle.pins += 1
+                handle.pins += 1
         return out
 
     def read(self, reads: list[ChunkRead]) -> None:
@@ -222,7 +219,7 @@ class ShardFiles:
             except OSError as exc:  # out of file descriptors: fall back to opening shards lazily
                 log.warning("could not keep all %d shard files of %s open (%s); opening them lazily", n_shards,
                             self.root, exc)
-                self.max_open = MAX_OPEN_SHARDS
+                self.max_open = lazy_limit()
                 while len(self._handles) > self.max_open:
                     self._retire(self._handles.popitem(last=False)[1])
                 return False
@@ -230,6 +227,7 @@ class ShardFiles:
 
     def drop(self, shard: int) -> None:
         """Let go of ``shard``'s file (the writer just rewrote it; the next read opens the new one)."""
+        self._indexes.pop(shard, None)
         handle = self._handles.pop(shard, None)
         if handle is not None:
             self._retire(handle)
@@ -273,9 +271,15 @@ class ShardFiles:
                 raise TooManyOpenFilesError(exc.errno, _emfile_message(path, exc)) from exc
             raise
         try:
-            size = os.fstat(fd).st_size
-            tail = _pread(fd, self._tail, max(0, size - self._tail))
-            index = parse_index(tail, self.chunks_per_shard, name=NAME, shard=shard)
+            st = os.fstat(fd)
+            size, identity = st.st_size, (st.st_ino, st.st_dev, st.st_mtime_ns, st.st_size)
+            known = self._indexes.get(shard)
+            if known is not None and known[0] == identity:
+                index = known[1]
+            else:
+                tail = _pread(fd, self._tail, max(0, size - self._tail))
+                index = parse_index(tail, self.chunks_per_shard, name=NAME, shard=shard).astype("<u8").tobytes()
+                self._indexes[shard] = (identity, index)
         except BaseException:
             os.close(fd)
             raise
@@ -299,6 +303,13 @@ def snapshot_limit() -> int:
     if soft == resource.RLIM_INFINITY or soft <= 0:
         return SNAPSHOT_MAX_SHARDS
     return max(0, min(SNAPSHOT_MAX_SHARDS, soft // 4))
+
+
+def lazy_limit() -> int:
+    """Shard files a store keeps open when it does not keep them all (a writer, or a reader of more
+    shards than ``snapshot_limit()``), least recently used closed first: half the snapshot limit,
+    at least MAX_OPEN_SHARDS. Their indexes stay known either way (16 bytes a chunk)."""
+    return max(MAX_OPEN_SHARDS, snapshot_limit() // 2)
 
 
 def _emfile_message(path: Path, exc: OSError) -> str:
@@ -325,4 +336,5 @@ _pread = getattr(os, "pread", None) or _pread_fallback
 _fadvise = getattr(os, "posix_fadvise", None)
 _crc_value = google_crc32c.value
 _EMPTY = int(EMPTY)
+_ENTRY = struct.Struct("<QQ")
 _WILLNEED = getattr(os, "POSIX_FADV_WILLNEED", None) if _fadvise is not None else None
