@@ -36,19 +36,18 @@ import weakref
 from pathlib import Path
 from typing import Any, Self
 
-import numpy as np
-
 from replaystore.errors import (
     ConfigError,
     CorruptStoreError,
-    ReadOnlyError,
     StoreClosedError,
     StoreLockedError,
 )
 from replaystore.format.schema import (
     ATTR_KEY,
     MAX_CAPACITY,
+    MAX_STREAMS,
     SCALAR_FIELDS,
+    STREAMS_DIR,
     Layout,
     Schema,
     State,
@@ -56,9 +55,13 @@ from replaystore.format.schema import (
     default_layout,
     discrete_from_space,
     from_attrs,
+    slot_count,
+    stream_doc,
+    stream_state_from_doc,
+    stream_stride,
     to_attrs,
 )
-from replaystore.format.shards import create_array_metadata, remove_partials
+from replaystore.format.shards import create_array_metadata, remove_partials, shard_key
 from replaystore.format.validate import (
     check_arrays,
     read_group_doc,
@@ -69,8 +72,11 @@ from replaystore.sampling.methods import Sampling
 from replaystore.sampling.priority import Priorities
 from replaystore.storage.lock import WriterLock, claim_directory
 from replaystore.storage.reader import FrameReader
+from replaystore.storage.refresh import refresh_streams
 from replaystore.storage.ring import Ring
-from replaystore.storage.writer import Writer, load_scalars, write_group_json
+from replaystore.storage.rings import Rings
+from replaystore.storage.stream import Stream
+from replaystore.storage.writer import Writer, load_scalars, stream_dir, write_group_json
 from replaystore.storage.writing import Writing
 
 log = logging.getLogger(__name__)
@@ -79,46 +85,58 @@ DEFAULT_CACHE_BYTES = 256 * 2**20
 
 
 class ReplayStore(Writing, Sampling):
-    """A disk-backed replay buffer of steps in a zarr v3 group.
+    """A disk-backed replay buffer of steps in a zarr v3 group, in one or more episode streams.
 
     Use ``ReplayStore.create`` or ``ReplayStore.open``; see the module docstring for an example.
     """
 
-    def __init__(self, root: Path, schema: Schema, layout: Layout, state: State, group_doc: dict[str, Any], *,
-                 writable: bool, cache_bytes: int, lock: WriterLock | None, decode_threads: int = 1,
+    def __init__(self, root: Path, schema: Schema, layout: Layout, states: list[State], group_doc: dict[str, Any], *,
+                 writing: list[int], cache_bytes: int, locks: list[WriterLock], decode_threads: int = 1,
                  memory_budget: int | None = None) -> None:
         self.path = root
         self.schema = schema
         self.layout = layout
-        self.mode = "a" if writable else "r"
-        self._lock = lock
+        self.mode = "a" if writing else "r"
+        self._locks = locks
         self._closed = False
         self._memory_budget = memory_budget
         self._prefetchers: weakref.WeakSet[Any] = weakref.WeakSet()  # live ones: their RAM is the store's too
-        # Guards the ring, the writer and the reader's caches: ``add``/``flush`` and the planning half of
+        # Guards the rings, the writers and the reader's caches: ``add``/``flush`` and the planning half of
         # ``sample`` hold it; decoding frames does not (see reader.py), so samplers on other threads
         # (``as_dataset``) and the acting thread's ``add`` mostly run side by side.
         self._mutex = threading.RLock()
-        self.ring = Ring(schema.capacity, schema.frame_stack, layout.shard_len)
-        self.ring.added = state.added
-        self.ring.oldest = state.oldest
-        self._writer: Writer | None = None
-        self.reader = FrameReader(root, schema, layout, cache_bytes=cache_bytes, decode_threads=decode_threads)
-        self._committed = state
-        load_scalars(root, schema, layout, self.ring)
-        self.ring.rebuild_valid()
-        self._priorities = Priorities(self.ring)
-        self._head_obs: np.ndarray | None = None
-        if not writable:
-            self.reader.snapshot()  # read the files of this commit even while a writer moves on
-        if writable:
-            self._writer = Writer(root, schema, layout, self.ring, self.reader, group_doc, state)
-            self.reader.live_region = self._writer.live_region  # frames still in RAM are read from there
+        n = schema.num_streams
+        stride = stream_stride(schema, layout)
+        self.rings = Rings(n, schema.stream_capacity, stride, schema.frame_stack, layout.shard_len)
+        self.reader = FrameReader(root, schema, layout, cache_bytes=cache_bytes, decode_threads=decode_threads,
+                                  slots_of=self.rings.slots if n > 1 else None)
+        self.streams = [Stream(k, self.rings.streams[k], states[k], base_shard=k * stride // layout.shard_len)
+                        for k in range(n)]
+        for stream in self.streams:
+            stream.ring.added, stream.ring.oldest = stream.committed.added, stream.committed.oldest
+            load_scalars(root, layout, stream.ring, base_shard=stream.base_shard)
+            stream.ring.rebuild_valid()
+        self._priorities = Priorities(self.rings)
+        self.writing = sorted(writing)  # the streams this store writes, in the order add_batch takes them
+        self._writers: list[Writer] = []
+        for k in self.writing:
+            stream = self.streams[k]
+            stream.writer = Writer(root, schema, layout, stream.ring, self.reader, group_doc if n == 1 else {},
+                                   stream.committed, stream=k, base_shard=stream.base_shard)
+            self._writers.append(stream.writer)
+        self._writer = self._writers[0] if len(self._writers) == 1 else None
+        if self._writers:
+            writers = tuple(self._writers)
+            self.reader.live_regions = lambda: [r for w in writers if (r := w.live_region()) is not None]
+        if len(self.writing) < n:
+            self.reader.snapshot()  # read the files of this commit even while other writers move on
         # Closes what this store holds if it is dropped without close(). It refers to the parts only,
         # never to the store, so it does not keep the store alive (and the parts do not refer to it).
-        self._finalizer = weakref.finalize(self, _release, self._writer, self.reader, lock, str(root))
-        if self._writer is not None and self._episode_in_progress():
-            self._head_obs = self._writer.frame_at(state.added - 1)
+        self._finalizer = weakref.finalize(self, _release, tuple(self._writers), self.reader, tuple(locks), str(root))
+        for k in self.writing:
+            stream = self.streams[k]
+            if stream.episode_in_progress():
+                stream.head_obs = stream.writer.frame_at(stream.ring.added - 1)
 
     # ---------------------------------------------------------------------------------------------
     # Construction
@@ -126,10 +144,12 @@ class ReplayStore(Writing, Sampling):
     @classmethod
     def create(cls, path: str | Path, capacity: int, observation_space: Any, action_space: Any, frame_stack: int = 1, *,
                layout: Layout | None = None, overwrite: bool = False, cache_bytes: int = DEFAULT_CACHE_BYTES,
-               memory_budget: int | None = None, decode_threads: int = 1) -> ReplayStore:
+               memory_budget: int | None = None, decode_threads: int = 1, num_streams: int = 1) -> ReplayStore:
         """Create a store for ``capacity`` steps and open it for appending.
 
-        RAM: see ``memory_estimate``; with ``memory_budget`` (bytes) a configuration whose estimate
+        ``num_streams`` > 1 makes a store of that many episode streams (one per environment of a
+        vector env; see ``add_batch``), each a ring of ``capacity / num_streams`` steps. RAM: see
+        ``memory_estimate``; with ``memory_budget`` (bytes) a configuration whose estimate
         exceeds it is refused before anything is written. ``decode_threads`` > 1 decodes each batch's
         chunks on that many threads.
 
@@ -144,38 +164,64 @@ class ReplayStore(Writing, Sampling):
             raise ConfigError(f"capacity is {capacity!r}; it must be an int between 2 and {MAX_CAPACITY} steps")
         if isinstance(frame_stack, bool) or not isinstance(frame_stack, numbers.Integral) or not 1 <= frame_stack <= 1024:
             raise ConfigError(f"frame_stack is {frame_stack!r}; it must be an int between 1 and 1024 (4 for Atari)")
-        layout = layout or default_layout(box.frame_bytes, int(capacity))
-        validate_layout(layout, int(capacity))
-        schema = Schema(box, discrete, int(capacity), int(frame_stack))
-        check_config(schema, layout, root, writable=True, cache_bytes=cache_bytes, memory_budget=memory_budget,
+        if (isinstance(num_streams, bool) or not isinstance(num_streams, numbers.Integral)
+                or not 1 <= num_streams <= MAX_STREAMS):
+            raise ConfigError(f"num_streams is {num_streams!r}; it must be an int between 1 and {MAX_STREAMS} "
+                              "(one per environment that writes)")
+        n = int(num_streams)
+        if capacity % n:
+            lower, upper = capacity - capacity % n, capacity - capacity % n + n
+            raise ConfigError(f"capacity {capacity} does not split evenly into {n} streams; use a multiple of {n} "
+                              f"such as {lower} or {upper}")
+        stream_capacity = int(capacity) // n
+        layout = layout or default_layout(box.frame_bytes, stream_capacity)
+        validate_layout(layout, stream_capacity)
+        schema = Schema(box, discrete, int(capacity), int(frame_stack), n)
+        check_config(schema, layout, root, writable=n, cache_bytes=cache_bytes, memory_budget=memory_budget,
                       decode_threads=decode_threads)
 
         lock = claim_directory(root, overwrite=overwrite)
+        locks = [lock]
         try:
-            create_array_metadata(root, "obs", length=schema.capacity, item_shape=box.shape, dtype=box.dtype,
+            length = slot_count(schema, layout)
+            create_array_metadata(root, "obs", length=length, item_shape=box.shape, dtype=box.dtype,
                                   chunk_len=layout.obs_chunk_len, shard_len=layout.shard_len, codec=layout.codec)
             for name, dtype in SCALAR_FIELDS.items():
-                create_array_metadata(root, name, length=schema.capacity, item_shape=(), dtype=dtype,
+                create_array_metadata(root, name, length=length, item_shape=(), dtype=dtype,
                                       chunk_len=layout.shard_len, shard_len=layout.shard_len, codec=layout.codec)
+            state = State()
+            if n > 1:
+                write_group_json(root / STREAMS_DIR, {"zarr_format": 3, "node_type": "group",
+                                                      "consolidated_metadata": None, "attributes": {}})
+                for k in range(n):
+                    write_group_json(stream_dir(root, k), stream_doc(k, state))
+                    locks.append(WriterLock(stream_dir(root, k), f"stream {k} of {root}"))
+                    locks[-1].acquire()
             # The group's zarr.json goes last, whole and atomically: until it exists the directory is
             # not a store, so a reader never sees one half made.
-            state = State()
             doc = {"attributes": {ATTR_KEY: to_attrs(schema, layout, state)}, "zarr_format": 3,
                    "consolidated_metadata": None, "node_type": "group"}
             write_group_json(root, doc)
         except BaseException:
-            lock.release()
+            for held in locks:
+                held.release()
             raise
-        log.info("created replay store %s (capacity %d, layout %s)", root, capacity, layout)
-        return cls(root, schema, layout, state, doc, writable=True, cache_bytes=cache_bytes, lock=lock,
-                   decode_threads=decode_threads, memory_budget=memory_budget)
+        if n > 1:
+            lock.release()  # a store of streams is written under its streams' locks
+            locks = locks[1:]
+        log.info("created replay store %s (capacity %d, %d streams, layout %s)", root, capacity, n, layout)
+        return cls(root, schema, layout, [state] * n, doc, writing=list(range(n)), cache_bytes=cache_bytes,
+                   locks=locks, decode_threads=decode_threads, memory_budget=memory_budget)
 
     @classmethod
-    def open(cls, path: str | Path, mode: str = "r", *, cache_bytes: int = DEFAULT_CACHE_BYTES,
+    def open(cls, path: str | Path, mode: str = "r", *, streams: Any = None, cache_bytes: int = DEFAULT_CACHE_BYTES,
              memory_budget: int | None = None, decode_threads: int = 1) -> ReplayStore:
         """Open an existing store: ``mode="r"`` to read (any number of readers), ``"a"`` to append.
 
-        ``cache_bytes``, ``memory_budget`` and ``decode_threads`` are as for ``create``.
+        ``streams`` (a store of streams, mode "a"): the indexes of the streams this process writes,
+        default all of them; other processes may write the others at the same time (``refresh``
+        shows what they committed). ``cache_bytes``, ``memory_budget`` and ``decode_threads`` are
+        as for ``create``.
 
         Example:
             >>> store = ReplayStore.open("/tmp/doc.zarr")
@@ -188,62 +234,91 @@ class ReplayStore(Writing, Sampling):
         doc = read_group_doc(root)
         schema, layout, state = from_attrs(doc.get("attributes"), path=str(root))
         check_arrays(root, schema, layout)
-        check_config(schema, layout, root, writable=mode == "a", cache_bytes=cache_bytes, memory_budget=memory_budget,
-                      decode_threads=decode_threads)
-        lock = None
-        if mode == "a":
-            lock = WriterLock(root)
-            lock.acquire()
-            try:
-                doc = read_group_doc(root)  # re-read under the lock: the last writer may just have committed
-                schema, layout, state = from_attrs(doc.get("attributes"), path=str(root))
-                removed = remove_partials(root)
-                if removed:
-                    log.info("removed %d temporary files left by an interrupted writer in %s", removed, root)
-                return cls(root, schema, layout, state, doc, writable=True, cache_bytes=cache_bytes, lock=lock,
-                           decode_threads=decode_threads, memory_budget=memory_budget)
-            except BaseException:
-                lock.release()
-                raise
-        # A writer may commit while we load. It always commits a higher live start *before* it
-        # overwrites any step, so every step at or above the live start committed *after* our loads
-        # was intact in the files we read (scalars) and opened (frame shards, kept open): drop the
-        # steps below it from this view and the view is consistent, with no retry.
-        for _ in range(100):
-            try:
-                store = cls(root, schema, layout, state, doc, writable=False, cache_bytes=cache_bytes, lock=None,
-                            decode_threads=decode_threads, memory_budget=memory_budget)
-            except CorruptStoreError:
+        writing = _writing_streams(schema, mode, streams, root)
+        check_config(schema, layout, root, writable=len(writing), cache_bytes=cache_bytes,
+                     memory_budget=memory_budget, decode_threads=decode_threads)
+        n = schema.num_streams
+        locks: list[WriterLock] = []
+        try:
+            for k in writing:
+                locks.append(WriterLock(root) if n == 1 else WriterLock(stream_dir(root, k), f"stream {k} of {root}"))
+                locks[-1].acquire()
+            for _ in range(100):
+                # (re-)read under the locks: the last writer may just have committed
                 doc = read_group_doc(root)
-                _, _, again = from_attrs(doc.get("attributes"), path=str(root))
-                if again.live_start(schema.capacity) == state.live_start(schema.capacity):
-                    raise  # nothing moved: the store really is damaged
-                state = again  # torn by a writer overwriting what we read: load again at the new state
+                schema, layout, state = from_attrs(doc.get("attributes"), path=str(root))
+                states = [state] if n == 1 else [read_stream_state(root, k) for k in range(n)]
+                if writing:
+                    removed = remove_partials(root, None if n == 1 else _owned_keys(schema, layout, writing))
+                    if removed:
+                        log.info("removed %d temporary files left by an interrupted writer in %s", removed, root)
+                try:
+                    store = cls(root, schema, layout, states, doc, writing=writing, cache_bytes=cache_bytes,
+                                locks=locks, decode_threads=decode_threads, memory_budget=memory_budget)
+                except CorruptStoreError:
+                    if not store_moved(root, schema, layout, states, writing):
+                        raise  # nothing moved: the store really is damaged
+                    continue  # torn by a writer overwriting what we read: load again at the new state
+                if store._settle(states):
+                    return store
+                store._finalizer.detach()
+                store.reader.close()
+            raise StoreLockedError(f"{root} is being rewritten faster than it can be read; open it again")
+        except BaseException:
+            for held in locks:
+                held.release()
+            raise
+
+    def _settle(self, states: list[State]) -> bool:
+        """After loading at ``states``: hide what writers of the streams this store does not write
+        overwrote meanwhile. A writer always commits a higher live start *before* it overwrites any
+        step, so every step at or above the live start committed *after* our loads was intact in the
+        files we read (scalars) and opened (frame shards, kept open): drop the steps below it from
+        this view and the view is consistent, with no retry. False when a writer lapped everything
+        we loaded (load again)."""
+        for k, state in enumerate(states):
+            if k in self.writing:
                 continue
-            doc = read_group_doc(root)
-            _, _, again = from_attrs(doc.get("attributes"), path=str(root))
-            safe_lo = again.live_start(schema.capacity)
-            if safe_lo <= state.live_start(schema.capacity):
-                return store
-            if safe_lo < state.added:
-                store._hide_below(safe_lo)
-                return store
-            store.close()
-            state = again  # the writer lapped everything we loaded: load again at the new state
-        raise StoreLockedError(f"{root} is being rewritten faster than it can be read; open it again")
+            again = read_stream_state(self.path, k) if self.schema.num_streams > 1 else _root_state(self.path)
+            cap = self.schema.stream_capacity
+            safe_lo = again.live_start(cap)
+            if safe_lo <= state.live_start(cap):
+                continue
+            if safe_lo >= state.added:
+                return False
+            self._hide_below(k, safe_lo)
+        return True
+
+    def refresh(self) -> list[int]:
+        """Catch up with what writers in other processes committed since this store was opened (or
+        last refreshed): the streams this store does not write are brought to their latest commit,
+        reading only their new scalar shards and reopening only the frame shards they rewrote.
+        Batches planned before keep reading the files they were planned on. Returns the streams
+        that moved.
+
+        Example:
+            >>> reader = ReplayStore.open("/tmp/doc.zarr")  # doctest: +SKIP
+            >>> reader.refresh()  # doctest: +SKIP
+            [0]
+        """
+        with self._mutex:
+            self._check_open()
+            if self.schema.num_streams == 1:
+                return refresh_streams(self, lambda k: _root_state(self.path))
+            return refresh_streams(self, lambda k: read_stream_state(self.path, k))
 
     def close(self) -> None:
-        """Flush (when writing), release the writer lock and free file handles. Idempotent."""
+        """Flush (when writing), release the writer locks and free file handles. Idempotent."""
         with self._mutex:
             if self._closed:
                 return
             try:
-                if self._writer is not None:
-                    self._writer.flush()
+                for writer in self._writers:
+                    writer.flush()
             finally:
                 self._closed = True
                 self._finalizer.detach()
-                _release(None, self.reader, self._lock, str(self.path))
+                _release((), self.reader, tuple(self._locks), str(self.path))
 
     def __enter__(self) -> Self:
         return self
@@ -255,13 +330,34 @@ class ReplayStore(Writing, Sampling):
     # Reading
 
     def __len__(self) -> int:
-        """Transitions that ``sample`` can return (at most ``capacity``)."""
-        return self.ring.n_valid
+        """Transitions that ``sample`` can return, over every stream (at most ``capacity``)."""
+        return self.rings.n_valid
+
+    @property
+    def ring(self) -> Ring:
+        """The ring of a one-stream store (a store of streams has ``rings.streams[k]``)."""
+        if self.schema.num_streams != 1:
+            raise ConfigError(f"{self.path} holds {self.schema.num_streams} streams; use store.rings.streams[k]")
+        return self.rings.streams[0]
+
+    @property
+    def num_streams(self) -> int:
+        return self.schema.num_streams
 
     @property
     def committed(self) -> State:
-        """The state last committed to disk (what a reader opened now would see)."""
-        return self._writer.committed if self._writer is not None else self._committed
+        """The state last committed to disk (what a reader opened now would see). For a store of
+        streams: ``added`` and ``episodes`` summed over them (each one's: ``stream_states()``)."""
+        states = self.stream_states()
+        if len(states) == 1:
+            return states[0]
+        return State(added=sum(s.added for s in states), oldest=0,
+                     episode_in_progress=any(s.episode_in_progress for s in states),
+                     episodes=sum(s.episodes for s in states), updated=max(s.updated for s in states))
+
+    def stream_states(self) -> list[State]:
+        """Each stream's committed state, as this store knows it (``refresh`` reads others' anew)."""
+        return [s.writer.committed if s.writer is not None else s.committed for s in self.streams]
 
     @property
     def capacity(self) -> int:
@@ -273,18 +369,21 @@ class ReplayStore(Writing, Sampling):
 
     @property
     def added(self) -> int:
-        """Steps ever written (flushed or not)."""
-        return self.ring.added
+        """Steps ever written, over every stream (flushed or not)."""
+        return self.rings.added
 
     @property
     def episodes(self) -> int:
         """Episodes ever started in this store (as committed, or as written by this writer)."""
-        return self._writer.episodes if self._writer is not None else self._committed.episodes
+        return sum(s.writer.episodes if s.writer is not None else s.committed.episodes for s in self.streams)
 
     @property
     def episode_in_progress(self) -> bool:
-        """True when the last step added awaits its move (the next ``add`` must continue from it)."""
-        return self._episode_in_progress()
+        """True when the last step added awaits its move (the next ``add`` must continue from it);
+        for several streams, that of the one ``add`` writes (or of any, read-only)."""
+        if len(self.writing) == 1:
+            return self.streams[self.writing[0]].episode_in_progress()
+        return any(s.episode_in_progress() for s in self.streams)
 
     @property
     def observation_space(self) -> Any:
@@ -295,36 +394,82 @@ class ReplayStore(Writing, Sampling):
         return self.schema.action.to_space()
 
     def __repr__(self) -> str:
-        return f"ReplayStore({str(self.path)!r}, mode={self.mode!r}, transitions={len(self)}, capacity={self.capacity})"
+        streams = f", streams={self.num_streams}" if self.num_streams > 1 else ""
+        return (f"ReplayStore({str(self.path)!r}, mode={self.mode!r}, transitions={len(self)}, "
+                f"capacity={self.capacity}{streams})")
 
     # ---------------------------------------------------------------------------------------------
     # Validation
 
-    def _hide_below(self, oldest: int) -> None:
-        """Drop steps below ``oldest`` from a read-only view (a writer has since overwritten them)."""
-        self.ring.set_oldest(oldest)
-        self._committed = dataclasses.replace(self._committed, oldest=oldest)
-
-    def _episode_in_progress(self) -> bool:
-        ring = self.ring
-        return ring.added > 0 and not bool(ring.is_last[(ring.added - 1) % ring.capacity])
+    def _hide_below(self, stream: int, oldest: int) -> None:
+        """Drop steps below ``oldest`` from a stream this store does not write (its writer has since
+        overwritten them)."""
+        s = self.streams[stream]
+        s.ring.set_oldest(oldest)
+        s.committed = dataclasses.replace(s.committed, oldest=oldest)
 
     def _check_open(self) -> None:
         if self._closed:
             raise StoreClosedError(f"{self.path} was closed; open it again with ReplayStore.open")
 
-    def _require_writer(self, what: str) -> Writer:
-        self._check_open()
-        if self._writer is None:
-            raise ReadOnlyError(f"cannot {what}: {self.path} is open read-only; open it with mode='a' to append")
-        return self._writer
+
+def _root_state(root: Path) -> State:
+    return from_attrs(read_group_doc(root).get("attributes"), path=str(root))[2]
 
 
-def _release(writer: Writer | None, reader: FrameReader, lock: WriterLock | None, path: str) -> None:
+def read_stream_state(root: Path, k: int) -> State:
+    """Stream ``k``'s committed state, read from ``streams/<k>/zarr.json``."""
+    path = stream_dir(root, k)
+    return stream_state_from_doc(read_group_doc(path), stream=k, path=str(path / "zarr.json"))
+
+
+def store_moved(root: Path, schema: Schema, layout: Layout, states: list[State], writing: list[int]) -> bool:
+    """Whether a stream this process does not write has a higher live start than in ``states``."""
+    cap = schema.stream_capacity
+    for k, state in enumerate(states):
+        if k in writing:
+            continue
+        again = read_stream_state(root, k) if schema.num_streams > 1 else _root_state(root)
+        if again.live_start(cap) != state.live_start(cap):
+            return True
+    return False
+
+
+def _writing_streams(schema: Schema, mode: str, streams: Any, root: Path) -> list[int]:
+    """The streams ``open`` writes, checked: all for mode "a" by default, none for mode "r"."""
+    n = schema.num_streams
+    if streams is None:
+        return list(range(n)) if mode == "a" else []
+    if mode != "a":
+        raise ConfigError("streams= names the streams to write; pass mode='a' with it")
+    picked = [streams] if isinstance(streams, numbers.Integral) else list(streams)
+    for k in picked:
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 0 <= k < n:
+            raise ConfigError(f"streams holds {k!r}, but {root} has streams 0..{n - 1}; pass stream indexes in that range")
+    if not picked or len(set(picked)) != len(picked):
+        raise ConfigError(f"streams is {streams!r}; name each stream to write once, at least one")
+    return sorted(int(k) for k in picked)
+
+
+def _owned_keys(schema: Schema, layout: Layout, writing: list[int]) -> set[str]:
+    """The file keys the writer of ``writing`` streams may leave temporary files of."""
+    stride = stream_stride(schema, layout)
+    per = stride // layout.shard_len
+    ndim = len(schema.observation.shape)
+    keys = set()
+    for k in writing:
+        keys.add(f"{STREAMS_DIR}/{k}/zarr.json")
+        for shard in range(k * per, (k + 1) * per):
+            keys.add(shard_key("obs", shard, ndim))
+            keys.update(shard_key(name, shard, 0) for name in SCALAR_FIELDS)
+    return keys
+
+
+def _release(writers: tuple[Writer, ...], reader: FrameReader, locks: tuple[WriterLock, ...], path: str) -> None:
     """Close a store's parts: what ``close`` does, and what a store dropped without ``close`` gets
     when it is garbage-collected (a writer's last steps are flushed, like a file's buffer)."""
     try:
-        if writer is not None:
+        for writer in writers:
             try:
                 writer.flush()
             except Exception as exc:  # noqa: BLE001 - a finalizer cannot raise; say what was lost
@@ -332,5 +477,5 @@ def _release(writer: Writer | None, reader: FrameReader, lock: WriterLock | None
                             "reopens at its last commit", path, exc)
     finally:
         reader.close()
-        if lock is not None:
+        for lock in locks:
             lock.release()

@@ -32,7 +32,8 @@ def ram_state(store: ReplayStore) -> dict[str, object]:
     return {**{name: values.copy() for name, values in ring.fields.items()}, "valid": ring.valid.copy(),
             "counters": (ring.added, ring.oldest, ring.n_valid, sorted(ring.dirty_shards)),
             "buffer": writer.buffer.copy(), "region": (writer.region, writer.region_dirty, writer.episodes),
-            "committed": store.committed, "head": None if store._head_obs is None else store._head_obs.copy()}
+            "committed": store.committed,
+            "head": None if store.streams[0].head_obs is None else store.streams[0].head_obs.copy()}
 
 
 def assert_same_ram(a: dict[str, object], b: dict[str, object]) -> None:

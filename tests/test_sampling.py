@@ -257,7 +257,7 @@ def test_block_plans_match_batch_by_batch_reads(store_path: Path) -> None:
     store = make_store(store_path, capacity=64, frame_stack=3, shard_len=16, chunk_len=4)
     fill(store, 90, episode_len=7)  # wrapped; the newest steps are still in the RAM buffer
     reader, ring = store.reader, store.ring
-    assert reader.live_region() is not None
+    assert reader.live_regions()
     rng = np.random.default_rng(5)
     k, n = 4, 6
     for _ in range(20):

@@ -16,7 +16,7 @@ import pytest
 import zarr
 from conftest import OBS_SHAPE, fill, frame, make_store
 
-from replaystore import FORMAT_VERSION, Layout, ReadOnlyError, ReplayStore, StoreLockedError
+from replaystore import Layout, ReadOnlyError, ReplayStore, StoreLockedError
 
 
 def test_plain_zarr_reads_every_field(store_path: Path) -> None:
@@ -25,7 +25,7 @@ def test_plain_zarr_reads_every_field(store_path: Path) -> None:
     store.close()
     group = zarr.open_group(str(store_path), mode="r")
     attrs = group.attrs["replaystore"]
-    assert attrs["format_version"] == FORMAT_VERSION
+    assert attrs["format_version"] == 1  # one stream: the version-1 layout, unchanged
     assert attrs["schema"]["observation_space"]["shape"] == list(OBS_SHAPE)
     assert attrs["schema"]["capacity"] == 64 and attrs["schema"]["frame_stack"] == 2
     ours = ReplayStore.open(store_path)

@@ -93,6 +93,9 @@ def compact_store(src: str | Path, dst: str | Path | None = None, *, capacity: i
     target = root if dst is None else Path(dst)
     if dst is not None and target.exists():
         raise StoreExistsError(f"{target} already exists; choose a new DST, or leave DST out to compact {root} in place")
+    if schema.num_streams > 1:
+        raise ConfigError(f"{root} holds {schema.num_streams} episode streams, and compact rewrites one-stream stores "
+                          "only in this release; verify it with `replaystore verify`")
     new_capacity = schema.capacity if capacity is None else capacity
     if isinstance(new_capacity, bool) or not isinstance(new_capacity, int) or new_capacity < 2:
         raise ConfigError(f"capacity is {capacity!r}; it must be an int >= 2")

@@ -25,10 +25,10 @@ def disk_bytes(path: Path) -> dict[str, int]:
     return sizes
 
 
-def episodes(store: ReplayStore) -> dict[str, np.ndarray]:
-    """Per live episode, oldest first: ``returns``, ``lengths`` (moves), ``whole`` (start and end both
-    live), ``ended`` and ``end_step`` (position of its newest live step)."""
-    ring = store.ring
+def episodes(store: ReplayStore, stream: int = 0) -> dict[str, np.ndarray]:
+    """Per live episode of ``stream``, oldest first: ``returns``, ``lengths`` (moves), ``whole``
+    (start and end both live), ``ended`` and ``end_step`` (position of its newest live step)."""
+    ring = store.rings.streams[stream]
     positions = np.arange(ring.lo, ring.added, dtype=np.int64)
     if positions.size == 0:
         empty = np.zeros(0)
@@ -54,21 +54,24 @@ def episodes(store: ReplayStore) -> dict[str, np.ndarray]:
 
 
 def episode_stats(store: ReplayStore) -> dict[str, Any]:
-    """Count, return and length statistics of the complete episodes among the live steps."""
-    eps = episodes(store)
+    """Count, return and length statistics of the complete episodes among the live steps (of every stream)."""
+    per = [episodes(store, k) for k in range(store.num_streams)]
+    eps = {key: np.concatenate([e[key] for e in per]) for key in per[0]}
     whole = eps["whole"]
     if whole.size == 0:
         return {"complete": 0, "partial": 0}
     out: dict[str, Any] = {"complete": int(whole.sum()), "partial": int(whole.size - whole.sum())}
     if whole.any():
-        ring = store.ring
-        slots = np.arange(ring.lo, ring.added, dtype=np.int64) % ring.capacity
+        rings = store.rings.streams
+        terminated = sum(int(np.count_nonzero(r.terminated[np.arange(r.lo, r.added) % r.capacity] & e["moves"]))
+                         for r, e in zip(rings, per))
+        truncated = sum(int(np.count_nonzero(r.truncated[np.arange(r.lo, r.added) % r.capacity] & e["moves"]))
+                        for r, e in zip(rings, per))
         r, n = eps["returns"][whole], eps["lengths"][whole]
         out.update(
             return_mean=float(r.mean()), return_min=float(r.min()), return_max=float(r.max()),
             return_last=float(r[-1]), length_mean=float(n.mean()), length_min=int(n.min()), length_max=int(n.max()),
-            terminated=int(np.count_nonzero(ring.terminated[slots] & eps["moves"])),
-            truncated=int(np.count_nonzero(ring.truncated[slots] & eps["moves"])),
+            terminated=terminated, truncated=truncated,
         )
     return out
 
@@ -87,18 +90,25 @@ def inspect_store(path: str | Path) -> dict[str, Any]:
         sizes = disk_bytes(root)
         frame_bytes = schema.observation.frame_bytes
         obs_disk = sizes.get("obs", 0)
-        frames_written = min(state.added, schema.capacity)
+        states = store.stream_states()
+        frames_written = sum(min(st.added, schema.stream_capacity) for st in states)
+        rings = store.rings.streams
         return {
             "path": str(root),
-            "format_version": FORMAT_VERSION,
+            "format_version": 1 if schema.num_streams == 1 else FORMAT_VERSION,
             "schema": {
                 "observation_space": dataclasses.asdict(schema.observation) | {"shape": list(schema.observation.shape)},
                 "action_space": dataclasses.asdict(schema.action),
                 "capacity": schema.capacity,
                 "frame_stack": schema.frame_stack,
+                "num_streams": schema.num_streams,
             },
             "transitions": len(store),
-            "live_steps": store.ring.live_steps,
+            "live_steps": store.rings.live_steps,
+            "streams": [{"stream": k, "transitions": r.n_valid, "live_steps": r.live_steps, "added": st.added,
+                         "oldest": st.live_start(schema.stream_capacity), "episodes": st.episodes,
+                         "episode_in_progress": st.episode_in_progress, "last_write": st.updated}
+                        for k, (r, st) in enumerate(zip(rings, states))],
             "episodes": episode_stats(store),
             "state": dataclasses.asdict(state),
             "layout": {
@@ -107,7 +117,7 @@ def inspect_store(path: str | Path) -> dict[str, Any]:
                 "scalar_chunk_len": layout.shard_len,
                 "codec": dataclasses.asdict(layout.codec),
                 "checksum": "crc32c",
-                "shards_per_array": -(-schema.capacity // layout.shard_len),
+                "shards_per_array": -(-store.rings.size // layout.shard_len),
             },
             "bytes_on_disk": sum(sizes.values()),
             "bytes_by_array": sizes,
@@ -125,7 +135,8 @@ def format_summary(info: dict[str, Any]) -> list[str]:
     codec = lay["codec"]
     codec_name = f"{codec['name']}-{codec['level']}" if codec["name"] == "zstd" else f"blosc-{codec['cname']}-{codec['level']}"
     lines = [
-        f"replay store      {info['path']}  (format version {info['format_version']})",
+        f"replay store      {info['path']}  (format version {info['format_version']}"
+        + (f", {s['num_streams']} streams)" if s["num_streams"] > 1 else ")"),
         f"observations      Box{tuple(obs['shape'])} {obs['dtype']} [{obs['low']}, {obs['high']}], frame_stack {s['frame_stack']}",
         f"actions           Discrete({s['action_space']['n']}, start={s['action_space']['start']})",
         f"capacity          {s['capacity']:,} steps; {info['live_steps']:,} live; {info['transitions']:,} sampleable transitions",
@@ -133,6 +144,11 @@ def format_summary(info: dict[str, Any]) -> list[str]:
         f"episode_in_progress={st['episode_in_progress']}"),
         f"episodes (live)   {ep['complete']:,} complete, {ep['partial']:,} partial",
     ]
+    if s["num_streams"] > 1:
+        lines.append("streams           stream  transitions   live steps        added   episodes  last write")
+        for row in info["streams"]:
+            lines.append(f"                  {row['stream']:>6}  {row['transitions']:>11,}  {row['live_steps']:>11,}  "
+                         f"{row['added']:>11,}  {row['episodes']:>9,}  {row['last_write'] or 'never'}")
     if "return_mean" in ep:
         lines.append(
             f"  returns         mean {ep['return_mean']:.2f}  min {ep['return_min']:.2f}  max {ep['return_max']:.2f}  "

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from replaystore.errors import ChunkChecksumError, ReplayStoreError
-from replaystore.format.schema import SCALAR_FIELDS, from_attrs
+from replaystore.format.schema import SCALAR_FIELDS, Schema, from_attrs, stream_stride
 from replaystore.format.shards import (
     CRC_BYTES,
     EMPTY,
@@ -26,6 +26,7 @@ from replaystore.format.shards import (
     shard_key,
 )
 from replaystore.format.validate import check_arrays, read_group_doc
+from replaystore.store import read_stream_state
 
 
 @dataclass
@@ -59,82 +60,98 @@ class Report:
 
 
 def verify_store(path: str | Path, *, progress: Callable[[int, int], None] | None = None) -> Report:
-    """Check every chunk of the store at ``path``; ``progress(done, total)`` is called per shard."""
+    """Check every chunk of the store at ``path`` (every stream of it); ``progress(done, total)`` is
+    called per shard."""
     root = Path(path)
     report = Report()
     doc = read_group_doc(root)
     schema, layout, state = from_attrs(doc.get("attributes"), path=str(root))
     try:
         check_arrays(root, schema, layout)
+        states = [state] if schema.num_streams == 1 else [read_stream_state(root, k) for k in range(schema.num_streams)]
     except ReplayStoreError as exc:
         report.problems.append(Problem("metadata", None, None, None, None, str(exc)))
         return report
-    capacity = schema.capacity
-    lo, added = state.live_start(capacity), state.added
+    capacity = schema.stream_capacity  # each stream's ring
+    stride = stream_stride(schema, layout)
+    per_stream = -(-capacity // layout.shard_len)  # shards a stream uses
+    live = [(st.live_start(capacity), st.added) for st in states]
     codec = numcodecs_codec(layout.codec)
-    n_shards = -(-capacity // layout.shard_len)
     arrays = {"obs": (schema.observation.shape, schema.observation.dtype, layout.obs_chunk_len)}
     arrays.update({name: ((), dtype, layout.shard_len) for name, dtype in SCALAR_FIELDS.items()})
-    total, done = n_shards * len(arrays), 0
-    ep_step = np.zeros(capacity, dtype=np.int64)
+    total, done = schema.num_streams * per_stream * len(arrays), 0
+    ep_step = np.zeros(schema.num_streams * stride, dtype=np.int64)
 
     def live_range(first_slot: int, last_slot: int) -> tuple[int, int] | None:
+        """The live positions (of the slots' stream) held by store slots ``first_slot..last_slot``."""
+        k = first_slot // stride
+        lo, added = live[k]
         positions = np.arange(lo, added, dtype=np.int64)
-        slots = positions % capacity
+        slots = k * stride + positions % capacity
         hit = positions[(slots >= first_slot) & (slots <= last_slot)]
         return (int(hit.min()), int(hit.max())) if hit.size else None
 
     for name, (shape, dtype, chunk_len) in arrays.items():
         per_shard = layout.shard_len // chunk_len
         out = np.empty((chunk_len, *shape), dtype=dtype)
-        for shard in range(n_shards):
-            done += 1
-            if progress is not None:
-                progress(done, total)
-            first = shard * layout.shard_len
-            rows = min(layout.shard_len, capacity - first)
-            slot_range = (first, first + rows - 1)
-            path_ = root / shard_key(name, shard, len(shape))
-            if not path_.exists():
-                live = live_range(*slot_range)
-                if live is not None:
-                    report.problems.append(Problem(name, shard, None, slot_range, live,
-                                                   f"shard {shard} of '{name}' is missing but holds live steps {live[0]}..{live[1]}"))
-                continue
-            raw = memoryview(path_.read_bytes())
-            tail = per_shard * INDEX_ENTRY_BYTES + CRC_BYTES
-            try:
-                index = parse_index(raw[max(0, len(raw) - tail):], per_shard, name=name, shard=shard)
-            except ChunkChecksumError as exc:
-                report.problems.append(Problem(name, shard, None, slot_range, live_range(*slot_range), str(exc)))
-                continue
-            for c in range(per_shard):
-                c_first = first + c * chunk_len
-                if c_first >= capacity:
-                    break
-                c_range = (c_first, min(c_first + chunk_len, capacity) - 1)
-                off, nbytes = index[c]
-                report.chunks_checked += 1
-                try:
-                    if off == EMPTY:
-                        out[...] = 0
-                    elif int(off) + int(nbytes) > len(raw) - tail:
-                        raise ChunkChecksumError(f"chunk {c} of shard {shard} of '{name}' points past its shard's data",
-                                                 array=name, shard=shard, chunk=c)
-                    else:
-                        payload = check_chunk(raw[int(off) : int(off) + int(nbytes)], name=name, shard=shard, chunk=c,
-                                              first_step=c_first, steps=chunk_len)
-                        decode_chunk(payload, codec, out, name=name, shard=shard, chunk=c)
-                except ChunkChecksumError as exc:
-                    report.problems.append(Problem(name, shard, c, c_range, live_range(*c_range), str(exc)))
+        for k in range(schema.num_streams):
+            for local in range(per_stream):
+                shard = k * stride // layout.shard_len + local
+                done += 1
+                if progress is not None:
+                    progress(done, total)
+                first = k * stride + local * layout.shard_len
+                end = k * stride + capacity  # the stream's slots end here
+                rows = min(layout.shard_len, end - first)
+                slot_range = (first, first + rows - 1)
+                path_ = root / shard_key(name, shard, len(shape))
+                if not path_.exists():
+                    held = live_range(*slot_range)
+                    if held is not None:
+                        report.problems.append(Problem(name, shard, None, slot_range, held,
+                                                       f"shard {shard} of '{name}' is missing but holds live steps "
+                                                       f"{held[0]}..{held[1]}" + _of_stream(schema, k)))
                     continue
-                if name == "ep_step":
-                    ep_step[c_first : c_range[1] + 1] = out[: c_range[1] + 1 - c_first]
-    _check_ep_steps(report, ep_step, lo, added, capacity)
+                raw = memoryview(path_.read_bytes())
+                tail = per_shard * INDEX_ENTRY_BYTES + CRC_BYTES
+                try:
+                    index = parse_index(raw[max(0, len(raw) - tail):], per_shard, name=name, shard=shard)
+                except ChunkChecksumError as exc:
+                    report.problems.append(Problem(name, shard, None, slot_range, live_range(*slot_range), str(exc)))
+                    continue
+                for c in range(per_shard):
+                    c_first = first + c * chunk_len
+                    if c_first >= end:
+                        break
+                    c_range = (c_first, min(c_first + chunk_len, end) - 1)
+                    off, nbytes = index[c]
+                    report.chunks_checked += 1
+                    try:
+                        if off == EMPTY:
+                            out[...] = 0
+                        elif int(off) + int(nbytes) > len(raw) - tail:
+                            raise ChunkChecksumError(f"chunk {c} of shard {shard} of '{name}' points past its shard's data",
+                                                     array=name, shard=shard, chunk=c)
+                        else:
+                            payload = check_chunk(raw[int(off) : int(off) + int(nbytes)], name=name, shard=shard,
+                                                  chunk=c, first_step=c_first, steps=chunk_len)
+                            decode_chunk(payload, codec, out, name=name, shard=shard, chunk=c)
+                    except ChunkChecksumError as exc:
+                        report.problems.append(Problem(name, shard, c, c_range, live_range(*c_range), str(exc)))
+                        continue
+                    if name == "ep_step":
+                        ep_step[c_first : c_range[1] + 1] = out[: c_range[1] + 1 - c_first]
+    for k, (lo, added) in enumerate(live):
+        _check_ep_steps(report, ep_step[k * stride : k * stride + capacity], lo, added, capacity,
+                        _of_stream(schema, k))
     return report
 
 
-def _check_ep_steps(report: Report, ep_step: np.ndarray, lo: int, added: int, capacity: int) -> None:
+def _of_stream(schema: Schema, k: int) -> str:
+    return f" (stream {k})" if schema.num_streams > 1 else ""
+
+
+def _check_ep_steps(report: Report, ep_step: np.ndarray, lo: int, added: int, capacity: int, where: str = "") -> None:
     if any(p.array == "ep_step" for p in report.problems):
         return
     positions = np.arange(lo, added, dtype=np.int64)
@@ -145,4 +162,4 @@ def _check_ep_steps(report: Report, ep_step: np.ndarray, lo: int, added: int, ca
     if bad.size:
         p = int(positions[bad[0] + 1]) if bad[0] + 1 < positions.size else int(positions[0])
         report.problems.append(Problem("ep_step", None, None, None, (p, p),
-            f"ep_step breaks its sequence at step {p}: the episode structure disagrees with the committed state"))
+            f"ep_step breaks its sequence at step {p}{where}: the episode structure disagrees with the committed state"))

@@ -8,7 +8,9 @@ The group's ``zarr.json`` carries one attribute, ``replaystore``::
      "state":   {"added": ..., "oldest": ..., "episode_in_progress": ..., "episodes": ..., ...}}
 
 ``state`` is the commit: it is rewritten (atomically) only after the shard bytes it describes are on
-disk. Everything read back from disk is validated here, so a hostile or truncated ``zarr.json``
+disk. A store of several episode streams (format version 2) has ``schema.num_streams`` and no
+``state`` here: each stream commits its own, in ``streams/<k>/zarr.json`` (``stream_doc``), so
+writers of different streams never rewrite the same file. Everything read back from disk is validated here, so a hostile or truncated ``zarr.json``
 becomes a ``CorruptStoreError`` naming the bad key rather than a crash deep inside numpy.
 """
 
@@ -23,8 +25,11 @@ import numpy as np
 
 from replaystore.errors import ConfigError, CorruptStoreError, FormatVersionError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 1: one stream (still written for one stream); 2: streams
 ATTR_KEY = "replaystore"
+STREAM_ATTR_KEY = "replaystore_stream"
+STREAMS_DIR = "streams"
+MAX_STREAMS = 4096
 
 #: Scalar per-step fields: name -> dtype. ``obs`` is the frame array; the rest are 1-D over slots.
 SCALAR_FIELDS: dict[str, str] = {
@@ -37,6 +42,8 @@ SCALAR_FIELDS: dict[str, str] = {
     "priority": "float32",
 }
 MAX_CAPACITY = 2**40
+#: Steps a stream may ever add (positions carry the stream in the bits above these: see storage/rings.py).
+MAX_POSITION = 2**46 - 1
 
 
 @dataclass(frozen=True)
@@ -82,6 +89,12 @@ class Schema:
     action: DiscreteSpec
     capacity: int
     frame_stack: int
+    num_streams: int = 1
+
+    @property
+    def stream_capacity(self) -> int:
+        """Steps in each stream's ring (``capacity`` is split evenly)."""
+        return self.capacity // self.num_streams
 
 
 @dataclass(frozen=True)
@@ -183,14 +196,27 @@ def discrete_from_space(space: Any) -> DiscreteSpec:
 # Attributes <-> dataclasses
 
 
-def to_attrs(schema: Schema, layout: Layout, state: State) -> dict[str, Any]:
-    """The ``replaystore`` attribute for a group's ``zarr.json``."""
+def stream_stride(schema: Schema, layout: Layout) -> int:
+    """Slots between the starts of two streams in the arrays: a stream's capacity rounded up to whole
+    shards (so no shard file holds two streams); with one stream, the capacity itself."""
+    cap = schema.stream_capacity
+    return cap if schema.num_streams == 1 else -(-cap // layout.shard_len) * layout.shard_len
+
+
+def slot_count(schema: Schema, layout: Layout) -> int:
+    """The arrays' length: every stream's region laid end to end."""
+    return stream_stride(schema, layout) * schema.num_streams
+
+
+def to_attrs(schema: Schema, layout: Layout, state: State | None) -> dict[str, Any]:
+    """The ``replaystore`` attribute for a group's ``zarr.json`` (``state`` None for a store of
+    streams: each stream's state is in its own ``stream_doc``)."""
     obs = dataclasses.asdict(schema.observation)
     obs["shape"] = list(obs["shape"])
     obs["low"] = _compact_bound(np.asarray(_parse_bound(obs["low"])))
     obs["high"] = _compact_bound(np.asarray(_parse_bound(obs["high"])))
-    return {
-        "format_version": FORMAT_VERSION,
+    attrs: dict[str, Any] = {
+        "format_version": 1 if schema.num_streams == 1 else FORMAT_VERSION,
         "schema": {
             "observation_space": {"type": "Box", **obs},
             "action_space": {"type": "Discrete", **dataclasses.asdict(schema.action)},
@@ -202,8 +228,28 @@ def to_attrs(schema: Schema, layout: Layout, state: State) -> dict[str, Any]:
             "obs_chunk_len": layout.obs_chunk_len,
             "codec": dataclasses.asdict(layout.codec),
         },
-        "state": dataclasses.asdict(state),
     }
+    if schema.num_streams == 1:
+        attrs["state"] = dataclasses.asdict(state or State())
+    else:
+        attrs["schema"]["num_streams"] = schema.num_streams
+    return attrs
+
+
+def stream_doc(stream: int, state: State) -> dict[str, Any]:
+    """``streams/<k>/zarr.json`` of a store of streams: a zarr group whose attribute is the stream's commit."""
+    return {"zarr_format": 3, "node_type": "group", "consolidated_metadata": None,
+            "attributes": {STREAM_ATTR_KEY: {"stream": stream, "state": dataclasses.asdict(state)}}}
+
+
+def stream_state_from_doc(doc: Any, *, stream: int, path: str) -> State:
+    """Validate and parse ``streams/<k>/zarr.json`` read from ``path``."""
+    where = f"{path} attributes"
+    attrs = doc.get("attributes") if isinstance(doc, dict) else None
+    root = _get(attrs, STREAM_ATTR_KEY, dict, where)
+    if _get(root, "stream", int, where) != stream:
+        raise CorruptStoreError(f"{where}.stream is {root['stream']!r}, expected {stream}; the store is damaged")
+    return _parse_state(_get(root, "state", dict, where), f"{where}.state")
 
 
 def _get(d: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
@@ -259,6 +305,9 @@ def from_attrs(attrs: Any, *, path: str) -> tuple[Schema, Layout, State]:
     )
     capacity = _get_int(s, "capacity", f"{where}.schema", 2, MAX_CAPACITY)
     frame_stack = _get_int(s, "frame_stack", f"{where}.schema", 1, 1024)
+    num_streams = 1 if version == 1 else _get_int(s, "num_streams", f"{where}.schema", 1, MAX_STREAMS)
+    if capacity % num_streams or capacity // num_streams < 2:
+        raise CorruptStoreError(f"{where}.schema.capacity {capacity} does not split into {num_streams} streams")
     if box.frame_bytes * capacity > 2**50:
         raise CorruptStoreError(f"{where}.schema describes {box.frame_bytes * capacity} bytes of frames; absurd size")
 
@@ -274,21 +323,25 @@ def from_attrs(attrs: Any, *, path: str) -> tuple[Schema, Layout, State]:
         obs_chunk_len=_get_int(lay, "obs_chunk_len", f"{where}.layout", 1, 2**24),
         codec=codec_spec,
     )
-    if layout.shard_len % layout.obs_chunk_len or layout.shard_len > capacity:
+    if layout.shard_len % layout.obs_chunk_len or layout.shard_len > capacity // num_streams:
         raise CorruptStoreError(f"{where}.layout {layout} does not fit capacity {capacity}")
+    schema = Schema(box, discrete, capacity, frame_stack, num_streams)
+    state = _parse_state(_get(root, "state", dict, where), f"{where}.state") if version == 1 else State()
+    return schema, layout, state
 
-    st = _get(root, "state", dict, where)
-    added = _get_int(st, "added", f"{where}.state", 0, 2**62)
+
+def _parse_state(st: Any, where: str) -> State:
+    added = _get_int(st, "added", where, 0, MAX_POSITION)
     state = State(
         added=added,
-        oldest=_get_int(st, "oldest", f"{where}.state", 0, added),
-        episode_in_progress=_get(st, "episode_in_progress", bool, f"{where}.state"),
-        episodes=_get_int(st, "episodes", f"{where}.state", 0, 2**62),
+        oldest=_get_int(st, "oldest", where, 0, added),
+        episode_in_progress=_get(st, "episode_in_progress", bool, where),
+        episodes=_get_int(st, "episodes", where, 0, 2**62),
         updated=str(st.get("updated", "")),
     )
     if state.episode_in_progress and added == 0:
-        raise CorruptStoreError(f"{where}.state says an episode is in progress in an empty store")
-    return Schema(box, discrete, capacity, frame_stack), layout, state
+        raise CorruptStoreError(f"{where} says an episode is in progress in an empty store")
+    return state
 
 
 CHUNK_TARGET_BYTES = 64 * 2**10

@@ -276,10 +276,14 @@ def _make_parents(directory: Path) -> list[Path]:
     return missing
 
 
-def remove_partials(root: Path) -> int:
-    """Delete temporary files a killed writer left behind; returns how many."""
+def remove_partials(root: Path, owned: set[str] | None = None) -> int:
+    """Delete temporary files a killed writer left behind; returns how many. With ``owned`` (keys
+    relative to ``root``, such as ``obs/c/3/0/0``), only the temporary files of those keys: other
+    streams' writers may be writing theirs right now."""
     count = 0
     for p in root.rglob(f"*{PARTIAL_SUFFIX}"):
+        if owned is not None and str(p.relative_to(root).with_name(p.name.rsplit(".", 2)[0])) not in owned:
+            continue
         try:
             p.unlink()
             count += 1

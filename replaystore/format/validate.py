@@ -19,7 +19,7 @@ from replaystore.errors import (
     InvalidTransitionError,
     StoreNotFoundError,
 )
-from replaystore.format.schema import SCALAR_FIELDS, Layout, Schema
+from replaystore.format.schema import SCALAR_FIELDS, Layout, Schema, slot_count
 from replaystore.format.shards import validate_codec
 
 
@@ -120,9 +120,61 @@ def check_arrays(root: Path, schema: Schema, layout: Layout) -> None:
             inner = meta["codecs"][0]["configuration"]["chunk_shape"]
         except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
             raise CorruptStoreError(f"{path} is missing or damaged ({exc!r}); the store's metadata is damaged") from exc
-        if got_shape != (schema.capacity, *shape) or got_dtype != dtype or shard[0] != layout.shard_len or inner[0] != chunk_len:
+        if got_shape != (slot_count(schema, layout), *shape) or got_dtype != dtype or shard[0] != layout.shard_len or inner[0] != chunk_len:
             raise CorruptStoreError(
                 f"{path} describes shape {got_shape}, dtype {got_dtype}, shards {shard}, chunks {inner}, which does not "
-                f"match the store's schema (capacity {schema.capacity}, {dtype}, shard_len {layout.shard_len}); "
+                f"match the store's schema ({slot_count(schema, layout)} slots, {dtype}, shard_len {layout.shard_len}); "
                 "the store's metadata is damaged"
             )
+
+
+def check_rows(schema: Schema, path: Path, n: int, obs: Any, action: Any, reward: Any, next_obs: Any,
+               terminated: Any, truncated: Any) -> tuple[np.ndarray, ...]:
+    """``add_batch``'s arguments checked whole: each with a leading axis of ``n`` (one row per
+    stream written), every row valid. The error names the field and the first bad row."""
+    spec = schema.observation
+
+    def rows(value: Any, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        arr = np.asarray(value)
+        if arr.shape != (n, *shape):
+            raise InvalidTransitionError(
+                f"{name} has shape {arr.shape}, but {path} is written here by {n} streams, so add_batch takes "
+                f"{(n, *shape)} (one row per stream, as the vector env returns it)")
+        return arr
+
+    obs_a = check_obs_rows(spec, path, rows(obs, "obs", spec.shape), "obs")
+    next_a = check_obs_rows(spec, path, rows(next_obs, "next_obs", spec.shape), "next_obs")
+    act = rows(action, "action", ())
+    if act.dtype.kind not in "iub":
+        raise InvalidTransitionError(f"action has dtype {act.dtype}; {path} stores Discrete actions: pass ints")
+    a = schema.action
+    bad = np.flatnonzero((act < a.start) | (act >= a.start + a.n))
+    if bad.size:
+        raise InvalidTransitionError(f"action[{bad[0]}] is {act[bad[0]]}, outside the action space "
+                                     f"[{a.start}, {a.start + a.n - 1}] of {path}; nothing was written")
+    rew = rows(reward, "reward", ())
+    if rew.dtype.kind not in "biuf":
+        raise InvalidTransitionError(f"reward has dtype {rew.dtype}; rewards must be real numbers")
+    rew = rew.astype(np.float64)
+    bad = np.flatnonzero(~np.isfinite(rew))
+    if bad.size:
+        raise InvalidTransitionError(f"reward[{bad[0]}] is {rew[bad[0]]}; rewards must be finite (check the env or "
+                                     "clip the reward); nothing was written")
+    flags = []
+    for value, name in ((terminated, "terminated"), (truncated, "truncated")):
+        f = rows(value, name, ())
+        if f.dtype.kind not in "biu" or (f.dtype.kind != "b" and np.any((f != 0) & (f != 1))):
+            raise InvalidTransitionError(f"{name} is {value!r}; it must hold bools, one per stream")
+        flags.append(f.astype(bool))
+    return obs_a, act.astype(np.int64), rew, next_a, flags[0], flags[1]
+
+
+def check_obs_rows(spec: Any, path: Path, arr: np.ndarray, name: str) -> np.ndarray:
+    """Observation rows in the store's dtype (a safe cast), else an error naming the field."""
+    if arr.dtype != np.dtype(spec.dtype):
+        if not np.can_cast(arr.dtype, np.dtype(spec.dtype), casting="safe"):
+            raise InvalidTransitionError(
+                f"{name} has dtype {arr.dtype}, but {path} stores {spec.dtype} observations; "
+                f"convert it with .astype({spec.dtype!r}) or create a store for {arr.dtype}")
+        arr = arr.astype(np.dtype(spec.dtype))
+    return arr

@@ -21,7 +21,7 @@ import numpy as np
 
 from replaystore.sampling.sampler import n_step_span
 from replaystore.storage.reader import FrameReader, Plan
-from replaystore.storage.ring import Ring
+from replaystore.storage.rings import Rings
 
 
 @dataclass(frozen=True)
@@ -65,13 +65,13 @@ class Pending:
         return replace(self.batch, obs=self.out[0], next_obs=self.out[1])
 
 
-def assemble(ring: Ring, reader: FrameReader, positions: np.ndarray, *, n_step: int = 1, gamma: float = 0.99,
+def assemble(ring: Rings, reader: FrameReader, positions: np.ndarray, *, n_step: int = 1, gamma: float = 0.99,
              weight: np.ndarray | None = None) -> Batch:
     """Build the batch for sampleable ``positions`` (as drawn by the sampler), in one go."""
     return prepare(ring, reader, positions, n_step=n_step, gamma=gamma, weight=weight).finish(reader)
 
 
-def prepare(ring: Ring, reader: FrameReader, positions: np.ndarray, *, n_step: int = 1, gamma: float = 0.99,
+def prepare(ring: Rings, reader: FrameReader, positions: np.ndarray, *, n_step: int = 1, gamma: float = 0.99,
             weight: np.ndarray | None = None, out: tuple[np.ndarray, np.ndarray] | None = None,
             batches: int = 1) -> Pending:
     """Read everything ``batches`` batches need from the ring and plan their frame reads.
@@ -80,8 +80,7 @@ def prepare(ring: Ring, reader: FrameReader, positions: np.ndarray, *, n_step: i
     with more) is a pair of C-contiguous ``(batches, n, frame_stack, *obs_shape)`` arrays that
     receive the batches' ``obs`` and ``next_obs``."""
     positions = np.asarray(positions, dtype=np.int64)
-    cap = ring.capacity
-    slots = positions % cap
+    slots = ring.slots(positions)
     m, _ = n_step_span(ring, positions, n_step)
     next_positions = positions + m
 
@@ -91,10 +90,10 @@ def prepare(ring: Ring, reader: FrameReader, positions: np.ndarray, *, n_step: i
     else:
         j = np.arange(n_step, dtype=np.int64)
         within = j[None, :] < m[:, None]
-        steps = (positions[:, None] + np.minimum(j[None, :], m[:, None] - 1)) % cap
+        steps = ring.slots(positions[:, None] + np.minimum(j[None, :], m[:, None] - 1))
         disc = np.float32(gamma) ** j.astype(np.float32)
         reward = (ring.reward[steps] * disc[None, :] * within).sum(axis=1, dtype=np.float64).astype(np.float32)
-        last_slots = (positions + m - 1) % cap
+        last_slots = ring.slots(positions + m - 1)
     terminated = ring.terminated[last_slots].copy()
     truncated = ring.truncated[last_slots].copy()
     discount = np.where(terminated, np.float32(0.0), np.float32(gamma) ** m.astype(np.float32)).astype(np.float32)

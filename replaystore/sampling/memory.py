@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from replaystore.errors import ConfigError
-from replaystore.format.schema import SCALAR_FIELDS, Layout, Schema
+from replaystore.format.schema import SCALAR_FIELDS, Layout, Schema, slot_count
 from replaystore.storage.reader import OUTPUT_POOL
 
 DECODE_AREA_CHUNKS = 128
@@ -59,9 +59,10 @@ _KNOBS = {
 }
 
 
-def estimate(schema: Schema, layout: Layout, *, writable: bool, cache_bytes: int, decode_threads: int) -> dict[str, int]:
-    """Bytes of RAM each part of a store with this configuration can use (one sampling thread)."""
-    cap = schema.capacity
+def estimate(schema: Schema, layout: Layout, *, writable: bool | int, cache_bytes: int, decode_threads: int) -> dict[str, int]:
+    """Bytes of RAM each part of a store with this configuration can use (one sampling thread);
+    ``writable``: how many streams this process writes (True: one)."""
+    cap = slot_count(schema, layout)
     frame = schema.observation.frame_bytes
     per_step = sum(np.dtype(d).itemsize for d in SCALAR_FIELDS.values()) + 1  # + the sampleable bitmap
     tree_leaves = 1 << max(0, int(cap - 1).bit_length())
@@ -72,7 +73,7 @@ def estimate(schema: Schema, layout: Layout, *, writable: bool, cache_bytes: int
     return {
         "scalars": cap * per_step,
         "priority_tree": 2 * 2 * tree_leaves * 8,
-        "write_buffer": 2 * layout.shard_len * frame if writable else 0,
+        "write_buffer": 2 * layout.shard_len * frame * int(writable),
         "chunk_cache": int(cache_bytes),
         "cache_lookup": 8 * n_shards * chunks_per_shard,
         "decode_areas": max(1, decode_threads) * DECODE_AREA_CHUNKS * layout.obs_chunk_len * frame,
@@ -146,7 +147,7 @@ def check_budget(parts: dict[str, int], budget: int | None, *, path: str, adding
     )
 
 
-def check_config(schema: Schema, layout: Layout, root: Path, *, writable: bool, cache_bytes: Any,
+def check_config(schema: Schema, layout: Layout, root: Path, *, writable: bool | int, cache_bytes: Any,
                   memory_budget: Any, decode_threads: Any) -> None:
     """Validate the RAM knobs of ``create``/``open``, then refuse a configuration over ``memory_budget``."""
     for name, value, low in (("cache_bytes", cache_bytes, 0), ("decode_threads", decode_threads, 1)):

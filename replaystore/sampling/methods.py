@@ -24,7 +24,7 @@ from replaystore.sampling.assemble import Batch, Pending, prepare
 from replaystore.sampling.memory import check_budget, estimate
 from replaystore.sampling.priority import Priorities
 from replaystore.storage.reader import FrameReader
-from replaystore.storage.ring import Ring
+from replaystore.storage.rings import Rings
 
 
 class Sampling:
@@ -33,7 +33,8 @@ class Sampling:
     path: Path
     schema: Schema
     layout: Layout
-    ring: Ring
+    rings: Rings
+    writing: list[int]
     reader: FrameReader
     _mutex: threading.RLock
     _priorities: Priorities
@@ -81,7 +82,7 @@ class Sampling:
         rng = rng if rng is not None else np.random.default_rng()
         with self._mutex:
             self._check_open()
-            available = _sampler.count_sampleable(self.ring, int(n_step))
+            available = _sampler.count_sampleable(self.rings, int(n_step))
             if batch_size > available:
                 raise SampleError(
                     f"asked for {batch_size} transitions but {self.path} holds {available} sampleable "
@@ -90,12 +91,12 @@ class Sampling:
             weight = None
             if prioritized:
                 tree = self._priorities.sync(float(alpha))
-                positions = _sampler.sample_prioritized(self.ring, tree, batches * int(batch_size), rng,
+                positions = _sampler.sample_prioritized(self.rings, tree, batches * int(batch_size), rng,
                                                         n_step=int(n_step))
-                weight = self._priorities.weights(tree, positions % self.capacity, float(beta))
+                weight = self._priorities.weights(tree, self.rings.slots(positions), float(beta))
             else:
-                positions = _sampler.sample_uniform(self.ring, batches * int(batch_size), rng, n_step=int(n_step))
-            return prepare(self.ring, self.reader, positions, n_step=int(n_step), gamma=float(gamma), weight=weight,
+                positions = _sampler.sample_uniform(self.rings, batches * int(batch_size), rng, n_step=int(n_step))
+            return prepare(self.rings, self.reader, positions, n_step=int(n_step), gamma=float(gamma), weight=weight,
                            out=out, batches=batches)
 
     def as_dataset(self, batch_size: int, *, n_step: int = 1, gamma: float = 0.99, prioritized: bool = False,
@@ -153,8 +154,9 @@ class Sampling:
             raise SampleError(f"index must be a 1-D integer array such as batch.index, got {idx.dtype} of shape {idx.shape}")
         if prio.shape != idx.shape or prio.dtype.kind not in "iuf":
             raise SampleError(f"priority must be a numeric array of shape {idx.shape} (one per index), got {prio.dtype} of shape {prio.shape}")
-        if idx.size and (idx.min() < 0 or idx.max() >= self.capacity):
-            raise SampleError(f"index holds slots outside 0..{self.capacity - 1}; pass batch.index from this store")
+        size = self.rings.size
+        if idx.size and (idx.min() < 0 or idx.max() >= size):
+            raise SampleError(f"index holds slots outside 0..{size - 1}; pass batch.index from this store")
         if prio.size and not (np.all(np.isfinite(prio)) and prio.min() >= 0):
             raise SampleError("priorities must be finite and >= 0 (use |td_error| + a small epsilon)")
         if idx.size == 0:
@@ -166,10 +168,11 @@ class Sampling:
     def priorities(self, index: Any) -> np.ndarray:
         """The current priorities (before ``alpha``) of the slots in ``index``, as float32."""
         idx = np.asarray(index)
-        if idx.dtype.kind not in "iu" or (idx.size and (idx.min() < 0 or idx.max() >= self.capacity)):
-            raise SampleError(f"index must hold integer slots in 0..{self.capacity - 1}, such as batch.index")
+        size = self.rings.size
+        if idx.dtype.kind not in "iu" or (idx.size and (idx.min() < 0 or idx.max() >= size)):
+            raise SampleError(f"index must hold integer slots in 0..{size - 1}, such as batch.index")
         with self._mutex:
-            return self.ring.priority[idx].copy()
+            return self.rings.priority[idx].copy()
 
     def warm_cache(self) -> int:
         """Read the store's compressed frame chunks into the cache now, shard by shard (up to
@@ -177,13 +180,13 @@ class Sampling:
         Atari store is ~65 MB and loads in about a second."""
         with self._mutex:
             self._check_open()
-            n_shards = -(-self.capacity // self.layout.shard_len)
+            n_shards = -(-self.rings.size // self.layout.shard_len)
             return self.reader.warm(range(n_shards))
 
     def memory_estimate(self) -> dict[str, int]:
         """Bytes of RAM each part of this store can use, its live prefetchers' (``as_dataset``) blocks
         and decode processes included (see memory.py); ``sum(...values())`` for the total."""
-        parts = estimate(self.schema, self.layout, writable=self._writer is not None,
+        parts = estimate(self.schema, self.layout, writable=len(self.writing),
                          cache_bytes=self.reader.cache_bytes, decode_threads=self.reader.decode_threads)
         for prefetcher in list(self._prefetchers):
             for name, nbytes in prefetcher.memory.items():

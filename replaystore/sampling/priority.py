@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from replaystore.storage.ring import Ring
+from replaystore.storage.rings import Rings
 
 #: Priorities are clipped below to this, so every transition keeps a non-zero chance to be replayed.
 MIN_PRIORITY = 1e-6
@@ -96,19 +96,29 @@ class SumTree:
 
 
 class Priorities:
-    """The sum tree kept in step with a ring's priorities and sampleable bitmap."""
+    """The sum tree kept in step with the streams' priorities and sampleable bitmaps."""
 
-    def __init__(self, ring: Ring) -> None:
-        self.ring = ring
+    def __init__(self, rings: Rings) -> None:
+        self.rings = rings
         self.tree: SumTree | None = None
         self.alpha = 0.0
-        live = np.arange(ring.lo, ring.added, dtype=np.int64) % ring.capacity
+        self.max_priority = 1.0
+        goods = [self.adopt(k) for k in range(rings.num_streams)]
+        self.max_priority = max((g for g in goods if g is not None), default=1.0)
+        self._seen = [(r.lo, r.added) for r in rings.streams]
+
+    def adopt(self, k: int, start: int | None = None) -> float | None:
+        """Check stream ``k``'s priorities read from disk (from position ``start`` on; default: its
+        whole live range): a value never set (an older store) or damaged becomes 1.0. Returns the
+        largest, or None when there are none."""
+        ring = self.rings.streams[k]
+        live = np.arange(max(ring.lo, start if start is not None else ring.lo), ring.added, dtype=np.int64)
+        live %= ring.capacity
         p = ring.priority[live]
         bad = live[~(np.isfinite(p) & (p >= MIN_PRIORITY))]
-        ring.priority[bad] = 1.0  # never set (older store) or damaged: treat as new
+        ring.priority[bad] = 1.0
         good = ring.priority[live]
-        self.max_priority = float(good.max()) if good.size else 1.0
-        self._lo = self._added = 0
+        return float(good.max()) if good.size else None
 
     # ---------------------------------------------------------------------------------------------
     # Updates
@@ -116,37 +126,45 @@ class Priorities:
     def update(self, slots: np.ndarray, priority: np.ndarray) -> None:
         """Set the priorities of ``slots`` (already validated: finite and >= 0)."""
         priority = np.maximum(priority.astype(np.float64), MIN_PRIORITY)
-        ring = self.ring
-        ring.priority[slots] = priority
-        ring.dirty_priority_shards.update(np.unique(slots // ring.shard_len).tolist())
+        rings = self.rings
+        rings.priority[slots] = priority
+        rings.mark_priority_dirty(slots)
         self.max_priority = max(self.max_priority, float(priority.max()))
         if self.tree is not None:
             self.tree.set(slots, self._leaf_values(slots))
 
     def sync(self, alpha: float) -> SumTree:
-        """The tree for ``alpha``, with every leaf that the ring changed since the last sync fixed."""
-        ring = self.ring
+        """The tree for ``alpha``, with every leaf that the streams changed since the last sync fixed."""
+        rings = self.rings
+        now = [(r.lo, r.added) for r in rings.streams]
         if self.tree is None or alpha != self.alpha:
             if self.tree is None:
-                self.tree = SumTree(ring.capacity)
+                self.tree = SumTree(rings.size)
             self.alpha = alpha
-            self.tree.rebuild(self._leaf_values(np.arange(ring.capacity, dtype=np.int64)))
-        elif (self._lo, self._added) != (ring.lo, ring.added):
-            k1 = ring.frame_stack - 1
-            tail = np.arange(self._lo, min(ring.lo + k1, ring.added), dtype=np.int64)
-            head = np.arange(max(self._added - 1, self._lo, 0), ring.added, dtype=np.int64)
-            if tail.size + head.size >= ring.capacity:
-                self.tree.rebuild(self._leaf_values(np.arange(ring.capacity, dtype=np.int64)))
-            elif tail.size or head.size:
-                slots = np.unique(np.concatenate([tail, head]) % ring.capacity)
+            self.tree.rebuild(self._leaf_values(np.arange(rings.size, dtype=np.int64)))
+        elif now != self._seen:
+            k1 = rings.frame_stack - 1
+            changed = []
+            for k, (ring, (lo, added)) in enumerate(zip(rings.streams, self._seen)):
+                if (lo, added) == (ring.lo, ring.added):
+                    continue
+                # refresh() may have reloaded the two steps behind the old head (end_episode changes them)
+                tail = np.arange(lo, min(ring.lo + k1, ring.added), dtype=np.int64)
+                head = np.arange(max(added - 2, lo, 0), ring.added, dtype=np.int64)
+                if tail.size + head.size >= ring.capacity:
+                    changed.append(k * rings.stride + np.arange(ring.capacity, dtype=np.int64))
+                else:
+                    changed.append(k * rings.stride + np.concatenate([tail, head]) % ring.capacity)
+            if changed:
+                slots = np.unique(np.concatenate(changed))
                 self.tree.set(slots, self._leaf_values(slots))
-        self._lo, self._added = ring.lo, ring.added
+        self._seen = now
         return self.tree
 
     def _leaf_values(self, slots: np.ndarray) -> np.ndarray:
-        ring = self.ring
-        p = ring.priority[slots].astype(np.float64)
-        return np.where(ring.valid[slots], p**self.alpha, 0.0)
+        rings = self.rings
+        p = rings.priority[slots].astype(np.float64)
+        return np.where(rings.valid[slots], p**self.alpha, 0.0)
 
     # ---------------------------------------------------------------------------------------------
     # Drawing

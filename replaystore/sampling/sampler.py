@@ -19,76 +19,92 @@ import numpy as np
 
 from replaystore.sampling.priority import SumTree
 from replaystore.storage.ring import Ring
+from replaystore.storage.rings import Rings
 
 MAX_ROUNDS = 4
 
 
-def n_step_span(ring: Ring, positions: np.ndarray, n_step: int) -> tuple[np.ndarray, np.ndarray]:
+def n_step_span(ring: Ring | Rings, positions: np.ndarray, n_step: int) -> tuple[np.ndarray, np.ndarray]:
     """For each position: steps ``m`` to its n-step successor (<= n_step, shorter if the episode ends)
-    and whether that successor is stored (``position + m < added``)."""
+    and whether that successor is stored (in its stream)."""
+    heads = ring.heads(positions)
     if n_step == 1:
-        return np.ones(positions.size, dtype=np.int64), positions + 1 < ring.added
+        return np.ones(positions.size, dtype=np.int64), positions + 1 < heads
     ahead = positions[:, None] + np.arange(1, n_step + 1, dtype=np.int64)[None, :]
-    stored = ahead < ring.added
-    ends = ring.is_last[ahead % ring.capacity] & stored
+    stored = ahead < (heads[:, None] if isinstance(heads, np.ndarray) else heads)
+    ends = ring.is_last[ring.slots(ahead)] & stored
     ends[:, -1] = True  # stop at n_step at the latest
     m = np.argmax(ends, axis=1).astype(np.int64) + 1
-    return m, positions + m < ring.added
+    return m, positions + m < heads
 
 
-def accept(ring: Ring, positions: np.ndarray, n_step: int) -> np.ndarray:
+def accept(ring: Ring | Rings, positions: np.ndarray, n_step: int) -> np.ndarray:
     """Mask of positions that are sampleable with ``n_step``."""
-    ok = ring.valid[positions % ring.capacity]
+    ok = ring.valid[ring.slots(positions)]
     if n_step > 1 and ok.any():
         _, stored = n_step_span(ring, positions, n_step)
         ok &= stored
     return ok
 
 
-def sample_uniform(ring: Ring, batch_size: int, rng: np.random.Generator, *, n_step: int = 1) -> np.ndarray:
-    """``batch_size`` positions drawn uniformly (with replacement) from the sampleable transitions."""
-    lo, hi = ring.lo, ring.added - 1
+def sample_uniform(rings: Rings, batch_size: int, rng: np.random.Generator, *, n_step: int = 1) -> np.ndarray:
+    """``batch_size`` global positions drawn uniformly (with replacement) from the sampleable
+    transitions of every stream: a position is drawn uniformly from the streams' live ranges laid
+    end to end, then accepted or drawn again, so a transition's chance does not depend on its stream."""
+    lo, hi = rings.live_ranges()
+    lengths = hi - lo
+    total = int(lengths.sum())
+    ends = np.cumsum(lengths)
     picked: list[np.ndarray] = []
     need = batch_size
-    frac = max(ring.n_valid, 1) / max(hi - lo, 1)
+    frac = max(rings.n_valid, 1) / max(total, 1)
     for _ in range(MAX_ROUNDS):
-        draw = rng.integers(lo, hi, size=int(need / frac * 1.1) + 8, dtype=np.int64)
-        good = draw[accept(ring, draw, n_step)]
+        u = rng.integers(0, max(total, 1), size=int(need / frac * 1.1) + 8, dtype=np.int64)
+        if rings.num_streams == 1:
+            draw = lo[0] + u
+        else:
+            k = np.searchsorted(ends, u, side="right")
+            draw = lo[k] + (u - (ends[k] - lengths[k]))
+        good = draw[accept(rings, draw, n_step)]
         picked.append(good[:need])
         need -= min(need, good.size)
         if need == 0:
             return np.concatenate(picked)
-    candidates = np.arange(lo, hi, dtype=np.int64)
-    candidates = candidates[accept(ring, candidates, n_step)]
+    candidates = np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in zip(lo.tolist(), hi.tolist())])
+    candidates = candidates[accept(rings, candidates, n_step)]
     picked.append(candidates[rng.integers(0, candidates.size, size=need)])
     return np.concatenate(picked)
 
 
-def sample_prioritized(ring: Ring, tree: SumTree, batch_size: int, rng: np.random.Generator, *,
+def sample_prioritized(rings: Rings, tree: SumTree, batch_size: int, rng: np.random.Generator, *,
                        n_step: int = 1) -> np.ndarray:
-    """``batch_size`` positions drawn with probability proportional to their tree leaves."""
+    """``batch_size`` global positions drawn with probability proportional to their tree leaves."""
     picked: list[np.ndarray] = []
     need = batch_size
-    lo = ring.lo
     for _ in range(MAX_ROUNDS):
         slots = tree.find(rng.random(need + 4) * tree.total)
-        slots = slots[(slots < ring.capacity)]
+        slots = slots[(slots < rings.size)]
         slots = slots[tree.leaves(slots) > 0]
-        positions = lo + (slots - lo) % ring.capacity
-        good = positions[accept(ring, positions, n_step)]
+        positions = rings.positions_of_slots(slots)
+        good = positions[accept(rings, positions, n_step)]
         picked.append(good[:need])
         need -= min(need, good.size)
         if need == 0:
             return np.concatenate(picked)
-    candidates = np.arange(lo, ring.added - 1, dtype=np.int64)
-    candidates = candidates[accept(ring, candidates, n_step)]
-    mass = tree.leaves(candidates % ring.capacity)
+    lo, hi = rings.live_ranges()
+    candidates = np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in zip(lo.tolist(), hi.tolist())])
+    candidates = candidates[accept(rings, candidates, n_step)]
+    mass = tree.leaves(rings.slots(candidates))
     picked.append(candidates[rng.choice(candidates.size, size=need, p=mass / mass.sum())])
     return np.concatenate(picked)
 
 
-def count_sampleable(ring: Ring, n_step: int) -> int:
-    """How many transitions ``sample(..., n_step=n_step)`` can return."""
+def count_sampleable(rings: Rings, n_step: int) -> int:
+    """How many transitions ``sample(..., n_step=n_step)`` can return, over every stream."""
+    return sum(_count_stream(ring, n_step) for ring in rings.streams)
+
+
+def _count_stream(ring: Ring, n_step: int) -> int:
     if n_step == 1:
         return ring.n_valid
     # Only the n-1 steps behind the head can fail the n-step check.

@@ -36,8 +36,10 @@ _NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.
 class WriterLock:
     """An exclusive, non-blocking writer lock on a store directory."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, name: str | None = None) -> None:
+        """``name``: what the errors call the locked thing (default: the directory)."""
         self.path = root / LOCK_NAME
+        self.name = name or str(root)
         self._fd: int | None = None
 
     def acquire(self) -> None:
@@ -64,7 +66,7 @@ class WriterLock:
             holder = self._describe_holder()
             os.close(fd)
             raise StoreLockedError(
-                f"{store} is open for writing by {holder}; close that writer first, "
+                f"{self.name} is open for writing by {holder}; close that writer first, "
                 "or open this store with mode='r' to read it while it is written"
             ) from None
         except OSError as exc:

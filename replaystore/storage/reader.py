@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from replaystore.format.schema import Layout, Schema
+from replaystore.format.schema import Layout, Schema, slot_count
 from replaystore.format.shards import EMPTY
 from replaystore.storage.chunkcache import ChunkCache
 from replaystore.storage.decoders import ChunkDecoder
@@ -51,8 +51,9 @@ from replaystore.storage.shardfiles import ChunkRead, ShardFiles
 MIN_CHUNKS_PER_TASK = 8
 #: Recycled output blocks per sampling thread (enough for a prefetch queue and a training step).
 OUTPUT_POOL = 16
-#: ``(shard, buffer)`` of the writer's current shard, or None; rows of ``buffer`` are slots.
-LiveRegion = Callable[[], "tuple[int, np.ndarray] | None"]
+#: ``(shard, buffer)`` of each writer's current shard (a store may write several streams); rows of
+#: ``buffer`` are the shard's slots.
+LiveRegions = Callable[[], "list[tuple[int, np.ndarray]]"]
 
 
 @dataclass
@@ -76,9 +77,13 @@ class FrameReader:
     """Reads frames by position from the ``obs`` array's shards, with a compressed-chunk cache."""
 
     def __init__(self, root: Path, schema: Schema, layout: Layout, *, cache_bytes: int,
-                 live_region: LiveRegion | None = None, decode_threads: int = 1) -> None:
+                 live_regions: LiveRegions | None = None, decode_threads: int = 1,
+                 slots_of: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
+        """``slots_of`` maps the positions given to ``plan`` to slots of the arrays (default:
+        ``positions % capacity``, one stream; a store of streams passes ``Rings.slots``)."""
         self.root = root
-        self.capacity = schema.capacity
+        self.capacity = slot_count(schema, layout)
+        self.slots_of = slots_of if slots_of is not None else self._one_stream_slots
         self.shape = schema.observation.shape
         self.dtype = np.dtype(schema.observation.dtype)
         self.chunk_len = layout.obs_chunk_len
@@ -86,7 +91,7 @@ class FrameReader:
         self.chunks_per_shard = layout.shard_len // layout.obs_chunk_len
         self.decoder = ChunkDecoder(layout.codec)
         self.cache_bytes = cache_bytes
-        self.live_region = live_region
+        self.live_regions = live_regions
         self.decode_threads = max(1, int(decode_threads))
         self.files = ShardFiles(root, ndim=len(self.shape), capacity=self.capacity, shard_len=self.shard_len,
                                 chunk_len=self.chunk_len)
@@ -102,6 +107,9 @@ class FrameReader:
 
     # ---------------------------------------------------------------------------------------------
     # Public
+
+    def _one_stream_slots(self, positions: np.ndarray) -> np.ndarray:
+        return positions % self.capacity
 
     @property
     def bytes_held(self) -> int:
@@ -147,20 +155,24 @@ class FrameReader:
         prefetcher plans its blocks this way: less GIL-holding work a batch than separate plans)."""
         positions = np.asarray(positions, dtype=np.int64)
         k, shape = positions.shape[0], positions.shape[1:]
-        slots = positions.reshape(k, -1) % self.capacity
+        slots = self.slots_of(positions.reshape(k, -1))
         m = slots.shape[1]
         parts = [[self._output(m)] if out is None else self._check_out(out, shape) for out in outs]
         bounds = [list(accumulate((part.shape[0] for part in p), initial=0)) for p in parts]
         rows = [np.arange(m)] * k
-        region = self.live_region() if self.live_region is not None else None
-        if region is not None:
-            shard, buffer = region
-            in_buffer = (slots // self.shard_len) == shard
-            if in_buffer.any():
-                for i in np.flatnonzero(in_buffer.any(axis=1)).tolist():
-                    hit = np.flatnonzero(in_buffer[i])
-                    _scatter(parts[i], bounds[i], hit, buffer[slots[i, hit] - shard * self.shard_len])
-                    rows[i] = np.flatnonzero(~in_buffer[i])
+        regions = self.live_regions() if self.live_regions is not None else ()
+        if regions:
+            shard_of = slots // self.shard_len
+            taken = np.zeros(slots.shape, dtype=bool)
+            for shard, buffer in regions:
+                in_buffer = shard_of == shard
+                if in_buffer.any():
+                    taken |= in_buffer
+                    for i in np.flatnonzero(in_buffer.any(axis=1)).tolist():
+                        hit = np.flatnonzero(in_buffer[i])
+                        _scatter(parts[i], bounds[i], hit, buffer[slots[i, hit] - shard * self.shard_len])
+            if taken.any():
+                rows = [np.flatnonzero(~taken[i]) for i in range(k)]
         counts = [r.size for r in rows]
         kept = slots.ravel() if sum(counts) == k * m else np.concatenate([slots[i, r] for i, r in enumerate(rows)])
         chunk_of = kept // self.chunk_len

@@ -27,11 +27,14 @@ SMALL_RANGE = 16
 class Ring:
     """Per-slot scalars of ``capacity`` steps, the live range and the sampleable bitmap."""
 
-    def __init__(self, capacity: int, frame_stack: int, shard_len: int) -> None:
+    def __init__(self, capacity: int, frame_stack: int, shard_len: int, *,
+                 fields: dict[str, np.ndarray] | None = None, valid: np.ndarray | None = None) -> None:
+        """``fields`` and ``valid``: arrays of ``capacity`` to use (a stream's views of a store's
+        arrays, see rings.py) instead of new ones."""
         self.capacity = capacity
         self.frame_stack = frame_stack
         self.shard_len = shard_len
-        self.fields: dict[str, np.ndarray] = {
+        self.fields: dict[str, np.ndarray] = fields if fields is not None else {
             name: np.zeros(capacity, dtype=dtype) for name, dtype in SCALAR_FIELDS.items()
         }
         self.action = self.fields["action"]
@@ -41,7 +44,7 @@ class Ring:
         self.is_last = self.fields["is_last"]
         self.ep_step = self.fields["ep_step"]
         self.priority = self.fields["priority"]
-        self.valid = np.zeros(capacity, dtype=bool)
+        self.valid = valid if valid is not None else np.zeros(capacity, dtype=bool)
         self.n_valid = 0
         self.added = 0
         self.oldest = 0
@@ -62,6 +65,14 @@ class Ring:
 
     def slot(self, position: int) -> int:
         return position % self.capacity
+
+    def slots(self, positions: np.ndarray) -> np.ndarray:
+        """The slots of ``positions`` (the interface rings.py's ``Rings`` shares)."""
+        return positions % self.capacity
+
+    def heads(self, positions: np.ndarray) -> int:
+        """For each of ``positions``, the first position not yet stored in its stream (here: ``added``)."""
+        return self.added
 
     # ---------------------------------------------------------------------------------------------
     # Writing
@@ -138,11 +149,20 @@ class Ring:
     def rebuild_valid(self) -> None:
         """Recompute the sampleable bitmap from the scalars (after loading them from disk)."""
         self.valid[:] = False
-        positions = np.arange(self.lo, max(self.lo, self.added - 1), dtype=np.int64)
+        self.n_valid = 0
+        self.revalidate(self.lo)
+
+    def revalidate(self, start: int) -> None:
+        """Recompute the bitmap for positions from ``start`` on (after newer steps were loaded from
+        disk there: ``refresh``); positions below ``start`` keep theirs."""
+        start = max(start, self.lo)
+        positions = np.arange(start, max(start, self.added), dtype=np.int64)
         slots = positions % self.capacity
+        self.n_valid -= int(np.count_nonzero(self.valid[slots]))
         ok = ~self.is_last[slots] & (positions - np.minimum(self.frame_stack - 1, self.ep_step[slots]) >= self.lo)
-        self.valid[slots[ok]] = True
-        self.n_valid = int(np.count_nonzero(ok))
+        ok[-1:] = False  # the head has no successor yet
+        self.valid[slots] = ok
+        self.n_valid += int(np.count_nonzero(ok))
 
     def stack_positions(self, positions: np.ndarray) -> np.ndarray:
         """``(len, frame_stack)`` positions of the frames stacked at each step, oldest first."""

@@ -24,14 +24,14 @@ import dataclasses
 import datetime as _dt
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from replaystore.errors import CorruptStoreError
-from replaystore.format.schema import ATTR_KEY, Layout, Schema, State, to_attrs
+from replaystore.format.schema import ATTR_KEY, STREAMS_DIR, Layout, Schema, State, stream_doc, to_attrs
 from replaystore.format.shards import (
     atomic_write,
     decode_shard,
@@ -42,6 +42,7 @@ from replaystore.format.shards import (
 )
 from replaystore.storage.reader import FrameReader
 from replaystore.storage.ring import Ring
+from replaystore.storage.rings import SHIFT
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +53,15 @@ def write_group_json(root: Path, group_doc: dict[str, Any]) -> None:
 
 
 class Writer:
-    """Owns the frame buffer, the scalar shard writes and the committed state of one store."""
+    """Owns the frame buffer, the scalar shard writes and the committed state of one stream (the
+    only one of a one-stream store).
+
+    ``ring`` is the stream's; its shard ``j`` is the arrays' shard ``base_shard + j`` (rings.py).
+    ``group_doc`` is the document the commit rewrites: the store's ``zarr.json`` for one stream,
+    ``streams/<k>/zarr.json`` (schema.stream_doc) for stream ``k`` of several."""
 
     def __init__(self, root: Path, schema: Schema, layout: Layout, ring: Ring, reader: FrameReader,
-                 group_doc: dict[str, Any], committed: State) -> None:
+                 group_doc: dict[str, Any], committed: State, *, stream: int = 0, base_shard: int = 0) -> None:
         self.root = root
         self.schema = schema
         self.layout = layout
@@ -63,6 +69,9 @@ class Writer:
         self.reader = reader
         self.group_doc = group_doc
         self.committed = committed
+        self.stream = stream
+        self.base_shard = base_shard
+        self.streams = schema.num_streams > 1
         self.codec = numcodecs_codec(layout.codec)
         self.episodes = committed.episodes
         obs = schema.observation
@@ -71,18 +80,19 @@ class Writer:
         self.region_dirty = False
         self._item_ndim = len(obs.shape)
         self._scalar_buffer: dict[str, np.ndarray] = {}
-        self.n_shards = -(-schema.capacity // layout.shard_len)
-        self.enter_region((ring.added % schema.capacity) // layout.shard_len)
+        self.n_shards = -(-ring.capacity // layout.shard_len)
+        self.enter_region((ring.added % ring.capacity) // layout.shard_len)
 
     # ---------------------------------------------------------------------------------------------
     # Frames
 
     def live_region(self) -> tuple[int, np.ndarray] | None:
-        return (self.region, self.buffer) if self.region >= 0 else None
+        """The arrays' shard the buffer holds (global shard number) and the buffer."""
+        return (self.base_shard + self.region, self.buffer) if self.region >= 0 else None
 
     def put_frame(self, position: int, obs: np.ndarray) -> None:
         """Write the observation of step ``position`` (= ring.added, before append_step)."""
-        slot = position % self.schema.capacity
+        slot = position % self.ring.capacity
         shard = slot // self.layout.shard_len
         if shard != self.region:
             self.flush()
@@ -93,14 +103,14 @@ class Writer:
     def writes_for(self, positions: list[int]) -> bool:
         """Whether putting frames at ``positions`` (in order) writes to disk: one falls outside the shard
         the buffer holds."""
-        shard_len, cap = self.layout.shard_len, self.schema.capacity
+        shard_len, cap = self.layout.shard_len, self.ring.capacity
         return any((p % cap) // shard_len != self.region for p in positions)
 
     def undo_point(self, positions: list[int]) -> Callable[[], None]:
         """A function that puts the buffer, its shard and the counters back as they are now, after
         putting frames at ``positions`` failed part-way (a write error in the commit it caused)."""
         region, dirty, episodes, committed = self.region, self.region_dirty, self.episodes, self.committed
-        shard_len, cap = self.layout.shard_len, self.schema.capacity
+        shard_len, cap = self.layout.shard_len, self.ring.capacity
         rows = [p % cap - region * shard_len for p in positions if (p % cap) // shard_len == region]
         kept = self.buffer[rows].copy()
 
@@ -113,20 +123,21 @@ class Writer:
         return undo
 
     def frame_at(self, position: int) -> np.ndarray:
-        return np.array(self.reader.gather(np.array([position], dtype=np.int64))[0])
+        g = self.stream << SHIFT | position if self.streams else position
+        return np.array(self.reader.gather(np.array([g], dtype=np.int64))[0])
 
     def enter_region(self, shard: int) -> None:
-        """Point the buffer at ``shard``, loading what is on disk there (older live steps)."""
-        path = self.root / shard_key("obs", shard, self._item_ndim)
+        """Point the buffer at the stream's ``shard``, loading what is on disk there (older live steps)."""
+        path = self.root / shard_key("obs", self.base_shard + shard, self._item_ndim)
         if path.exists():
             decode_shard(path.read_bytes(), chunk_len=self.layout.obs_chunk_len,
                          n_chunks=self.layout.shard_len // self.layout.obs_chunk_len,
-                         codec=self.codec, out=self.buffer, name="obs", shard=shard)
+                         codec=self.codec, out=self.buffer, name="obs", shard=self.base_shard + shard)
         else:
             self.buffer[...] = 0
         self.region = shard
         self.region_dirty = False
-        self.reader.invalidate(shard)
+        self.reader.invalidate(self.base_shard + shard)
 
     # ---------------------------------------------------------------------------------------------
     # Commit
@@ -144,7 +155,7 @@ class Writer:
                 and not ring.dirty_priority_shards):
             return
         new_lo = ring.lo
-        if new_lo > self.committed.live_start(self.schema.capacity):
+        if new_lo > self.committed.live_start(ring.capacity):
             self.commit(dataclasses.replace(self.committed, oldest=new_lo, updated=_now()))
         dirs: set[Path] = set()  # directories files were renamed into: each synced once, before the commit
         if self.region_dirty:
@@ -160,23 +171,27 @@ class Writer:
         self.commit(self.state())
 
     def commit(self, state: State) -> None:
-        attrs = dict(self.group_doc.get("attributes") or {})
-        attrs[ATTR_KEY] = to_attrs(self.schema, self.layout, state)
-        doc = dict(self.group_doc)
-        doc["attributes"] = attrs
-        write_group_json(self.root, doc)
+        if self.streams:
+            doc = stream_doc(self.stream, state)
+            write_group_json(stream_dir(self.root, self.stream), doc)
+        else:
+            attrs = dict(self.group_doc.get("attributes") or {})
+            attrs[ATTR_KEY] = to_attrs(self.schema, self.layout, state)
+            doc = dict(self.group_doc)
+            doc["attributes"] = attrs
+            write_group_json(self.root, doc)
         self.group_doc = doc
         self.committed = state
 
     def _rows(self, shard: int) -> int:
-        return min(self.layout.shard_len, self.schema.capacity - shard * self.layout.shard_len)
+        return min(self.layout.shard_len, self.ring.capacity - shard * self.layout.shard_len)
 
     def _write_obs_shard(self, dirs: set[Path]) -> None:
         shard = self.region
         data = encode_shard(self.buffer, chunk_len=self.layout.obs_chunk_len, rows=self._rows(shard), codec=self.codec)
-        path = self.root / shard_key("obs", shard, self._item_ndim)
+        path = self.root / shard_key("obs", self.base_shard + shard, self._item_ndim)
         atomic_write(path, data, dirs=dirs)
-        self.reader.invalidate(shard)
+        self.reader.invalidate(self.base_shard + shard)
         self.region_dirty = False
 
     def _write_scalar_shard(self, shard: int, fields: dict[str, np.ndarray], dirs: set[Path]) -> None:
@@ -189,28 +204,37 @@ class Writer:
             buf[:rows] = values[start : start + rows]
             buf[rows:] = 0
             data = encode_shard(buf, chunk_len=self.layout.shard_len, rows=rows, codec=self.codec)
-            atomic_write(self.root / shard_key(name, shard, 0), data, dirs=dirs)
+            atomic_write(self.root / shard_key(name, self.base_shard + shard, 0), data, dirs=dirs)
 
 
-def load_scalars(root: Path, schema: Schema, layout: Layout, ring: Ring) -> None:
-    """Read every scalar shard into ``ring.fields`` (missing shards are all zero)."""
+def stream_dir(root: Path, stream: int) -> Path:
+    """Where stream ``stream`` of a store of streams keeps its commit and its writer lock."""
+    return root / STREAMS_DIR / str(stream)
+
+
+def load_scalars(root: Path, layout: Layout, ring: Ring, *, base_shard: int = 0,
+                 shards: Iterable[int] | None = None, check: bool = True) -> None:
+    """Read a stream's scalar shards (default: all of them) into ``ring.fields`` (missing shards are
+    all zero); its shard ``j`` is the arrays' ``base_shard + j``."""
     codec = numcodecs_codec(layout.codec)
-    n_shards = -(-schema.capacity // layout.shard_len)
+    n_shards = -(-ring.capacity // layout.shard_len)
     buf: dict[str, np.ndarray] = {}
     for name, values in ring.fields.items():
         out = buf.setdefault(name, np.zeros(layout.shard_len, dtype=values.dtype))
-        for shard in range(n_shards):
-            path = root / shard_key(name, shard, 0)
+        for shard in (range(n_shards) if shards is None else shards):
+            path = root / shard_key(name, base_shard + shard, 0)
             start = shard * layout.shard_len
-            rows = min(layout.shard_len, schema.capacity - start)
+            rows = min(layout.shard_len, ring.capacity - start)
             try:
                 raw = path.read_bytes()
             except FileNotFoundError:
                 values[start : start + rows] = 0
                 continue
-            decode_shard(raw, chunk_len=layout.shard_len, n_chunks=1, codec=codec, out=out, name=name, shard=shard)
+            decode_shard(raw, chunk_len=layout.shard_len, n_chunks=1, codec=codec, out=out, name=name,
+                         shard=base_shard + shard)
             values[start : start + rows] = out[:rows]
-    _check_scalars(ring, root)
+    if check:
+        _check_scalars(ring, root)
 
 
 def _check_scalars(ring: Ring, root: Path) -> None:

@@ -1,4 +1,4 @@
-"""The writing half of ``ReplayStore``: ``add``, ``end_episode``, ``load_steps`` and ``flush``. A
+"""The writing half of ``ReplayStore``: ``add``, ``add_batch``, ``end_episode``, ``load_steps`` and ``flush``. A
 mixin, like ``sampling.methods.Sampling``, so ``store.py`` keeps construction, the lifecycle and the
 wiring; both halves share the store's ring, writer and lock.
 
@@ -15,17 +15,22 @@ from typing import Any
 
 import numpy as np
 
-from replaystore.errors import ConfigError, InvalidTransitionError
+from replaystore.errors import ConfigError, InvalidTransitionError, ReadOnlyError, StoreWriteError
 from replaystore.format.schema import Schema
 from replaystore.format.validate import (
     check_action,
     check_flag,
     check_obs,
     check_reward,
+    check_rows,
 )
 from replaystore.sampling.priority import Priorities
-from replaystore.storage.ring import Ring
+from replaystore.storage.rings import Rings
+from replaystore.storage.stream import Stream
 from replaystore.storage.writer import Writer
+
+AUTORESET_MODES = {"next_step": "next_step", "nextstep": "next_step", "same_step": "same_step",
+                   "samestep": "same_step", "disabled": "disabled"}
 
 
 class Writing:
@@ -33,42 +38,129 @@ class Writing:
 
     path: Path
     schema: Schema
-    ring: Ring
+    rings: Rings
+    streams: list[Stream]
+    writing: list[int]
     _mutex: threading.RLock
     _priorities: Priorities
-    _head_obs: np.ndarray | None
-    _episode_in_progress: Callable[[], bool]  # ReplayStore's
-    _require_writer: Callable[[str], Writer]  # ReplayStore's: raises unless open for writing
+    _check_open: Callable[[], None]
 
     def add(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any) -> None:
         """Add one transition ``(obs, action, reward, next_obs, terminated, truncated)``.
 
         ``obs`` must equal the previous transition's ``next_obs`` unless that one ended the episode.
-        Each observation is stored once. Nothing is changed if any argument is rejected.
+        Each observation is stored once. Nothing is changed if any argument is rejected. A store
+        of several streams takes ``add`` when exactly one stream is open for writing here
+        (``ReplayStore.open(path, mode="a", streams=[k])``); else use ``add_batch``.
         """
         with self._mutex:
-            self._add(obs, action, reward, next_obs, terminated, truncated)
+            stream = self._only_stream("add")
+            obs_a = check_obs(self.schema, self.path, obs, "obs")
+            next_a = check_obs(self.schema, self.path, next_obs, "next_obs")
+            act = check_action(self.schema, self.path, action)
+            rew = check_reward(reward)
+            term = check_flag(terminated, "terminated")
+            trunc = check_flag(truncated, "truncated")
+            self._check_continues(stream, obs_a, "obs")
+            self._add(stream, obs_a, act, rew, next_a, term, trunc)
 
-    def _add(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any) -> None:
-        writer = self._require_writer("add")
-        obs_a = check_obs(self.schema, self.path, obs, "obs")
-        next_a = check_obs(self.schema, self.path, next_obs, "next_obs")
-        act = check_action(self.schema, self.path, action)
-        rew = check_reward(reward)
-        term = check_flag(terminated, "terminated")
-        trunc = check_flag(truncated, "truncated")
-        in_progress = self._episode_in_progress()
-        if in_progress and not np.array_equal(obs_a, self._head_obs, equal_nan=obs_a.dtype.kind == "f"):
+    def add_batch(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any,
+                  info: Mapping[str, Any] | None = None, *, autoreset_mode: Any = "next_step") -> None:
+        """Add one move to each stream this store writes, from a vector env's step: row ``i`` of
+        every argument goes to stream ``store.writing[i]`` (all of them, in order, for a store
+        created with ``num_streams`` or opened without ``streams=``). The loop is exactly what the
+        vector env returns::
+
+            next_obs, reward, terminated, truncated, info = envs.step(actions)
+            store.add_batch(obs, actions, reward, next_obs, terminated, truncated)
+            obs = next_obs
+
+        ``autoreset_mode`` says how the vector env starts a new episode in a sub-env whose episode
+        ended (gymnasium's ``envs.metadata["autoreset_mode"]``; a string or the enum):
+
+        ``"next_step"`` (gymnasium 1.x's default, and ale-py's ``AtariVectorEnv``)
+            the step after the one that ended an episode is the reset: its row is recognised
+            (``obs`` is the last observation of the episode) and skipped; the next episode starts
+            from that row's ``next_obs``.
+        ``"same_step"``
+            the step that ends an episode already returns the reset observation in ``next_obs``;
+            the true last observation is in ``info["final_obs"]``, so pass ``info``.
+        ``"disabled"``
+            you reset ended sub-envs yourself (``envs.reset(options={"reset_mask": done})``) and
+            pass the reset observations as the next call's ``obs``.
+
+        Every row is checked before anything is written: a bad row raises an error naming the
+        field and the row, and no stream changes. Each stream's move is all-or-nothing under
+        write errors (as ``add``); a ``StoreWriteError`` names the stream it failed on, and the
+        streams before it in ``store.writing`` keep their move.
+        """
+        mode = _autoreset_mode(autoreset_mode)
+        with self._mutex:
+            self._check_open()
+            if not self.writing:
+                raise ReadOnlyError(f"cannot add: {self.path} is open read-only; open it with mode='a' to append")
+            n = len(self.writing)
+            obs_a, act, rew, next_a, term, trunc = check_rows(self.schema, self.path, n, obs, action, reward, next_obs,
+                                                              terminated, truncated)
+            done = term | trunc
+            if mode == "same_step" and done.any():
+                next_a = self._final_obs(info, next_a, done)
+            skip = np.zeros(n, dtype=bool)
+            for i, k in enumerate(self.writing):  # every row checked before any is written
+                stream = self.streams[k]
+                if mode == "next_step" and stream.reset_next is not None:
+                    _check_reset_row(stream, i, obs_a[i], bool(done[i]), self.path)
+                    skip[i] = True
+                else:
+                    self._check_continues(stream, obs_a[i], f"obs[{i}]")
+            for i, k in enumerate(self.writing):
+                stream = self.streams[k]
+                if skip[i]:
+                    stream.reset_next = None
+                    continue
+                try:
+                    self._add(stream, obs_a[i], int(act[i]), float(rew[i]), next_a[i], bool(term[i]), bool(trunc[i]))
+                except StoreWriteError as exc:
+                    raise StoreWriteError(exc.errno, f"stream {k} (row {i}): {exc.strerror or exc}; the streams "
+                                          f"before it in store.writing ({self.writing[:i]}) kept this move") from exc
+                if mode == "next_step" and done[i]:
+                    stream.reset_next = next_a[i].copy()
+
+    def _final_obs(self, info: Mapping[str, Any] | None, next_a: np.ndarray, done: np.ndarray) -> np.ndarray:
+        """``next_obs`` with the rows that ended an episode replaced by ``info["final_obs"]`` (same-step autoreset)."""
+        if info is None or "final_obs" not in info:
             raise InvalidTransitionError(
-                f"obs does not continue the episode in progress in {self.path}: it differs from the previous "
+                "autoreset_mode='same_step' and an episode ended, but info has no 'final_obs'; pass the info "
+                "returned by envs.step (its final_obs holds the true last observations)")
+        final = info["final_obs"]
+        mask = np.asarray(info.get("_final_obs", done))
+        out = next_a.copy()
+        for i in np.flatnonzero(done).tolist():
+            if not bool(mask[i]) or final[i] is None:
+                raise InvalidTransitionError(f"row {i} ended its episode but info['final_obs'][{i}] is missing")
+            out[i] = check_obs(self.schema, self.path, final[i], f"info['final_obs'][{i}]")
+        return out
+
+    def _check_continues(self, stream: Stream, obs_a: np.ndarray, name: str) -> None:
+        if stream.episode_in_progress() and not np.array_equal(obs_a, stream.head_obs,
+                                                               equal_nan=obs_a.dtype.kind == "f"):
+            where = f" (stream {stream.index})" if self.schema.num_streams > 1 else ""
+            raise InvalidTransitionError(
+                f"{name} does not continue the episode in progress in {self.path}{where}: it differs from the previous "
                 "transition's next_obs; pass that next_obs as obs, or end the episode (terminated or truncated) "
                 "before starting a new one"
             )
-        ring = self.ring
+
+    def _add(self, stream: Stream, obs_a: np.ndarray, act: int, rew: float, next_a: np.ndarray, term: bool,
+             trunc: bool) -> None:
+        """One checked move into ``stream``: all or nothing."""
+        writer = _writer(stream)
+        ring = stream.ring
+        in_progress = stream.episode_in_progress()
         frames = [ring.added, ring.added + 1] if not in_progress else [ring.added]
         # Writing reaches the disk only when a frame falls outside the writer's shard (once a shard):
         # then keep what this call changes, so that a failed write can put it all back.
-        undo = self._undo_point(frames) if writer.writes_for(frames) else None
+        undo = self._undo_point(stream, frames) if writer.writes_for(frames) else None
         try:
             if not in_progress:
                 writer.put_frame(ring.added, obs_a)
@@ -85,22 +177,22 @@ class Writing:
             if undo is not None:
                 undo()
             raise
-        self._head_obs = None if done else next_a.copy()
+        stream.head_obs = None if done else next_a.copy()
 
-    def _undo_point(self, frames: list[int]) -> Callable[[], None]:
+    def _undo_point(self, stream: Stream, frames: list[int]) -> Callable[[], None]:
         """A function that puts back everything in RAM an ``add`` writing ``frames`` can change: the
         steps it adds, the move before them, the old steps it retires (and the stacks that reached
         them), the counters, and the writer's buffer. The disk needs no undoing: a commit that fails
         leaves the last committed state in place, and every step it calls live is still whole on
         disk (a shard rewritten before the failure holds the same live steps; storage/writer.py)."""
-        ring, writer = self.ring, self._require_writer("add")
+        ring, writer = stream.ring, _writer(stream)
         lo = ring.lo
         positions = np.r_[frames[0] - 1 : frames[-1] + 1, lo : lo + len(frames) + ring.frame_stack].astype(np.int64)
         slots = np.unique(positions[positions >= 0] % ring.capacity)
         saved = {name: values[slots].copy() for name, values in ring.fields.items()}
         valid = ring.valid[slots].copy()
         counters = (ring.added, ring.oldest, ring.n_valid, set(ring.dirty_shards), set(ring.dirty_priority_shards))
-        head_obs = self._head_obs
+        head_obs = stream.head_obs
         restore_writer = writer.undo_point(frames)
 
         def undo() -> None:
@@ -109,33 +201,36 @@ class Writing:
             ring.valid[slots] = valid
             ring.added, ring.oldest, ring.n_valid = counters[:3]
             ring.dirty_shards, ring.dirty_priority_shards = set(counters[3]), set(counters[4])
-            self._head_obs = head_obs
+            stream.head_obs = head_obs
             restore_writer()
 
         return undo
 
-    def load_steps(self, scalars: Mapping[str, np.ndarray], frame_blocks: Iterable[np.ndarray]) -> None:
-        """Fill this new, empty store with whole steps at positions ``0 .. n-1`` (``compact`` copies a
-        store's live steps this way): ``scalars`` holds every per-step field of ``SCALAR_FIELDS`` for
-        the ``n`` steps, ``frame_blocks`` yields their observations in order, a block at a time.
-        Episodes keep their ``ep_step``, so stacks and n-step returns are what they were; an episode
-        left in progress at the end is continued by the next ``add``. The steps are not validated
-        again: they come from a verified store. Call ``flush`` to commit them.
+    def load_steps(self, scalars: Mapping[str, np.ndarray], frame_blocks: Iterable[np.ndarray], *,
+                   stream: int | None = None) -> None:
+        """Fill this new, empty store (or stream ``stream`` of it) with whole steps at positions
+        ``0 .. n-1`` (``compact`` copies a store's live steps this way): ``scalars`` holds every
+        per-step field of ``SCALAR_FIELDS`` for the ``n`` steps, ``frame_blocks`` yields their
+        observations in order, a block at a time. Episodes keep their ``ep_step``, so stacks and
+        n-step returns are what they were; an episode left in progress at the end is continued by
+        the next ``add``. The steps are not validated again: they come from a verified store. Call
+        ``flush`` to commit them.
         """
         with self._mutex:
-            writer = self._require_writer("load steps")
-            ring = self.ring
+            target = self._only_stream("load steps") if stream is None else self.streams[stream]
+            writer = _writer(target)
+            ring = target.ring
             n = len(scalars["ep_step"])
             if ring.added or n > ring.capacity or any(len(scalars[name]) != n for name in ring.fields):
-                raise ConfigError(f"load_steps fills an empty store with at most {ring.capacity} steps and every "
-                                  f"per-step field of the same length; {self.path} holds {ring.added} steps and "
+                raise ConfigError(f"load_steps fills an empty stream with at most {ring.capacity} steps and every "
+                                  f"per-step field of the same length; {self.path} holds {ring.added} steps there and "
                                   f"{n} were given")
             for name, values in ring.fields.items():
                 values[:n] = scalars[name]
             ring.added = n
             ring.dirty_shards.update(range(-(-max(n, 1) // ring.shard_len)))
             ring.rebuild_valid()
-            self._priorities = Priorities(ring)
+            self._priorities = Priorities(self.rings)
             starts = ring.ep_step[:n] == 0
             writer.episodes = int(np.count_nonzero(starts)) + (1 if n and not starts[0] else 0)
             position = 0
@@ -146,31 +241,77 @@ class Writing:
             if position != n:
                 raise ConfigError(f"load_steps was given {n} steps of scalars but {position} frames")
             if n and not ring.is_last[n - 1]:
-                self._head_obs = writer.frame_at(n - 1)
+                target.head_obs = writer.frame_at(n - 1)
 
     def end_episode(self) -> bool:
-        """Close the episode in progress as truncated (its last observation is kept); returns whether
-        there was one. For a writer that cannot continue the episode, such as a trainer resuming after
-        a crash: the environment's state is gone, so the next ``add`` must start a new episode.
+        """Close the episode in progress in each stream this store writes as truncated (its last
+        observation is kept); returns whether there was one. For a writer that cannot continue the
+        episode, such as a trainer resuming after a crash: the environment's state is gone, so the
+        next ``add`` must start a new episode.
 
         Example:
             >>> with ReplayStore.open("/tmp/doc.zarr", mode="a") as store:  # doctest: +SKIP
             ...     store.end_episode()
         """
         with self._mutex:
-            self._require_writer("end the episode")
-            if not self._episode_in_progress():
-                return False
-            ring = self.ring
-            head = ring.added - 1
-            move = (head - 1) % ring.capacity  # add() writes two steps per new episode, so head-1 exists
-            ring.truncated[move] = True
-            ring.is_last[head % ring.capacity] = True
-            ring.dirty_shards.update({move // ring.shard_len, (head % ring.capacity) // ring.shard_len})
-            self._head_obs = None
-            return True
+            self._check_open()
+            if not self.writing:
+                raise ReadOnlyError(f"cannot end the episode: {self.path} is open read-only; open it with mode='a'")
+            ended = False
+            for k in self.writing:
+                stream = self.streams[k]
+                stream.reset_next = None
+                if not stream.episode_in_progress():
+                    continue
+                ring = stream.ring
+                head = ring.added - 1
+                move = (head - 1) % ring.capacity  # add() writes two steps per new episode, so head-1 exists
+                ring.truncated[move] = True
+                ring.is_last[head % ring.capacity] = True
+                ring.dirty_shards.update({move // ring.shard_len, (head % ring.capacity) // ring.shard_len})
+                stream.head_obs = None
+                ended = True
+            return ended
 
     def flush(self) -> None:
-        """Make everything added so far durable; readers opened afterwards see it."""
+        """Make everything added so far durable; readers opened afterwards (or refreshed) see it."""
         with self._mutex:
-            self._require_writer("flush").flush()
+            self._check_open()
+            if not self.writing:
+                raise ReadOnlyError(f"cannot flush: {self.path} is open read-only; open it with mode='a' to append")
+            for k in self.writing:
+                _writer(self.streams[k]).flush()
+
+    def _only_stream(self, what: str) -> Stream:
+        """The one stream ``add`` writes (raises unless exactly one is open for writing)."""
+        self._check_open()
+        if not self.writing:
+            raise ReadOnlyError(f"cannot {what}: {self.path} is open read-only; open it with mode='a' to append")
+        if len(self.writing) > 1:
+            raise ConfigError(
+                f"cannot {what}: {self.path} is open for writing {len(self.writing)} streams ({self.writing}); use "
+                "add_batch with one row per stream, or open one stream: ReplayStore.open(path, mode='a', streams=[k])")
+        return self.streams[self.writing[0]]
+
+
+def _writer(stream: Stream) -> Writer:
+    assert stream.writer is not None
+    return stream.writer
+
+
+def _autoreset_mode(mode: Any) -> str:
+    key = str(getattr(mode, "value", mode)).lower()
+    if key not in AUTORESET_MODES:
+        raise ConfigError(f"autoreset_mode is {mode!r}; use 'next_step' (gymnasium's default), 'same_step' or "
+                          "'disabled', or pass envs.metadata['autoreset_mode']")
+    return AUTORESET_MODES[key]
+
+
+def _check_reset_row(stream: Stream, i: int, obs: np.ndarray, done: bool, path: Path) -> None:
+    """A next-step autoreset row: the sub-env returns the reset observation and nothing else."""
+    if done or not np.array_equal(obs, stream.reset_next, equal_nan=obs.dtype.kind == "f"):
+        raise InvalidTransitionError(
+            f"row {i} (stream {stream.index}) follows the end of an episode, so with autoreset_mode='next_step' it "
+            "should be the vector env's reset step (obs = the previous row's next_obs, not done); it is not. If your "
+            "vector env resets in the same step pass autoreset_mode='same_step' and info; if you reset ended envs "
+            f"yourself pass autoreset_mode='disabled' ({path}; nothing was written)")

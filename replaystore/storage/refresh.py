@@ -1,0 +1,72 @@
+"""Following live writers: ``ReplayStore.refresh`` brings the streams this process does not write up
+to their writers' latest commits.
+
+For each such stream whose commit moved since this store loaded it, only what the writer can have
+rewritten is read again: the scalar shards from the two steps behind the old head (``end_episode``
+changes them) to the new head, and those shards' frame files, which are reopened (so their
+descriptors keep the version of this commit while the writer moves on). Steps retired meanwhile
+leave the view first. Then the stream's commit is read once more: if the writer has since retired
+steps this refresh loaded (it wrapped the ring), they are left out of the view, exactly as ``open``
+does. Nothing else of the store is read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from replaystore.errors import CorruptStoreError
+from replaystore.format.schema import State
+from replaystore.storage.writer import load_scalars
+
+if TYPE_CHECKING:
+    from replaystore.store import ReplayStore
+
+
+def refresh_streams(store: ReplayStore, read_state: callable) -> list[int]:
+    """Refresh every stream ``store`` does not write; returns those that moved. Call under the store's lock."""
+    moved = []
+    for stream in store.streams:
+        if stream.writer is None and _refresh(store, stream.index, read_state):
+            moved.append(stream.index)
+    return moved
+
+
+def _refresh(store: ReplayStore, k: int, read_state: callable) -> bool:
+    stream = store.streams[k]
+    ring = stream.ring
+    cap = ring.capacity
+    old = stream.committed
+    new = read_state(k)
+    if new.added == old.added and new.live_start(cap) <= ring.lo:
+        return False
+    if new.added < old.added:
+        raise CorruptStoreError(f"stream {k} of {store.path} went back from {old.added} to {new.added} steps: the store "
+                                "was replaced; open it again")
+    for _ in range(100):
+        first = max(old.added - 2, 0, new.live_start(cap))
+        shard_len = ring.shard_len
+        if new.added - first >= cap:
+            shards = list(range(-(-cap // shard_len)))
+        else:
+            shards = np.unique((np.arange(first, new.added, dtype=np.int64) % cap) // shard_len).tolist()
+        for j in shards:
+            store.reader.invalidate(stream.base_shard + j)
+        ring.set_oldest(new.live_start(cap))
+        load_scalars(store.path, store.layout, ring, base_shard=stream.base_shard, shards=shards, check=False)
+        ring.added = new.added
+        ring.oldest = max(ring.oldest, new.oldest)
+        ring.revalidate(first)
+        store.reader.snapshot()  # the rewritten shards' files, as of this commit, stay open
+        again = read_state(k)
+        if again.live_start(cap) >= new.added and new.added > 0 and again.added > new.added:
+            old, new = State(added=new.added, oldest=new.added), again  # lapped while loading: load again
+            continue
+        if again.live_start(cap) > ring.lo:
+            ring.set_oldest(again.live_start(cap))
+        stream.committed = dataclasses.replace(new, oldest=ring.oldest)
+        store._priorities.adopt(k, first)
+        return True
+    raise CorruptStoreError(f"stream {k} of {store.path} is being rewritten faster than it can be read; refresh again")

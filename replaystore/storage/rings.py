@@ -1,0 +1,113 @@
+"""A store's episode streams seen as one: the per-step arrays of every stream, and positions that
+say which stream they belong to.
+
+Each stream is a ``Ring`` (ring.py) exactly like a one-stream store's: its own positions (counted
+from its creation), live range, ``ep_step`` stacks and sampleable bitmap. Its arrays are views of
+the store's arrays, which lay the streams' regions end to end: stream ``k``'s slot ``s`` is the
+store's slot ``k * stride + s`` (``stride`` is the stream's capacity rounded up to whole shards, so
+no shard file holds two streams; schema.stream_stride).
+
+Sampling works on *global positions*: stream ``k``'s position ``p`` is ``k << SHIFT | p``. Frame
+stacks (``p - j``), n-step successors (``p + j``) and comparisons with the stream's head stay within
+the stream, so the sampler and the batch assembly use the same arithmetic as for one stream, with
+``slots`` and ``heads`` in place of ``% capacity`` and ``added``. With one stream a global position
+is the stream's position and a slot is ``p % capacity``: one-stream stores behave as before.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from replaystore.format.schema import MAX_POSITION, SCALAR_FIELDS
+from replaystore.storage.ring import Ring
+
+SHIFT = MAX_POSITION.bit_length()  # 46: a stream may add 2**46 steps (70 trillion)
+MASK = (1 << SHIFT) - 1
+
+
+class Rings:
+    """The store's scalar arrays (``size`` slots) and one ``Ring`` view per stream."""
+
+    def __init__(self, num_streams: int, stream_capacity: int, stride: int, frame_stack: int, shard_len: int) -> None:
+        self.num_streams = num_streams
+        self.stream_capacity = stream_capacity
+        self.stride = stride
+        self.size = stride * num_streams
+        self.frame_stack = frame_stack
+        self.shard_len = shard_len
+        self.fields: dict[str, np.ndarray] = {name: np.zeros(self.size, dtype=dtype) for name, dtype in SCALAR_FIELDS.items()}
+        self.valid = np.zeros(self.size, dtype=bool)
+        self.streams: list[Ring] = []
+        for k in range(num_streams):
+            region = slice(k * stride, k * stride + stream_capacity)
+            self.streams.append(Ring(stream_capacity, frame_stack, shard_len, valid=self.valid[region],
+                                     fields={name: values[region] for name, values in self.fields.items()}))
+        self.action = self.fields["action"]
+        self.reward = self.fields["reward"]
+        self.terminated = self.fields["terminated"]
+        self.truncated = self.fields["truncated"]
+        self.is_last = self.fields["is_last"]
+        self.ep_step = self.fields["ep_step"]
+        self.priority = self.fields["priority"]
+
+    # ---------------------------------------------------------------------------------------------
+    # Positions
+
+    def slots(self, positions: np.ndarray) -> np.ndarray:
+        """The store's slots of global ``positions`` (any shape)."""
+        if self.num_streams == 1:
+            return positions % self.stream_capacity
+        return (positions >> SHIFT) * self.stride + (positions & MASK) % self.stream_capacity
+
+    def heads(self, positions: np.ndarray) -> np.ndarray | int:
+        """For each global position, its stream's ``added`` as a global position: ``p + j`` is stored
+        exactly when ``p + j < heads(p)``."""
+        if self.num_streams == 1:
+            return self.streams[0].added
+        return self.global_added()[positions >> SHIFT]
+
+    def global_added(self) -> np.ndarray:
+        return np.array([k << SHIFT | r.added for k, r in enumerate(self.streams)], dtype=np.int64)
+
+    def stream_of_slots(self, slots: np.ndarray) -> np.ndarray:
+        return slots // self.stride
+
+    def positions_of_slots(self, slots: np.ndarray) -> np.ndarray:
+        """The live global position held by each of ``slots`` (slots in a stream's padding, or
+        outside its live range, give positions the sampler's acceptance test rejects)."""
+        k = slots // self.stride
+        s = slots % self.stride
+        lo = np.array([r.lo for r in self.streams], dtype=np.int64)[k]
+        return (k << SHIFT) | (lo + (s - lo) % self.stream_capacity)
+
+    @property
+    def n_valid(self) -> int:
+        return sum(r.n_valid for r in self.streams)
+
+    @property
+    def added(self) -> int:
+        """Steps ever added, over all streams."""
+        return sum(r.added for r in self.streams)
+
+    @property
+    def live_steps(self) -> int:
+        return sum(r.live_steps for r in self.streams)
+
+    def live_ranges(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per stream, the global positions ``[lo, added - 1)`` that may be sampleable."""
+        ks = np.arange(self.num_streams, dtype=np.int64) << SHIFT
+        lo = np.array([r.lo for r in self.streams], dtype=np.int64)
+        hi = np.array([max(r.lo, r.added - 1) for r in self.streams], dtype=np.int64)
+        return ks | lo, ks | hi
+
+    def stack_positions(self, positions: np.ndarray) -> np.ndarray:
+        """``(len, frame_stack)`` global positions of the frames stacked at each step, oldest first."""
+        offsets = np.arange(self.frame_stack - 1, -1, -1, dtype=np.int64)
+        ep = self.ep_step[self.slots(positions)].astype(np.int64)
+        return positions[:, None] - np.minimum(offsets[None, :], ep[:, None])
+
+    def mark_priority_dirty(self, slots: np.ndarray) -> None:
+        """Note the scalar shards whose priorities changed, in each stream's own shard numbers."""
+        for k, local in zip(*np.unique(np.stack([slots // self.stride, (slots % self.stride) // self.shard_len]),
+                                       axis=1)):
+            self.streams[int(k)].dirty_priority_shards.add(int(local))
