@@ -177,3 +177,25 @@ def test_prioritized_n_step_run_with_the_progress_bar(tmp_path: Path) -> None:
         priorities = store.priorities(live)
         # the learner sent |td| + eps back for the transitions it trained on: not all at the initial 1.0
         assert np.unique(priorities).size > 10 and priorities.min() < 1.0
+
+
+def test_num_envs_runs_on_atari_vector_env_and_resumes(tmp_path: Path) -> None:
+    """--num-envs 3 on a real ALE game: ale-py's AtariVectorEnv, one stream per env, the replay ratio
+    of one env (a gradient step per train_frequency env steps), and --resume."""
+    run = tmp_path / "run"
+    flags = ["--env-id", "ALE/Breakout-v5", "--num-envs", "3", "--buffer-size", "3000", "--batch-size", "8",
+             "--learning-starts", "300", "--train-frequency", "4", "--no-progress", "--sample-threads", "1",
+             "--checkpoint-frequency", "300", "--run-dir", str(run)]
+    done = _train(*flags, "--total-timesteps", "600")
+    assert done.returncode == 0, done.stderr[-3000:]
+    _, state = checkpoint.load(run)
+    steps = state["global_step"]
+    assert 600 <= steps < 603 and state["train_steps"] == steps // 4 - 300 // 4 and state["episodes"] >= 0
+    with ReplayStore.open(run / "replay.zarr") as store:
+        assert store.num_streams == 3 and len(store) == steps
+        assert all(r.n_valid > 150 for r in store.rings.streams)
+    again = _train("--resume", str(run), "--total-timesteps", "800")
+    assert again.returncode == 0, again.stderr[-3000:]
+    with ReplayStore.open(run / "replay.zarr") as store:
+        assert len(store) >= 800 and store.committed.added >= 800
+    assert cli_main(["verify", str(run / "replay.zarr"), "--quiet"]) == 0

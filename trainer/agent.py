@@ -40,6 +40,10 @@ class Agent:
         """The greedy action for one stack ``(frame_stack, *frame_shape)``."""
         return int(np.argmax(self._q_values(stack[None])[0]))
 
+    def act_batch(self, stacks: np.ndarray) -> np.ndarray:
+        """The greedy actions for ``(n, frame_stack, *frame_shape)`` stacks, in one forward pass."""
+        return np.argmax(np.asarray(self._q_values(stacks)), axis=1)
+
     def train(self, batch: dict[str, tf.Tensor], gamma: float) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         """One gradient step on a batch from ``store.as_dataset``: (loss, mean Q(s, a), |td| per transition)."""
         return self._step(batch)

@@ -27,6 +27,7 @@ class Args:
     seed: int = dataclasses.field(default=1, metadata={"help": "seeds the network, the environment and exploration"})
     learning_rate: float = dataclasses.field(default=1e-4, metadata={"help": "Adam's learning rate"})
     buffer_size: int = dataclasses.field(default=1_000_000, metadata={"help": "replay store capacity in steps (on disk)"})
+    num_envs: int = dataclasses.field(default=1, metadata={"help": "environments stepped together, each writing its own stream of the store (ALE ids: ale-py's AtariVectorEnv)"})
     gamma: float = dataclasses.field(default=0.99, metadata={"help": "discount factor"})
     tau: float = dataclasses.field(default=1.0, metadata={"help": "target update rate (1.0 = hard copy)"})
     target_network_frequency: int = dataclasses.field(default=1000, metadata={"help": "steps between target updates"})
@@ -134,7 +135,13 @@ def check(args: Args) -> None:
     if args.buffer_size < max(args.batch_size, 2):
         raise TrainerError(f"--buffer-size {args.buffer_size} is smaller than --batch-size {args.batch_size}; "
                            "the replay store must hold at least one batch (DQN usually keeps 10^5-10^6 steps)")
-    if args.n_step >= args.buffer_size:
+    if not 1 <= args.num_envs <= 1024:
+        raise TrainerError(f"--num-envs is {args.num_envs}; it must be between 1 and 1024")
+    if args.buffer_size % args.num_envs:
+        lower = args.buffer_size - args.buffer_size % args.num_envs
+        raise TrainerError(f"--buffer-size {args.buffer_size} does not split evenly over --num-envs {args.num_envs} "
+                           f"(each env writes its own stream); use {lower} or {lower + args.num_envs}")
+    if args.n_step >= args.buffer_size // args.num_envs:
         raise TrainerError(f"--n-step {args.n_step} must be smaller than --buffer-size {args.buffer_size}")
     hidden_sizes(args)
 

@@ -37,7 +37,15 @@ from replaystore import ReplayStore, ReplayStoreError
 from trainer import args as arguments
 from trainer import checkpoint
 from trainer.args import Args, TrainerError
-from trainer.envs import FrameStacker, default_frame_stack, is_atari, life_lost, make_env
+from trainer.envs import (
+    FrameStacker,
+    default_frame_stack,
+    is_atari,
+    life_lost,
+    make_env,
+    make_vector_env,
+    vector_frames,
+)
 
 STORE = "replay.zarr"
 EVALS = "evals.jsonl"
@@ -84,7 +92,7 @@ def open_store(args: Args, env: Any, *, resuming: bool) -> ReplayStore:
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
         store = ReplayStore.create(path, args.buffer_size, env.observation_space, env.action_space, args.frame_stack,
-                                   cache_bytes=cache_bytes)
+                                   cache_bytes=cache_bytes, num_streams=args.num_envs)
     except BaseException:
         if made:
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -135,7 +143,8 @@ def train(args: Args, *, resuming: bool) -> int:
     try:
         if saved is None:
             save_checkpoint(run_dir, store, agent, rng, state, report)
-        global_step = run_loop(args, env, store, agent, rng, state, report, stop, sampling)
+        loop = run_loop if args.num_envs == 1 else run_vector_loop
+        global_step = loop(args, env, store, agent, rng, state, report, stop, sampling)
         state["global_step"] = global_step
         if "prefetcher" in sampling:
             sampling.pop("prefetcher").close()
@@ -232,6 +241,98 @@ def run_loop(args: Args, env: Any, store: ReplayStore, agent: Any, rng: np.rando
         report.periodic(global_step, epsilon=state["epsilon"], replay_size=len(store), cache_hit_rate=store.cache_hit_rate)
     state["stored"] = len(store)
     return global_step
+
+
+def run_vector_loop(args: Args, env: Any, store: ReplayStore, agent: Any, rng: np.random.Generator,
+                    state: dict[str, Any], report: Any, stop: list[int], sampling: dict[str, Any]) -> int:
+    """``run_loop`` with ``--num-envs`` environments stepped together (``make_vector_env``): one
+    forward pass picks every env's action, ``store.add_batch`` writes each env's move to its own
+    stream, and the learner takes one gradient step per ``train_frequency`` env steps (so the replay
+    ratio is the single env's). The vector env resets an ended env on its next step (next-step
+    autoreset): that row is no env step, and the store skips it."""
+    n, atari = args.num_envs, is_atari(args.env_id)
+    clip = atari and args.clip_reward
+    envs = make_vector_env(args.env_id, n)
+    try:
+        obs, info = envs.reset(seed=args.seed + 7919 * int(state["resumes"]))
+        obs = vector_frames(obs)
+        stacks = np.repeat(obs[:, None], args.frame_stack, axis=1)
+        lives = np.asarray(info["lives"]) if "lives" in info else None
+        resetting = np.zeros(n, dtype=bool)  # rows the vector env answers with a reset, not a move
+        ep_return, ep_length = np.zeros(n), np.zeros(n, dtype=np.int64)
+        duration = args.exploration_fraction * args.total_timesteps
+        dataset_iter = None
+        global_step = int(state["global_step"])
+        epsilon = state["epsilon"]
+        while global_step < args.total_timesteps and not stop:
+            epsilon = linear_schedule(args.start_e, args.end_e, duration, global_step)
+            explore = rng.random(n) < epsilon
+            actions = rng.integers(env.action_space.n, size=n)
+            if not explore.all():
+                actions = np.where(explore, actions, agent.act_batch(stacks))
+            next_obs, reward, terminated, truncated, info = envs.step(actions)
+            next_obs = vector_frames(next_obs)
+            env_done = terminated | truncated
+            now = np.asarray(info["lives"]) if "lives" in info else None
+            lost = (now < lives) & ~resetting if now is not None and lives is not None else np.zeros(n, dtype=bool)
+            end_learning = terminated | (atari and args.terminal_on_life_loss) & lost
+            store.add_batch(obs, actions, np.sign(reward) if clip else reward, next_obs, end_learning,
+                            truncated & ~end_learning, env_done=env_done, autoreset_mode="next_step")
+            moved = ~resetting
+            before = global_step
+            global_step += int(moved.sum())
+            ep_return += np.where(moved, reward, 0.0)
+            ep_length += moved
+            for i in np.flatnonzero(env_done).tolist():
+                state["episodes"] += 1
+                report.episode(global_step, float(ep_return[i]), int(ep_length[i]))
+            ep_return[env_done], ep_length[env_done] = 0.0, 0
+            stacks[:, :-1] = stacks[:, 1:]
+            stacks[:, -1] = next_obs
+            restart = resetting | (end_learning & ~env_done)  # a new (store) episode starts at next_obs
+            if restart.any():
+                stacks[restart] = next_obs[restart][:, None]
+            resetting, lives, obs = env_done, now, next_obs
+
+            if global_step > args.learning_starts:
+                steps = global_step // args.train_frequency - max(before, args.learning_starts) // args.train_frequency
+                if dataset_iter is None and steps and len(store) >= args.batch_size + args.n_step:
+                    dataset = store.as_dataset(args.batch_size, n_step=args.n_step, gamma=args.gamma,
+                                               prioritized=args.prioritized, alpha=args.alpha, beta=args.beta,
+                                               threads=args.sample_threads, seed=args.seed * 1_000_003 + global_step)
+                    sampling["prefetcher"] = dataset.prefetcher
+                    dataset_iter = iter(dataset)
+                for _ in range(steps if dataset_iter is not None else 0):
+                    t0 = time.perf_counter()
+                    batch = next(dataset_iter)
+                    sample_s = time.perf_counter() - t0
+                    loss, q_mean, abs_td = agent.train(batch, args.gamma)
+                    if args.prioritized:
+                        store.update_priorities(batch["index"].numpy(), abs_td.numpy() + PRIORITY_EPS)
+                    report.trained(float(loss), float(q_mean), sample_s)
+                if crossed(before, global_step, args.target_network_frequency):
+                    agent.update_target(args.tau)
+            if crossed(before, global_step, REPORT_STEPS):
+                report.periodic(global_step, epsilon=epsilon, replay_size=len(store),
+                                cache_hit_rate=store.cache_hit_rate)
+            if crossed(before, global_step, 100):
+                report.tick(global_step, epsilon=epsilon, replay_size=len(store))
+            state["epsilon"] = epsilon
+            if crossed(before, global_step, args.checkpoint_frequency):
+                state["global_step"] = global_step
+                save_checkpoint(Path(args.run_dir), store, agent, rng, state, report)
+            if args.eval_episodes and args.eval_frequency and crossed(before, global_step, args.eval_frequency):
+                record_eval(args, agent, global_step, report)
+    finally:
+        envs.close()
+    report.periodic(global_step, epsilon=state["epsilon"], replay_size=len(store), cache_hit_rate=store.cache_hit_rate)
+    state["stored"] = len(store)
+    return global_step
+
+
+def crossed(before: int, now: int, every: int) -> bool:
+    """Whether a multiple of ``every`` lies in ``(before, now]``."""
+    return now // every > before // every
 
 
 def save_checkpoint(run_dir: Path, store: ReplayStore, agent: Any, rng: np.random.Generator, state: dict[str, Any],

@@ -52,6 +52,42 @@ def make_env(env_id: str) -> gym.Env:
     return gym.wrappers.RecordEpisodeStatistics(env)
 
 
+def make_vector_env(env_id: str, num_envs: int) -> Any:
+    """``num_envs`` copies of ``env_id`` stepped together, in next-step autoreset mode, observing
+    single frames (the store stacks them). ALE ids use ale-py's C++ ``AtariVectorEnv`` with the same
+    preprocessing as ``make_env`` (84x84 gray, frame skip 4 with max-pooling, up to 30 no-op starts,
+    v5's sticky actions, raw rewards, no episodic life: the loop ends learning episodes at a lost
+    life itself); other ids a gymnasium ``SyncVectorEnv``."""
+    if is_atari(env_id):
+        from ale_py.vector_env import AtariVectorEnv
+
+        game = atari_game(env_id)
+        return AtariVectorEnv(game, num_envs=num_envs, stack_num=1, img_height=84, img_width=84, grayscale=True,
+                              frameskip=4, maxpool=True, noop_max=30, repeat_action_probability=0.25,
+                              reward_clipping=False, episodic_life=False, use_fire_reset=False,
+                              max_num_frames_per_episode=108_000)
+    make_env(env_id).close()  # an unusable id fails here with the trainer's message
+    return gym.vector.SyncVectorEnv([lambda: gym.make(env_id) for _ in range(num_envs)],
+                                    autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
+
+
+def atari_game(env_id: str) -> str:
+    """ale-py's ROM name for an ``ALE/<Game>-v5`` id (``ALE/MsPacman-v5`` -> ``ms_pacman``)."""
+    import ale_py.roms
+
+    name = env_id.split("/", 1)[1].rsplit("-", 1)[0]
+    wanted = name.lower().replace("_", "")
+    for rom in ale_py.roms.get_all_rom_ids():
+        if rom.replace("_", "") == wanted:
+            return rom
+    raise TrainerError(f"{env_id} names no ALE game ale-py has; use an id such as ALE/Breakout-v5")
+
+
+def vector_frames(obs: np.ndarray) -> np.ndarray:
+    """A vector env's observations as one frame per env (AtariVectorEnv adds a stack axis of 1)."""
+    return obs[:, 0] if obs.ndim == 4 and obs.shape[1] == 1 else obs
+
+
 def default_frame_stack(observation_space: gym.spaces.Box) -> int:
     """4 for images (2-D or 3-D frames), 1 for vectors."""
     return 4 if len(observation_space.shape) >= 2 else 1

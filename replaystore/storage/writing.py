@@ -65,7 +65,8 @@ class Writing:
             self._add(stream, obs_a, act, rew, next_a, term, trunc)
 
     def add_batch(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any,
-                  info: Mapping[str, Any] | None = None, *, autoreset_mode: Any = "next_step") -> None:
+                  info: Mapping[str, Any] | None = None, *, autoreset_mode: Any = "next_step",
+                  env_done: Any = None) -> None:
         """Add one move to each stream this store writes, from a vector env's step: row ``i`` of
         every argument goes to stream ``store.writing[i]`` (all of them, in order, for a store
         created with ``num_streams`` or opened without ``streams=``). The loop is exactly what the
@@ -89,6 +90,11 @@ class Writing:
             you reset ended sub-envs yourself (``envs.reset(options={"reset_mask": done})``) and
             pass the reset observations as the next call's ``obs``.
 
+        ``env_done`` (next-step mode): the rows whose sub-env really ended its episode, when that
+        differs from ``terminated | truncated``: a learner that ends its episodes at a lost life
+        while the game goes on passes ``terminated=life_lost | terminated`` and
+        ``env_done=terminated | truncated`` as the env returned them.
+
         Every row is checked before anything is written: a bad row raises an error naming the
         field and the row, and no stream changes. Each stream's move is all-or-nothing under
         write errors (as ``add``); a ``StoreWriteError`` names the stream it failed on, and the
@@ -103,13 +109,19 @@ class Writing:
             obs_a, act, rew, next_a, term, trunc = check_rows(self.schema, self.path, n, obs, action, reward, next_obs,
                                                               terminated, truncated)
             done = term | trunc
+            ended = done
+            if env_done is not None:
+                ended = np.asarray(env_done)
+                if ended.shape != (n,) or ended.dtype.kind not in "biu":
+                    raise InvalidTransitionError(f"env_done is {env_done!r}; it must hold {n} bools, one per stream")
+                ended = ended.astype(bool)
             if mode == "same_step" and done.any():
                 next_a = self._final_obs(info, next_a, done)
             skip = np.zeros(n, dtype=bool)
             for i, k in enumerate(self.writing):  # every row checked before any is written
                 stream = self.streams[k]
                 if mode == "next_step" and stream.reset_next is not None:
-                    _check_reset_row(stream, i, obs_a[i], bool(done[i]), self.path)
+                    _check_reset_row(stream, i, obs_a[i], bool(done[i] or ended[i]), self.path)
                     skip[i] = True
                 else:
                     self._check_continues(stream, obs_a[i], f"obs[{i}]")
@@ -123,7 +135,7 @@ class Writing:
                 except StoreWriteError as exc:
                     raise StoreWriteError(exc.errno, f"stream {k} (row {i}): {exc.strerror or exc}; the streams "
                                           f"before it in store.writing ({self.writing[:i]}) kept this move") from exc
-                if mode == "next_step" and done[i]:
+                if mode == "next_step" and ended[i]:
                     stream.reset_next = next_a[i].copy()
 
     def _final_obs(self, info: Mapping[str, Any] | None, next_a: np.ndarray, done: np.ndarray) -> np.ndarray:
