@@ -211,19 +211,9 @@ def run_loop(args: Args, env: Any, store: ReplayStore, agent: Any, rng: np.rando
 
         if global_step > args.learning_starts and global_step % args.train_frequency == 0:
             if dataset_iter is None and len(store) >= args.batch_size + args.n_step:
-                dataset = store.as_dataset(args.batch_size, n_step=args.n_step, gamma=args.gamma,
-                                           prioritized=args.prioritized, alpha=args.alpha, beta=args.beta,
-                                           threads=args.sample_threads, seed=args.seed * 1_000_003 + global_step)
-                sampling["prefetcher"] = dataset.prefetcher
-                dataset_iter = iter(dataset)
+                dataset_iter = start_sampling(args, store, global_step, sampling)
             if dataset_iter is not None:
-                t0 = time.perf_counter()
-                batch = next(dataset_iter)
-                sample_s = time.perf_counter() - t0
-                loss, q_mean, abs_td = agent.train(batch, args.gamma)
-                if args.prioritized:
-                    store.update_priorities(batch["index"].numpy(), abs_td.numpy() + PRIORITY_EPS)
-                report.trained(float(loss), float(q_mean), sample_s)
+                train_step(args, store, agent, dataset_iter, report)
             if global_step % args.target_network_frequency < args.train_frequency:
                 agent.update_target(args.tau)
 
@@ -297,19 +287,9 @@ def run_vector_loop(args: Args, env: Any, store: ReplayStore, agent: Any, rng: n
             if global_step > args.learning_starts:
                 steps = global_step // args.train_frequency - max(before, args.learning_starts) // args.train_frequency
                 if dataset_iter is None and steps and len(store) >= args.batch_size + args.n_step:
-                    dataset = store.as_dataset(args.batch_size, n_step=args.n_step, gamma=args.gamma,
-                                               prioritized=args.prioritized, alpha=args.alpha, beta=args.beta,
-                                               threads=args.sample_threads, seed=args.seed * 1_000_003 + global_step)
-                    sampling["prefetcher"] = dataset.prefetcher
-                    dataset_iter = iter(dataset)
+                    dataset_iter = start_sampling(args, store, global_step, sampling)
                 for _ in range(steps if dataset_iter is not None else 0):
-                    t0 = time.perf_counter()
-                    batch = next(dataset_iter)
-                    sample_s = time.perf_counter() - t0
-                    loss, q_mean, abs_td = agent.train(batch, args.gamma)
-                    if args.prioritized:
-                        store.update_priorities(batch["index"].numpy(), abs_td.numpy() + PRIORITY_EPS)
-                    report.trained(float(loss), float(q_mean), sample_s)
+                    train_step(args, store, agent, dataset_iter, report)
                 if crossed(before, global_step, args.target_network_frequency):
                     agent.update_target(args.tau)
             if crossed(before, global_step, REPORT_STEPS):
@@ -328,6 +308,26 @@ def run_vector_loop(args: Args, env: Any, store: ReplayStore, agent: Any, rng: n
     report.periodic(global_step, epsilon=state["epsilon"], replay_size=len(store), cache_hit_rate=store.cache_hit_rate)
     state["stored"] = len(store)
     return global_step
+
+
+def start_sampling(args: Args, store: ReplayStore, global_step: int, sampling: dict[str, Any]) -> Any:
+    """The store's tf.data pipeline, started once learning starts; its prefetcher goes in ``sampling``."""
+    dataset = store.as_dataset(args.batch_size, n_step=args.n_step, gamma=args.gamma, prioritized=args.prioritized,
+                               alpha=args.alpha, beta=args.beta, threads=args.sample_threads,
+                               seed=args.seed * 1_000_003 + global_step)
+    sampling["prefetcher"] = dataset.prefetcher
+    return iter(dataset)
+
+
+def train_step(args: Args, store: ReplayStore, agent: Any, dataset_iter: Any, report: Any) -> None:
+    """One gradient step on the next sampled batch (and its new priorities, with --prioritized)."""
+    t0 = time.perf_counter()
+    batch = next(dataset_iter)
+    sample_s = time.perf_counter() - t0
+    loss, q_mean, abs_td = agent.train(batch, args.gamma)
+    if args.prioritized:
+        store.update_priorities(batch["index"].numpy(), abs_td.numpy() + PRIORITY_EPS)
+    report.trained(float(loss), float(q_mean), sample_s)
 
 
 def crossed(before: int, now: int, every: int) -> bool:

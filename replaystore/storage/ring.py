@@ -17,11 +17,24 @@ to disk as shards.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from replaystore.format.schema import SCALAR_FIELDS
 
+if TYPE_CHECKING:
+    from replaystore.storage.rings import Rings
+
 SMALL_RANGE = 16
+
+
+def name_fields(obj: Ring | Rings) -> None:
+    """``obj.action``, ``obj.reward``, ... for ``obj.fields[...]``: the names the hot paths use."""
+    fields = obj.fields
+    obj.action, obj.reward, obj.terminated = fields["action"], fields["reward"], fields["terminated"]
+    obj.truncated, obj.is_last, obj.ep_step = fields["truncated"], fields["is_last"], fields["ep_step"]
+    obj.priority = fields["priority"]
 
 
 class Ring:
@@ -37,13 +50,7 @@ class Ring:
         self.fields: dict[str, np.ndarray] = fields if fields is not None else {
             name: np.zeros(capacity, dtype=dtype) for name, dtype in SCALAR_FIELDS.items()
         }
-        self.action = self.fields["action"]
-        self.reward = self.fields["reward"]
-        self.terminated = self.fields["terminated"]
-        self.truncated = self.fields["truncated"]
-        self.is_last = self.fields["is_last"]
-        self.ep_step = self.fields["ep_step"]
-        self.priority = self.fields["priority"]
+        name_fields(self)
         self.valid = valid if valid is not None else np.zeros(capacity, dtype=bool)
         self.n_valid = 0
         self.added = 0

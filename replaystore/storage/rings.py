@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from replaystore.format.schema import MAX_POSITION, SCALAR_FIELDS
-from replaystore.storage.ring import Ring
+from replaystore.storage.ring import Ring, name_fields
 
 SHIFT = MAX_POSITION.bit_length()  # 46: a stream may add 2**46 steps (70 trillion)
 MASK = (1 << SHIFT) - 1
@@ -42,13 +42,7 @@ class Rings:
             region = slice(k * stride, k * stride + stream_capacity)
             self.streams.append(Ring(stream_capacity, frame_stack, shard_len, valid=self.valid[region],
                                      fields={name: values[region] for name, values in self.fields.items()}))
-        self.action = self.fields["action"]
-        self.reward = self.fields["reward"]
-        self.terminated = self.fields["terminated"]
-        self.truncated = self.fields["truncated"]
-        self.is_last = self.fields["is_last"]
-        self.ep_step = self.fields["ep_step"]
-        self.priority = self.fields["priority"]
+        name_fields(self)
 
     # ---------------------------------------------------------------------------------------------
     # Positions
