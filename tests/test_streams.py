@@ -304,6 +304,7 @@ import numpy as np, sys
 from replaystore import ReplayStore
 s = ReplayStore.open({str(path)!r}, mode="a", streams=[{stream}])
 print("ready", flush=True)
+sys.stdin.readline()  # "go": the test opens its own handles first
 for t in range({steps}):
     s.add(np.full(3, t % 256, np.uint8), t % 3, float({stream}), np.full(3, (t + 1) % 256, np.uint8), False, False)
 s.flush()
@@ -326,6 +327,9 @@ def test_writers_in_other_processes_and_refresh(tmp_path: Path) -> None:
         with pytest.raises(StoreLockedError, match=f"stream 0 of .* is open for writing by process {procs[0].pid} on host"):
             ReplayStore.open(path, mode="a", streams=[0])
         mine = ReplayStore.open(path, mode="a", streams=[1])  # a third writer, of its own stream
+        for p in procs:  # the other writers start only now, so both handles see them move
+            p.stdin.write("go\n")
+            p.stdin.flush()
         for t in range(5):
             mine.add(np.full(3, t, np.uint8), 0, 1.0, np.full(3, t + 1, np.uint8), False, False)
         mine.flush()
