@@ -137,6 +137,8 @@ class ReplayStore(Writing, Sampling):
             stream = self.streams[k]
             if stream.episode_in_progress():
                 stream.head_obs = stream.writer.frame_at(stream.ring.added - 1)
+            elif stream.ring.added:  # a vector env that goes on after an episode end sends its reset row next
+                stream.reset_next, stream.reset_optional = stream.writer.frame_at(stream.ring.added - 1), True
 
     # ---------------------------------------------------------------------------------------------
     # Construction

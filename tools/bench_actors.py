@@ -5,15 +5,20 @@ random actions), env steps per second measured side by side, in interleaved roun
 
   (a) the vector env alone,
   (b) writing every step into an N-stream store with ``store.add_batch`` (the user's loop),
-  (c) as (b) while another thread samples batches of 32 four-frame stacks as fast as it can.
+  (c) as (b) while another thread samples batches of 32 four-frame stacks as fast as it can,
+  (p) as (c) with the sampler in another process (a read-only handle that calls ``refresh()``
+      every 50 batches): no GIL shared with the actor, only the cores,
+  (r) as (c) with the sampling thread held to DQN's replay ratio of 8 (one batch of 32 per 4
+      transitions added), as a learner samples; it sleeps when it is ahead.
 
-It prints the ratios (b)/(a) and (c)/(a) per N (the issue's goals: >= 0.9 and >= 0.8) and the
-sampler's batches/s in (c). Run: ``python tools/bench_actors.py [--seconds 4] [--rounds 2]``.
+It prints the ratios (b)/(a), (c)/(a), (p)/(a) and (r)/(a) per N (the issue's goals: >= 0.9 and >= 0.8)
+and the samplers' batches/s. Run: ``python tools/bench_actors.py [--seconds 4] [--rounds 2]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing as mp
 import os
 import platform
 import shutil
@@ -49,9 +54,14 @@ def run(n: int, mode: str, seconds: float, root: Path) -> tuple[float, float]:
     stop = threading.Event()
     sampled = [0]
 
+    added = [0]
+
     def sample() -> None:
         srng = np.random.default_rng(1)
         while not stop.is_set():
+            if mode == "r" and sampled[0] * 4 >= added[0]:
+                time.sleep(0.0005)
+                continue
             store.sample(32, rng=srng)
             sampled[0] += 1
 
@@ -66,24 +76,55 @@ def run(n: int, mode: str, seconds: float, root: Path) -> tuple[float, float]:
                 store.add_batch(obs, actions, r, nxt, term, trunc)
             obs = nxt
             done += n
+            added[0] += n
         return done
 
     step(max(1, 600 // n))  # warm-up (and enough transitions to sample from)
-    sampler = threading.Thread(target=sample, daemon=True) if mode == "c" else None
+    added[0] = sampled[0] = 0
+    sampler = threading.Thread(target=sample, daemon=True) if mode in "cr" else None
     if sampler is not None:
         sampler.start()
+    child = None
+    if mode == "p":
+        store.flush()
+        ctx = mp.get_context("spawn")
+        counter, ready, go = ctx.Value("q", 0), ctx.Event(), ctx.Event()
+        child = ctx.Process(target=sample_process, args=(str(path), counter, ready, go, stop_flag := ctx.Event()))
+        child.start()
+        ready.wait(120)
+        go.set()
     t0, steps = time.perf_counter(), 0
+    start_count = counter.value if child is not None else 0
     while time.perf_counter() - t0 < seconds:
         steps += step(max(1, 64 // n))
     elapsed = time.perf_counter() - t0
-    batches = sampled[0]
+    batches = sampled[0] if child is None else counter.value - start_count
     stop.set()
     if sampler is not None:
         sampler.join()
+    if child is not None:
+        stop_flag.set()
+        child.join(30)
     envs.close()
     if store is not None:
         store.close()
     return steps / elapsed, batches / elapsed
+
+
+def sample_process(path: str, counter, ready, go, stop) -> None:
+    """Mode (p): sample batches of 32 from a read-only handle as fast as possible, following the writer."""
+    store = ReplayStore.open(path)
+    rng = np.random.default_rng(1)
+    ready.set()
+    go.wait()
+    count = 0
+    while not stop.is_set():
+        store.sample(32, rng=rng)
+        count += 1
+        if count % 50 == 0:
+            store.refresh()
+            counter.value = count
+    store.close()
 
 
 def main() -> None:
@@ -98,20 +139,21 @@ def main() -> None:
     try:
         for r in range(args.rounds):
             for n in ns:
-                for mode in "abc":
+                for mode in "abcpr":
                     results.setdefault((n, mode), []).append(run(n, mode, args.seconds, root))
                     print(f"round {r + 1} N={n} ({mode}): {results[(n, mode)][-1][0]:,.0f} env steps/s", flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(f"\nmachine: {os.cpu_count()} cores, {platform.processor() or platform.machine()}; "
           f"median of {args.rounds} rounds of {args.seconds:.0f} s each")
-    print("| envs | (a) env alone steps/s | (b) + add_batch | (c) + a sampling thread | (b)/(a) | (c)/(a) | "
-          "sampler batches/s in (c) |")
-    print("|---|---|---|---|---|---|---|")
+    print("| envs | (a) env alone steps/s | (b) + add_batch | (c) + sampling thread | (p) + sampling process | "
+          "(r) + sampling at ratio 8 | (b)/(a) | (c)/(a) | (p)/(a) | (r)/(a) | batches/s in (c) / (p) / (r) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for n in ns:
-        a, b, c = (float(np.median([x[0] for x in results[(n, m)]])) for m in "abc")
-        sampler = float(np.median([x[1] for x in results[(n, "c")]]))
-        print(f"| {n} | {a:,.0f} | {b:,.0f} | {c:,.0f} | {b / a:.2f} | {c / a:.2f} | {sampler:,.0f} |")
+        a, b, c, q, r8 = (float(np.median([x[0] for x in results[(n, m)]])) for m in "abcpr")
+        bc, bp, br = (float(np.median([x[1] for x in results[(n, m)]])) for m in "cpr")
+        print(f"| {n} | {a:,.0f} | {b:,.0f} | {c:,.0f} | {q:,.0f} | {r8:,.0f} | {b / a:.2f} | {c / a:.2f} | {q / a:.2f} | "
+              f"{r8 / a:.2f} | {bc:,.0f} / {bp:,.0f} / {br:,.0f} |")
 
 
 if __name__ == "__main__":

@@ -66,11 +66,16 @@ def _compact(args: argparse.Namespace) -> int:
             bar.update(tasks[phase], completed=done, total=total)
 
         r = compact_store(args.src, args.dst, capacity=args.capacity, codec=codec, chunk_len=args.chunk_len,
-                          shard_len=args.shard_len, drop_damaged=args.drop_damaged, progress=progress)
+                          shard_len=args.shard_len, num_streams=args.streams, drop_damaged=args.drop_damaged,
+                          progress=progress)
     for line in r.dropped:
         print(f"dropped damaged {line}")
     if r.dropped:
         print(f"dropped {r.steps_dropped:,} live steps with the episodes that touched damage")
+    if r.streams_after != r.streams_before:
+        print(f"merged {r.streams_before} streams into {r.streams_after}"
+              + (f"; left out {r.steps_unjoined:,} steps of episodes whose first frames were already overwritten"
+                 if r.steps_unjoined else ""))
     if r.steps_cut:
         print(f"left out the oldest {r.steps_cut:,} steps to fit capacity {args.capacity:,}")
     print(f"compacted {r.src} -> {r.dst}: {r.transitions_before:,} -> {r.transitions_after:,} transitions, "
@@ -100,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--level", type=int, help="compression level (zstd 1..22, blosc 0..9)")
     p.add_argument("--chunk-len", type=int, help="frames per chunk")
     p.add_argument("--shard-len", type=int, help="steps per shard file")
+    p.add_argument("--streams", type=int, help="merge a store of streams into this many (default: keep them)")
     p.add_argument("--drop-damaged", action="store_true", help="drop the episodes that touch damaged chunks")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_compact)

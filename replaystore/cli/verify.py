@@ -39,6 +39,7 @@ class Problem:
     slots: tuple[int, int] | None  # first, last slot covered
     live_steps: tuple[int, int] | None  # first, last live position in those slots
     message: str
+    stream: int = 0  # the stream the slots and positions belong to
 
     def where(self) -> str:
         """``obs shard 1 chunk 2 slots 24..27; holds live steps 88..91``"""
@@ -110,14 +111,14 @@ def verify_store(path: str | Path, *, progress: Callable[[int, int], None] | Non
                     if held is not None:
                         report.problems.append(Problem(name, shard, None, slot_range, held,
                                                        f"shard {shard} of '{name}' is missing but holds live steps "
-                                                       f"{held[0]}..{held[1]}" + _of_stream(schema, k)))
+                                                       f"{held[0]}..{held[1]}" + _of_stream(schema, k), k))
                     continue
                 raw = memoryview(path_.read_bytes())
                 tail = per_shard * INDEX_ENTRY_BYTES + CRC_BYTES
                 try:
                     index = parse_index(raw[max(0, len(raw) - tail):], per_shard, name=name, shard=shard)
                 except ChunkChecksumError as exc:
-                    report.problems.append(Problem(name, shard, None, slot_range, live_range(*slot_range), str(exc)))
+                    report.problems.append(Problem(name, shard, None, slot_range, live_range(*slot_range), str(exc), k))
                     continue
                 for c in range(per_shard):
                     c_first = first + c * chunk_len
@@ -137,12 +138,12 @@ def verify_store(path: str | Path, *, progress: Callable[[int, int], None] | Non
                                                   chunk=c, first_step=c_first, steps=chunk_len)
                             decode_chunk(payload, codec, out, name=name, shard=shard, chunk=c)
                     except ChunkChecksumError as exc:
-                        report.problems.append(Problem(name, shard, c, c_range, live_range(*c_range), str(exc)))
+                        report.problems.append(Problem(name, shard, c, c_range, live_range(*c_range), str(exc), k))
                         continue
                     if name == "ep_step":
                         ep_step[c_first : c_range[1] + 1] = out[: c_range[1] + 1 - c_first]
     for k, (lo, added) in enumerate(live):
-        _check_ep_steps(report, ep_step[k * stride : k * stride + capacity], lo, added, capacity,
+        _check_ep_steps(report, ep_step[k * stride : k * stride + capacity], lo, added, capacity, k,
                         _of_stream(schema, k))
     return report
 
@@ -151,8 +152,9 @@ def _of_stream(schema: Schema, k: int) -> str:
     return f" (stream {k})" if schema.num_streams > 1 else ""
 
 
-def _check_ep_steps(report: Report, ep_step: np.ndarray, lo: int, added: int, capacity: int, where: str = "") -> None:
-    if any(p.array == "ep_step" for p in report.problems):
+def _check_ep_steps(report: Report, ep_step: np.ndarray, lo: int, added: int, capacity: int, stream: int = 0,
+                    where: str = "") -> None:
+    if any(p.array == "ep_step" and p.stream == stream for p in report.problems):
         return
     positions = np.arange(lo, added, dtype=np.int64)
     ep = ep_step[positions % capacity]
@@ -162,4 +164,5 @@ def _check_ep_steps(report: Report, ep_step: np.ndarray, lo: int, added: int, ca
     if bad.size:
         p = int(positions[bad[0] + 1]) if bad[0] + 1 < positions.size else int(positions[0])
         report.problems.append(Problem("ep_step", None, None, None, (p, p),
-            f"ep_step breaks its sequence at step {p}{where}: the episode structure disagrees with the committed state"))
+            f"ep_step breaks its sequence at step {p}{where}: the episode structure disagrees with the committed state",
+            stream))

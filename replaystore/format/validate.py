@@ -129,9 +129,11 @@ def check_arrays(root: Path, schema: Schema, layout: Layout) -> None:
 
 
 def check_rows(schema: Schema, path: Path, n: int, obs: Any, action: Any, reward: Any, next_obs: Any,
-               terminated: Any, truncated: Any) -> tuple[np.ndarray, ...]:
+               terminated: Any, truncated: Any) -> tuple[np.ndarray, list[int], list[float], np.ndarray, list[bool],
+                                                        list[bool]]:
     """``add_batch``'s arguments checked whole: each with a leading axis of ``n`` (one row per
-    stream written), every row valid. The error names the field and the first bad row."""
+    stream written), every row valid. The error names the field and the first bad row. Returns
+    the observation arrays and the per-row scalars as Python lists (what the per-stream writes use)."""
     spec = schema.observation
 
     def rows(value: Any, name: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -148,25 +150,27 @@ def check_rows(schema: Schema, path: Path, n: int, obs: Any, action: Any, reward
     if act.dtype.kind not in "iub":
         raise InvalidTransitionError(f"action has dtype {act.dtype}; {path} stores Discrete actions: pass ints")
     a = schema.action
-    bad = np.flatnonzero((act < a.start) | (act >= a.start + a.n))
-    if bad.size:
-        raise InvalidTransitionError(f"action[{bad[0]}] is {act[bad[0]]}, outside the action space "
-                                     f"[{a.start}, {a.start + a.n - 1}] of {path}; nothing was written")
+    actions = act.tolist()
+    for i, value in enumerate(actions):
+        if not a.start <= value < a.start + a.n:
+            raise InvalidTransitionError(f"action[{i}] is {value}, outside the action space "
+                                         f"[{a.start}, {a.start + a.n - 1}] of {path}; nothing was written")
     rew = rows(reward, "reward", ())
     if rew.dtype.kind not in "biuf":
         raise InvalidTransitionError(f"reward has dtype {rew.dtype}; rewards must be real numbers")
-    rew = rew.astype(np.float64)
-    bad = np.flatnonzero(~np.isfinite(rew))
-    if bad.size:
-        raise InvalidTransitionError(f"reward[{bad[0]}] is {rew[bad[0]]}; rewards must be finite (check the env or "
-                                     "clip the reward); nothing was written")
+    rewards = [float(r) for r in rew.tolist()]
+    for i, value in enumerate(rewards):
+        if not math.isfinite(value):
+            raise InvalidTransitionError(f"reward[{i}] is {value}; rewards must be finite (check the env or clip the "
+                                         "reward); nothing was written")
     flags = []
     for value, name in ((terminated, "terminated"), (truncated, "truncated")):
         f = rows(value, name, ())
-        if f.dtype.kind not in "biu" or (f.dtype.kind != "b" and np.any((f != 0) & (f != 1))):
+        got = f.tolist()
+        if f.dtype.kind not in "biu" or any(x not in (0, 1) for x in got):
             raise InvalidTransitionError(f"{name} is {value!r}; it must hold bools, one per stream")
-        flags.append(f.astype(bool))
-    return obs_a, act.astype(np.int64), rew, next_a, flags[0], flags[1]
+        flags.append([bool(x) for x in got])
+    return obs_a, actions, rewards, next_a, flags[0], flags[1]
 
 
 def check_obs_rows(spec: Any, path: Path, arr: np.ndarray, name: str) -> np.ndarray:

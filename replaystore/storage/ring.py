@@ -87,7 +87,8 @@ class Ring:
     def append_step(self, ep_step: int, is_last: bool) -> int:
         """Start step ``added`` (its observation is written by the caller); returns its position."""
         position = self.added
-        self._retire_below(max(self.oldest, position + 1 - self.capacity))
+        if position + 1 - self.capacity > self.oldest:  # full: the oldest step goes
+            self._retire_below(position + 1 - self.capacity)
         s = position % self.capacity
         self.action[s] = 0
         self.reward[s] = 0.0
@@ -113,9 +114,10 @@ class Ring:
     def mark_transition(self, position: int) -> None:
         """Step ``position`` now has its successor stored: make it sampleable if its stack is live."""
         s = position % self.capacity
-        if self.is_last[s] or position + 1 >= self.added or position < self.lo:
+        lo = self.lo
+        if self.is_last[s] or position + 1 >= self.added or position < lo or self.valid[s]:
             return
-        if position - min(self.frame_stack - 1, int(self.ep_step[s])) >= self.lo and not self.valid[s]:
+        if position - min(self.frame_stack - 1, int(self.ep_step[s])) >= lo:
             self.valid[s] = True
             self.n_valid += 1
 

@@ -20,8 +20,9 @@ class Stream:
     committed: State  # as loaded (or refreshed); a writer's own commits are ``writer.committed``
     base_shard: int  # the stream's shard 0 is the arrays' shard ``base_shard``
     writer: Writer | None = None
-    head_obs: np.ndarray | None = None  # the next_obs the episode in progress continues from
+    head_obs: np.ndarray | None = None  # the next_obs the episode in progress continues from (None: no episode in progress)
     reset_next: np.ndarray | None = None  # next-step autoreset: the last obs of the episode just ended; the next row is the reset
+    reset_optional: bool = False  # reset_next as found on open: the next row may be the reset, or a fresh env's first
 
     def episode_in_progress(self) -> bool:
         ring = self.ring

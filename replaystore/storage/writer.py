@@ -103,8 +103,11 @@ class Writer:
     def writes_for(self, positions: list[int]) -> bool:
         """Whether putting frames at ``positions`` (in order) writes to disk: one falls outside the shard
         the buffer holds."""
-        shard_len, cap = self.layout.shard_len, self.ring.capacity
-        return any((p % cap) // shard_len != self.region for p in positions)
+        shard_len, cap, region = self.layout.shard_len, self.ring.capacity, self.region
+        for p in positions:
+            if (p % cap) // shard_len != region:
+                return True
+        return False
 
     def undo_point(self, positions: list[int]) -> Callable[[], None]:
         """A function that puts the buffer, its shard and the counters back as they are now, after
