@@ -3,7 +3,8 @@
     ring      storage/ring.py       per-step scalars in RAM, the live range, the sampleable bitmap
     writer    storage/writer.py     the frame shard buffer, whole-shard writes, the commit
     reader    storage/reader.py     chunk-aware frame reads with a compressed-chunk cache
-    lock      storage/lock.py       one writer per store
+    lock      storage/lock.py       one writer per store (per stream)
+    commits   storage/commits.py    the committed states on disk, the streams a handle writes
     Sampling  sampling/methods.py   the reading half of this class: sample, priorities, as_dataset
     sampler   sampling/sampler.py   which positions a batch uses (uniform, or prioritized)
     memory    sampling/memory.py    the RAM estimate and budget check
@@ -28,7 +29,6 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import numbers
 import threading
@@ -57,11 +57,10 @@ from replaystore.format.schema import (
     from_attrs,
     slot_count,
     stream_doc,
-    stream_state_from_doc,
     stream_stride,
     to_attrs,
 )
-from replaystore.format.shards import create_array_metadata, remove_partials, shard_key
+from replaystore.format.shards import create_array_metadata, remove_partials
 from replaystore.format.validate import (
     check_arrays,
     read_group_doc,
@@ -70,9 +69,10 @@ from replaystore.format.validate import (
 from replaystore.sampling.memory import check_config
 from replaystore.sampling.methods import Sampling
 from replaystore.sampling.priority import Priorities
+from replaystore.storage.commits import owned_keys, read_stream_state, root_state, store_moved, writing_streams
 from replaystore.storage.lock import WriterLock, claim_directory
 from replaystore.storage.reader import FrameReader
-from replaystore.storage.refresh import refresh_streams
+from replaystore.storage.refresh import refresh_streams, settle_streams
 from replaystore.storage.ring import Ring
 from replaystore.storage.rings import Rings
 from replaystore.storage.stream import Stream
@@ -236,7 +236,7 @@ class ReplayStore(Writing, Sampling):
         doc = read_group_doc(root)
         schema, layout, state = from_attrs(doc.get("attributes"), path=str(root))
         check_arrays(root, schema, layout)
-        writing = _writing_streams(schema, mode, streams, root)
+        writing = writing_streams(schema, mode, streams, root)
         check_config(schema, layout, root, writable=len(writing), cache_bytes=cache_bytes,
                      memory_budget=memory_budget, decode_threads=decode_threads)
         n = schema.num_streams
@@ -251,7 +251,7 @@ class ReplayStore(Writing, Sampling):
                 schema, layout, state = from_attrs(doc.get("attributes"), path=str(root))
                 states = [state] if n == 1 else [read_stream_state(root, k) for k in range(n)]
                 if writing:
-                    removed = remove_partials(root, None if n == 1 else _owned_keys(schema, layout, writing))
+                    removed = remove_partials(root, None if n == 1 else owned_keys(schema, layout, writing))
                     if removed:
                         log.info("removed %d temporary files left by an interrupted writer in %s", removed, root)
                 try:
@@ -261,7 +261,7 @@ class ReplayStore(Writing, Sampling):
                     if not store_moved(root, schema, layout, states, writing):
                         raise  # nothing moved: the store really is damaged
                     continue  # torn by a writer overwriting what we read: load again at the new state
-                if store._settle(states):
+                if settle_streams(store, states):
                     return store
                 store._finalizer.detach()
                 store.reader.close()
@@ -271,25 +271,9 @@ class ReplayStore(Writing, Sampling):
                 held.release()
             raise
 
-    def _settle(self, states: list[State]) -> bool:
-        """After loading at ``states``: hide what writers of the streams this store does not write
-        overwrote meanwhile. A writer always commits a higher live start *before* it overwrites any
-        step, so every step at or above the live start committed *after* our loads was intact in the
-        files we read (scalars) and opened (frame shards, kept open): drop the steps below it from
-        this view and the view is consistent, with no retry. False when a writer lapped everything
-        we loaded (load again)."""
-        for k, state in enumerate(states):
-            if k in self.writing:
-                continue
-            again = read_stream_state(self.path, k) if self.schema.num_streams > 1 else _root_state(self.path)
-            cap = self.schema.stream_capacity
-            safe_lo = again.live_start(cap)
-            if safe_lo <= state.live_start(cap):
-                continue
-            if safe_lo >= state.added:
-                return False
-            self._hide_below(k, safe_lo)
-        return True
+    def _read_state(self, k: int) -> State:
+        """Stream ``k``'s latest commit on disk."""
+        return read_stream_state(self.path, k) if self.schema.num_streams > 1 else root_state(self.path)
 
     def refresh(self) -> list[int]:
         """Catch up with what writers in other processes committed since this store was opened (or
@@ -305,9 +289,7 @@ class ReplayStore(Writing, Sampling):
         """
         with self._mutex:
             self._check_open()
-            if self.schema.num_streams == 1:
-                return refresh_streams(self, lambda k: _root_state(self.path))
-            return refresh_streams(self, lambda k: read_stream_state(self.path, k))
+            return refresh_streams(self)
 
     def close(self) -> None:
         """Flush (when writing), release the writer locks and free file handles. Idempotent."""
@@ -403,68 +385,9 @@ class ReplayStore(Writing, Sampling):
     # ---------------------------------------------------------------------------------------------
     # Validation
 
-    def _hide_below(self, stream: int, oldest: int) -> None:
-        """Drop steps below ``oldest`` from a stream this store does not write (its writer has since
-        overwritten them)."""
-        s = self.streams[stream]
-        s.ring.set_oldest(oldest)
-        s.committed = dataclasses.replace(s.committed, oldest=oldest)
-
     def _check_open(self) -> None:
         if self._closed:
             raise StoreClosedError(f"{self.path} was closed; open it again with ReplayStore.open")
-
-
-def _root_state(root: Path) -> State:
-    return from_attrs(read_group_doc(root).get("attributes"), path=str(root))[2]
-
-
-def read_stream_state(root: Path, k: int) -> State:
-    """Stream ``k``'s committed state, read from ``streams/<k>/zarr.json``."""
-    path = stream_dir(root, k)
-    return stream_state_from_doc(read_group_doc(path), stream=k, path=str(path / "zarr.json"))
-
-
-def store_moved(root: Path, schema: Schema, layout: Layout, states: list[State], writing: list[int]) -> bool:
-    """Whether a stream this process does not write has a higher live start than in ``states``."""
-    cap = schema.stream_capacity
-    for k, state in enumerate(states):
-        if k in writing:
-            continue
-        again = read_stream_state(root, k) if schema.num_streams > 1 else _root_state(root)
-        if again.live_start(cap) != state.live_start(cap):
-            return True
-    return False
-
-
-def _writing_streams(schema: Schema, mode: str, streams: Any, root: Path) -> list[int]:
-    """The streams ``open`` writes, checked: all for mode "a" by default, none for mode "r"."""
-    n = schema.num_streams
-    if streams is None:
-        return list(range(n)) if mode == "a" else []
-    if mode != "a":
-        raise ConfigError("streams= names the streams to write; pass mode='a' with it")
-    picked = [streams] if isinstance(streams, numbers.Integral) else list(streams)
-    for k in picked:
-        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 0 <= k < n:
-            raise ConfigError(f"streams holds {k!r}, but {root} has streams 0..{n - 1}; pass stream indexes in that range")
-    if not picked or len(set(picked)) != len(picked):
-        raise ConfigError(f"streams is {streams!r}; name each stream to write once, at least one")
-    return sorted(int(k) for k in picked)
-
-
-def _owned_keys(schema: Schema, layout: Layout, writing: list[int]) -> set[str]:
-    """The file keys the writer of ``writing`` streams may leave temporary files of."""
-    stride = stream_stride(schema, layout)
-    per = stride // layout.shard_len
-    ndim = len(schema.observation.shape)
-    keys = set()
-    for k in writing:
-        keys.add(f"{STREAMS_DIR}/{k}/zarr.json")
-        for shard in range(k * per, (k + 1) * per):
-            keys.add(shard_key("obs", shard, ndim))
-            keys.update(shard_key(name, shard, 0) for name in SCALAR_FIELDS)
-    return keys
 
 
 def _release(writers: tuple[Writer, ...], reader: FrameReader, locks: tuple[WriterLock, ...], path: str) -> None:

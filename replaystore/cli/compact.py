@@ -64,11 +64,12 @@ from replaystore.format.shards import (
     shard_key,
 )
 from replaystore.format.validate import read_group_doc, validate_layout
+from replaystore.storage.commits import read_stream_state
 from replaystore.storage.lock import WriterLock
 from replaystore.storage.reader import FrameReader
 from replaystore.storage.ring import Ring
 from replaystore.storage.writer import stream_dir
-from replaystore.store import ReplayStore, read_stream_state
+from replaystore.store import ReplayStore
 
 Progress = Callable[[str, int, int], None]
 RENAME_EXCHANGE = 2

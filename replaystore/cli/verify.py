@@ -26,7 +26,7 @@ from replaystore.format.shards import (
     shard_key,
 )
 from replaystore.format.validate import check_arrays, read_group_doc
-from replaystore.store import read_stream_state
+from replaystore.storage.commits import read_stream_state
 
 
 @dataclass

@@ -13,6 +13,7 @@ does. Nothing else of the store is read.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -25,8 +26,31 @@ if TYPE_CHECKING:
     from replaystore.store import ReplayStore
 
 
-def refresh_streams(store: ReplayStore, read_state: callable) -> list[int]:
+def settle_streams(store: ReplayStore, states: list[State]) -> bool:
+    """After ``open`` loaded the streams at ``states``: hide what writers of the streams this store
+    does not write overwrote meanwhile. A writer always commits a higher live start *before* it
+    overwrites any step, so every step at or above the live start committed *after* our loads was
+    intact in the files we read (scalars) and opened (frame shards, kept open): drop the steps below
+    it from this view and the view is consistent, with no retry. False when a writer lapped
+    everything we loaded (load again)."""
+    cap = store.schema.stream_capacity
+    for k, state in enumerate(states):
+        if k in store.writing:
+            continue
+        safe_lo = store._read_state(k).live_start(cap)
+        if safe_lo <= state.live_start(cap):
+            continue
+        if safe_lo >= state.added:
+            return False
+        stream = store.streams[k]
+        stream.ring.set_oldest(safe_lo)
+        stream.committed = dataclasses.replace(stream.committed, oldest=safe_lo)
+    return True
+
+
+def refresh_streams(store: ReplayStore) -> list[int]:
     """Refresh every stream ``store`` does not write; returns those that moved. Call under the store's lock."""
+    read_state = store._read_state
     moved = []
     for stream in store.streams:
         if stream.writer is None and _refresh(store, stream.index, read_state):
@@ -34,7 +58,7 @@ def refresh_streams(store: ReplayStore, read_state: callable) -> list[int]:
     return moved
 
 
-def _refresh(store: ReplayStore, k: int, read_state: callable) -> bool:
+def _refresh(store: ReplayStore, k: int, read_state: Callable[[int], State]) -> bool:
     stream = store.streams[k]
     ring = stream.ring
     cap = ring.capacity
