@@ -27,7 +27,7 @@ def plot_store(path: str | Path, out: str | Path, *, samples: int = SAMPLES, see
         raise ConfigError("inspect --plot needs matplotlib: pip install matplotlib") from exc
     out = Path(out)
     with ReplayStore.open(path) as store:
-        eps = episodes(store)
+        eps = [episodes(store, j) for j in range(store.num_streams)]
         k = store.frame_stack
         images = len(store.schema.observation.shape) >= 2
         n = min(samples, len(store))
@@ -69,23 +69,33 @@ def _age(steps_back: int) -> str:
     return "t" if steps_back == 0 else f"t-{steps_back}"
 
 
-def _plot_returns(ax, eps: dict[str, np.ndarray]) -> None:  # noqa: ANN001 - a matplotlib Axes
-    whole = eps["whole"]
-    returns = eps["returns"][whole]
-    if returns.size == 0:
+def _plot_returns(ax, per_stream: list[dict[str, np.ndarray]]) -> None:  # noqa: ANN001 - a matplotlib Axes
+    """Episode returns by the position they ended at, one series per stream (streams written by a
+    vector env step together, so their positions line up in time), and a running mean of each."""
+    total = sum(int(np.count_nonzero(eps["whole"])) for eps in per_stream)
+    if total == 0:
         ax.text(0.5, 0.5, "no complete episode among the live steps", ha="center", va="center")
         ax.set_axis_off()
         return
-    x = eps["end_step"][whole]
-    ax.plot(x, returns, ".", markersize=3, alpha=0.5, label="episode return")
-    window = max(1, min(100, returns.size // 10))
-    if window > 1:
-        mean = np.convolve(returns, np.ones(window) / window, mode="valid")
-        ax.plot(x[window - 1:], mean, "-", linewidth=1.5, label=f"mean of {window}")
-    ax.set_xlabel("step (position the episode ended at)")
+    several = len(per_stream) > 1
+    for j, eps in enumerate(per_stream):
+        whole = eps["whole"]
+        returns, x = eps["returns"][whole], eps["end_step"][whole]
+        if returns.size == 0:
+            continue
+        points = ax.plot(x, returns, ".", markersize=3, alpha=0.5,
+                         label=f"stream {j}" if several else "episode return")
+        window = max(1, min(100, returns.size // 10))
+        if window > 1:
+            mean = np.convolve(returns, np.ones(window) / window, mode="valid")
+            ax.plot(x[window - 1:], mean, "-", linewidth=1.5, color=points[0].get_color(),
+                    label=None if several else f"mean of {window}")
+    ax.set_xlabel("step of its stream (position the episode ended at)" if several else
+                  "step (position the episode ended at)")
     ax.set_ylabel("return")
-    ax.set_title(f"{returns.size:,} complete episodes", fontsize=9)
-    ax.legend(fontsize=7, loc="best")
+    ax.set_title(f"{total:,} complete episodes" + (f" in {len(per_stream)} streams" if several else ""), fontsize=9)
+    if len(per_stream) <= 10:
+        ax.legend(fontsize=7, loc="best")
 
 
 def _show_frame(ax, frame: np.ndarray) -> None:  # noqa: ANN001 - a matplotlib Axes
