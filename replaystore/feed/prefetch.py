@@ -75,15 +75,18 @@ class Prefetcher:
     def __init__(self, store: ReplayStore, batch_size: int, *, batches_per_block: int = 8, threads: int = 2,
                  depth: int = 4, seed: int | None = None, n_step: int = 1, gamma: float = 0.99,
                  prioritized: bool = False, alpha: float = 0.6, beta: float = 0.4,
-                 processes: bool | None = None) -> None:
+                 processes: bool | None = None, held: int = BLOCKS_IN_USE) -> None:
+        """``held``: blocks the consumer may hold besides those in flight (a device feeder's queue
+        counts); up to ``depth + held`` blocks of memory are made once and recycled."""
         for name, value in (("batch_size", batch_size), ("batches_per_block", batches_per_block),
-                            ("threads", threads), ("depth", depth)):
+                            ("threads", threads), ("depth", depth), ("held", held)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise SampleError(f"{name} is {value!r}; it must be a positive int")
         self.store = store
         self.batch_size = batch_size
         self.batches_per_block = batches_per_block
         self.depth = depth
+        self.held = held
         self.sample_kwargs = {"n_step": n_step, "gamma": gamma, "prioritized": prioritized, "alpha": alpha, "beta": beta}
         store.sample(batch_size, rng=np.random.default_rng(0), **self.sample_kwargs)  # bad arguments fail here, now
         self.seed = int(np.random.SeedSequence(seed).entropy) if seed is None else int(seed)
@@ -99,11 +102,11 @@ class Prefetcher:
         use_processes = bool(processes or (processes is None and why_not is None))
         #: bytes of RAM this prefetcher holds, by part (counted in ``store.memory_estimate()``)
         self.memory = prefetch_estimate(schema, store.layout, batch_size=batch_size, batches_per_block=batches_per_block,
-                                        threads=threads, blocks=depth + BLOCKS_IN_USE, processes=use_processes,
+                                        threads=threads, blocks=depth + held, processes=use_processes,
                                         chunk_payload_bytes=store.reader.mean_chunk_bytes())
         store.admit_prefetcher(self)  # refused here, before anything starts, if it does not fit
         if use_processes:
-            self.processes = DecodeProcesses(store.reader, processes=threads, blocks=depth + BLOCKS_IN_USE,
+            self.processes = DecodeProcesses(store.reader, processes=threads, blocks=depth + held,
                                              block_nbytes=frame_nbytes(self.block_shape, self.frame_dtype))
             self._blocks = self.processes.take_blocks()  # the shared blocks, made once, recycled
         self._shared = len(self._blocks)
@@ -177,6 +180,6 @@ class Prefetcher:
                     return self._blocks[i], i < self._shared  # under the lock: no other worker can take it now
             owner = frame_memory(self.block_shape, self.frame_dtype)  # not shared: decoded on this thread
             self.blocks_made += 1
-            if not self._shared and len(self._blocks) < self.depth + BLOCKS_IN_USE:
+            if not self._shared and len(self._blocks) < self.depth + self.held:
                 self._blocks.append(owner)
             return owner, False

@@ -141,6 +141,46 @@ class Sampling:
                           prefetch=prefetch, threads=threads, batches_per_call=batches_per_call, seed=seed, device=device,
                           processes=processes)
 
+    def blocks(self, batch_size: int, *, batches_per_block: int = 8, n_step: int = 1, gamma: float = 0.99,
+               prioritized: bool = False, alpha: float = 0.6, beta: float = 0.4, threads: int = 2, depth: int = 4,
+               seed: int | None = None, processes: bool | None = None) -> Any:
+        """An endless iterator of sampled *blocks*, drawn in the background: each a dict of numpy
+        arrays with the ``Batch`` fields, shaped ``(batches_per_block, batch_size, ...)`` (row ``i``
+        is batch ``i``). For any learner, whatever its framework: one that runs ``batches_per_block``
+        gradient steps per compiled call takes a block at a time. ``threads``, ``depth`` (blocks in
+        flight), ``seed`` and ``processes`` are as for ``as_dataset``; the same seed gives the same
+        blocks as ``as_dataset(..., batches_per_call=batches_per_block)`` cuts into batches.
+
+        A block's memory is reused only once nothing refers to it, so a block may be kept as long as
+        needed. Returns a ``feed.blocks.BlockIterator``; ``close()`` (or ``with``) stops its workers.
+
+        Example:
+            >>> with ReplayStore.open("/tmp/doc.zarr").blocks(8, batches_per_block=4, seed=0) as it:  # doctest: +SKIP
+            ...     next(it)["obs"].shape
+            (4, 8, 2, 4)
+        """
+        from replaystore.feed.blocks import BlockIterator
+
+        self._check_open()
+        return BlockIterator(self, batch_size, batches_per_block=batches_per_block, n_step=n_step, gamma=gamma,
+                             prioritized=prioritized, alpha=alpha, beta=beta, threads=threads, depth=depth, seed=seed,
+                             processes=processes)
+
+    def jax_blocks(self, batch_size: int, *, batches_per_block: int = 32, device: Any = None, depth: int = 2,
+                   **kwargs: Any) -> Any:
+        """``blocks`` already on a JAX device: a feeder thread puts each block on ``device`` (default:
+        JAX's first device, a GPU where there is one) with ``jax.device_put`` while the learner
+        trains on the one before, ``depth`` blocks ahead. Each item is a dict of ``jax.Array``
+        shaped ``(batches_per_block, batch_size, ...)``, ready for a compiled call that runs a
+        block's gradient steps (``lax.scan``). Host memory is not reused before its copy is done.
+        Other arguments as for ``blocks``. Returns a ``feed.jaxfeed.DeviceBlocks``; ``close()`` (or
+        ``with``) stops it. Needs JAX (``pip install 'replaystore[jax]'``).
+        """
+        from replaystore.feed.jaxfeed import DeviceBlocks
+
+        self._check_open()
+        return DeviceBlocks(self, batch_size, device=device, depth=depth, batches_per_block=batches_per_block, **kwargs)
+
     def update_priorities(self, index: Any, priority: Any) -> None:
         """Set the priorities of the transitions at ``index`` (``batch.index``) to ``priority``.
 

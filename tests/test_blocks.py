@@ -1,0 +1,135 @@
+"""``store.blocks`` (numpy) and ``store.jax_blocks`` (on a JAX device): contents equal to the store's
+own transitions, the same blocks for the same seed as ``as_dataset`` cuts into batches, memory kept
+intact while a consumer holds a block, and a feeder that stops cleanly and reports its errors."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import fill, make_store
+
+from replaystore import ReplayStore, SampleError
+
+FIELDS = ("obs", "next_obs", "action", "reward", "terminated", "truncated", "discount", "index", "weight")
+
+
+@pytest.fixture
+def filled(store_path: Path) -> ReplayStore:
+    store = make_store(store_path, capacity=128, frame_stack=3, shard_len=32, chunk_len=4)
+    fill(store, 196, episode_len=7)
+    store.flush()
+    return store
+
+
+def expected(store: ReplayStore, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The obs and (1-step) next_obs stacks of the transitions at slots ``index``, from the store."""
+    ring = store.ring
+    positions = ring.lo + (index - ring.lo) % ring.capacity
+    return store.reader.gather(ring.stack_positions(positions)), store.reader.gather(ring.stack_positions(positions + 1))
+
+
+def test_blocks_hold_the_stores_transitions(filled: ReplayStore) -> None:
+    with filled.blocks(16, batches_per_block=4, seed=1, threads=2) as it:
+        for _ in range(5):
+            block = next(it)
+            assert set(block) == set(FIELDS)
+            assert block["obs"].shape == (4, 16, 3, 3, 4) and block["reward"].shape == (4, 16)
+            for i in range(4):
+                obs, nxt = expected(filled, block["index"][i])
+                np.testing.assert_array_equal(block["obs"][i], obs)
+                np.testing.assert_array_equal(block["next_obs"][i], nxt)
+                np.testing.assert_array_equal(block["action"][i], filled.ring.action[block["index"][i]])
+
+
+def test_blocks_are_as_datasets_batches(filled: ReplayStore) -> None:
+    tf = pytest.importorskip("tensorflow")
+    del tf
+    with filled.blocks(8, batches_per_block=3, seed=4, n_step=2, threads=1) as it:
+        blocks = [next(it) for _ in range(3)]
+    ds = filled.as_dataset(8, seed=4, n_step=2, threads=2, batches_per_call=3)
+    batches = list(ds.take(9))
+    ds.prefetcher.close()
+    for j, batch in enumerate(batches):
+        for name in FIELDS:
+            np.testing.assert_array_equal(batch[name].numpy(), blocks[j // 3][name][j % 3], err_msg=name)
+
+
+def test_held_blocks_stay_intact_while_others_are_recycled(filled: ReplayStore) -> None:
+    with filled.blocks(16, batches_per_block=2, seed=2, threads=2, depth=2) as it:
+        for _ in range(60):
+            next(it)
+        assert it.prefetcher.blocks_made <= 8, "blocks are not being recycled"
+        held = [next(it) for _ in range(6)]
+        copies = [{name: block[name].copy() for name in ("obs", "next_obs")} for block in held]
+        view = held[0]["obs"][1]  # a view alone keeps its block
+        view_copy = view.copy()
+        del held[0]
+        for _ in range(60):
+            next(it)
+        for block, copy in zip(held, copies[1:], strict=True):
+            for name in copy:
+                np.testing.assert_array_equal(block[name], copy[name])
+        np.testing.assert_array_equal(view, view_copy)
+
+
+def test_blocks_bad_arguments(filled: ReplayStore) -> None:
+    with pytest.raises(SampleError, match="batches_per_block"):
+        filled.blocks(8, batches_per_block=0)
+    with pytest.raises(SampleError, match="n_step"):
+        filled.blocks(8, n_step=0)
+
+
+jax = pytest.importorskip("jax")
+
+
+def test_jax_blocks_equal_the_numpy_blocks(filled: ReplayStore) -> None:
+    with filled.blocks(16, batches_per_block=4, seed=3, threads=1) as it:
+        host = [next(it) for _ in range(4)]
+    with filled.jax_blocks(16, batches_per_block=4, seed=3, threads=2, depth=2) as feed:
+        dev = [next(feed) for _ in range(4)]
+    for h, d in zip(host, dev, strict=True):
+        for name in FIELDS:
+            assert isinstance(d[name], jax.Array) and d[name].shape == h[name].shape
+            assert d[name].devices() == {jax.devices()[0]}
+            np.testing.assert_array_equal(np.asarray(d[name]), h[name], err_msg=name)
+
+
+def test_jax_blocks_held_by_the_learner_stay_intact(filled: ReplayStore) -> None:
+    """On the CPU backend device_put may alias the block's memory: a device block the learner keeps
+    must not change while the feeder and the prefetcher go on and recycle others."""
+    with filled.jax_blocks(16, batches_per_block=2, seed=5, threads=2, depth=2) as feed:
+        held = [next(feed) for _ in range(4)]
+        copies = [np.asarray(b["obs"]).copy() for b in held]
+        for _ in range(60):
+            next(feed)
+        for block, copy in zip(held, copies, strict=True):
+            np.testing.assert_array_equal(np.asarray(block["obs"]), copy)
+        assert feed.prefetcher.blocks_made <= 16
+
+
+def test_jax_feeder_runs_ahead_and_stops(filled: ReplayStore) -> None:
+    feed = filled.jax_blocks(8, batches_per_block=2, seed=0, threads=1, depth=3)
+    next(feed)
+    deadline = time.monotonic() + 30
+    while feed._queue.qsize() < 3 and time.monotonic() < deadline:  # it fills its depth without being asked
+        time.sleep(0.01)
+    assert feed._queue.qsize() == 3
+    feed.close()
+    assert not feed._thread.is_alive()
+    assert not any(t.name.startswith("replaystore-sample") for t in threading.enumerate())
+    with pytest.raises(SampleError, match="closed"):
+        next(feed)
+
+
+def test_jax_feeder_reports_its_errors(filled: ReplayStore) -> None:
+    feed = filled.jax_blocks(8, batches_per_block=2, seed=0, threads=1, depth=1)
+    next(feed)
+    filled.close()  # the store goes away under the feeder
+    with pytest.raises(SampleError, match="device feeder failed"):
+        for _ in range(10):
+            next(feed)
+    feed.close()
