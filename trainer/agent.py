@@ -15,14 +15,13 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from trainer.networks import build_q_network
-
-#: Clip the global gradient norm (cleanrl's Atari PPO/DQN practice keeps early updates sane).
-MAX_GRAD_NORM = 10.0
+from trainer.networks import MAX_GRAD_NORM, build_q_network
 
 
 class Agent:
     """Online and target networks, the optimizer, acting and training."""
+
+    owns_target_updates = False  # the loop calls update_target
 
     def __init__(self, stack_shape: tuple[int, ...], dtype: Any, n_actions: int, *, learning_rate: float,
                  hidden_sizes: list[int]) -> None:

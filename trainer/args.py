@@ -51,11 +51,14 @@ class Args:
     eval_epsilon: float = dataclasses.field(default=0.0, metadata={"help": "epsilon while evaluating"})
     cache_mb: int = dataclasses.field(default=256, metadata={"help": "the store's compressed-chunk cache in MiB"})
     sample_threads: int = dataclasses.field(default=2, metadata={"help": "threads that sample batches ahead of the learner"})
+    steps_per_call: int = dataclasses.field(default=0, metadata={
+        "help": "JAX: gradient steps per compiled call, one block of batches each (0: 32); TensorFlow takes 1"})
     progress: bool = dataclasses.field(default=True, metadata={"help": "show a live progress bar"})
 
 
 #: Flags that ``--resume`` accepts: how long to go on and how to report, not what is learned.
-RESUMABLE = ("total_timesteps", "checkpoint_frequency", "eval_frequency", "eval_episodes", "progress", "sample_threads")
+RESUMABLE = ("total_timesteps", "checkpoint_frequency", "eval_frequency", "eval_episodes", "progress", "sample_threads",
+             "steps_per_call")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -124,7 +127,7 @@ def check(args: Args) -> None:
     for name in positive:
         if getattr(args, name) < (0 if name == "cache_mb" else 1):
             raise TrainerError(f"--{name.replace('_', '-')} is {getattr(args, name)}; it must be a positive integer")
-    for name in ("learning_starts", "eval_frequency", "eval_episodes", "frame_stack"):
+    for name in ("learning_starts", "eval_frequency", "eval_episodes", "frame_stack", "steps_per_call"):
         if getattr(args, name) < 0:
             raise TrainerError(f"--{name.replace('_', '-')} is {getattr(args, name)}; it must be >= 0")
     for name in ("gamma", "tau", "start_e", "end_e", "exploration_fraction", "alpha", "beta", "eval_epsilon"):

@@ -27,7 +27,6 @@ import os
 import shutil
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +48,6 @@ from trainer.envs import (
 
 STORE = "replay.zarr"
 EVALS = "evals.jsonl"
-PRIORITY_EPS = 1e-6
 #: Steps between TensorBoard scalar writes (losses are averaged over them).
 REPORT_STEPS = 1000
 
@@ -112,13 +110,11 @@ def train(args: Args, *, resuming: bool) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up chatter (no GPU, CPU flags)
     import keras  # TensorFlow loads here, once the arguments and the run directory are known to be good
 
-    from trainer.agent import Agent
+    from trainer.learn import Learning
     from trainer.report import Report
 
     keras.utils.set_random_seed(args.seed)
-    stack_shape = (args.frame_stack, *env.observation_space.shape)
-    agent = Agent(stack_shape, env.observation_space.dtype, int(env.action_space.n), learning_rate=args.learning_rate,
-                  hidden_sizes=arguments.hidden_sizes(args))
+    agent = make_agent(args, env, keras.backend.backend())
     rng = np.random.default_rng(args.seed)
     state: dict[str, Any] = {"global_step": 0, "episodes": 0, "resumes": 0, "epsilon": args.start_e}
     if saved is not None:
@@ -138,23 +134,21 @@ def train(args: Args, *, resuming: bool) -> int:
 
     stop: list[int] = []
     handlers = {sig: signal.signal(sig, lambda signum, _: stop.append(signum)) for sig in (signal.SIGINT, signal.SIGTERM)}
-    sampling: dict[str, Any] = {}  # the tf.data pipeline's prefetcher, once learning starts
+    learning = Learning(args, store, agent, report, state)  # its sampling starts once learning starts
     global_step = start
     try:
         if saved is None:
             save_checkpoint(run_dir, store, agent, rng, state, report)
         loop = run_loop if args.num_envs == 1 else run_vector_loop
-        global_step = loop(args, env, store, agent, rng, state, report, stop, sampling)
+        global_step = loop(args, env, store, agent, rng, state, report, stop, learning)
         state["global_step"] = global_step
-        if "prefetcher" in sampling:
-            sampling.pop("prefetcher").close()
+        learning.close()
         save_checkpoint(run_dir, store, agent, rng, state, report)
         evaluated = bool(args.eval_frequency) and global_step % args.eval_frequency == 0 and global_step > start
         if not stop and args.eval_episodes and not evaluated:
             record_eval(args, agent, global_step, report)
     finally:
-        if "prefetcher" in sampling:
-            sampling.pop("prefetcher").close()
+        learning.close()
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
         report.close()
@@ -172,7 +166,7 @@ def train(args: Args, *, resuming: bool) -> int:
 
 
 def run_loop(args: Args, env: Any, store: ReplayStore, agent: Any, rng: np.random.Generator, state: dict[str, Any],
-             report: Any, stop: list[int], sampling: dict[str, Any]) -> int:
+             report: Any, stop: list[int], learning: Any) -> int:
     """Act, store, learn, report and checkpoint from ``state['global_step']`` to ``total_timesteps``."""
     atari = is_atari(args.env_id)
     clip = atari and args.clip_reward
@@ -182,7 +176,6 @@ def run_loop(args: Args, env: Any, store: ReplayStore, agent: Any, rng: np.rando
     stacker.reset(obs)
     _, lives = life_lost(info, None)
     duration = args.exploration_fraction * args.total_timesteps
-    dataset_iter = None
     global_step = int(state["global_step"])
     while global_step < args.total_timesteps and not stop:
         epsilon = linear_schedule(args.start_e, args.end_e, duration, global_step)
@@ -210,11 +203,10 @@ def run_loop(args: Args, env: Any, store: ReplayStore, agent: Any, rng: np.rando
             stacker.push(obs)
 
         if global_step > args.learning_starts and global_step % args.train_frequency == 0:
-            if dataset_iter is None and len(store) >= args.batch_size + args.n_step:
-                dataset_iter = start_sampling(args, store, global_step, sampling)
-            if dataset_iter is not None:
-                train_step(args, store, agent, dataset_iter, report)
-            if global_step % args.target_network_frequency < args.train_frequency:
+            if not learning.started and len(store) >= args.batch_size + args.n_step:
+                learning.start(global_step)
+            learning.steps(1)
+            if global_step % args.target_network_frequency < args.train_frequency and not agent.owns_target_updates:
                 agent.update_target(args.tau)
 
         if global_step % REPORT_STEPS == 0:
@@ -234,7 +226,7 @@ def run_loop(args: Args, env: Any, store: ReplayStore, agent: Any, rng: np.rando
 
 
 def run_vector_loop(args: Args, env: Any, store: ReplayStore, agent: Any, rng: np.random.Generator,
-                    state: dict[str, Any], report: Any, stop: list[int], sampling: dict[str, Any]) -> int:
+                    state: dict[str, Any], report: Any, stop: list[int], learning: Any) -> int:
     """``run_loop`` with ``--num-envs`` environments stepped together (``make_vector_env``): one
     forward pass picks every env's action, ``store.add_batch`` writes each env's move to its own
     stream, and the learner takes one gradient step per ``train_frequency`` env steps (so the replay
@@ -251,7 +243,6 @@ def run_vector_loop(args: Args, env: Any, store: ReplayStore, agent: Any, rng: n
         resetting = np.zeros(n, dtype=bool)  # rows the vector env answers with a reset, not a move
         ep_return, ep_length = np.zeros(n), np.zeros(n, dtype=np.int64)
         duration = args.exploration_fraction * args.total_timesteps
-        dataset_iter = None
         global_step = int(state["global_step"])
         epsilon = state["epsilon"]
         while global_step < args.total_timesteps and not stop:
@@ -286,11 +277,10 @@ def run_vector_loop(args: Args, env: Any, store: ReplayStore, agent: Any, rng: n
 
             if global_step > args.learning_starts:
                 steps = global_step // args.train_frequency - max(before, args.learning_starts) // args.train_frequency
-                if dataset_iter is None and steps and len(store) >= args.batch_size + args.n_step:
-                    dataset_iter = start_sampling(args, store, global_step, sampling)
-                for _ in range(steps if dataset_iter is not None else 0):
-                    train_step(args, store, agent, dataset_iter, report)
-                if crossed(before, global_step, args.target_network_frequency):
+                if not learning.started and steps and len(store) >= args.batch_size + args.n_step:
+                    learning.start(global_step)
+                learning.steps(steps)
+                if crossed(before, global_step, args.target_network_frequency) and not agent.owns_target_updates:
                     agent.update_target(args.tau)
             if crossed(before, global_step, REPORT_STEPS):
                 report.periodic(global_step, epsilon=epsilon, replay_size=len(store),
@@ -310,24 +300,24 @@ def run_vector_loop(args: Args, env: Any, store: ReplayStore, agent: Any, rng: n
     return global_step
 
 
-def start_sampling(args: Args, store: ReplayStore, global_step: int, sampling: dict[str, Any]) -> Any:
-    """The store's tf.data pipeline, started once learning starts; its prefetcher goes in ``sampling``."""
-    dataset = store.as_dataset(args.batch_size, n_step=args.n_step, gamma=args.gamma, prioritized=args.prioritized,
-                               alpha=args.alpha, beta=args.beta, threads=args.sample_threads,
-                               seed=args.seed * 1_000_003 + global_step)
-    sampling["prefetcher"] = dataset.prefetcher
-    return iter(dataset)
+def make_agent(args: Args, env: Any, backend: str) -> Any:
+    """The DQN agent for the backend Keras runs on (``KERAS_BACKEND``): agent.py (TensorFlow) or
+    agent_jax.py (JAX); the same networks, loss, optimizer and checkpoint arrays."""
+    stack_shape = (args.frame_stack, *env.observation_space.shape)
+    kwargs = {"learning_rate": args.learning_rate, "hidden_sizes": arguments.hidden_sizes(args)}
+    if backend == "jax":
+        from trainer.agent_jax import JaxAgent
 
+        return JaxAgent(stack_shape, env.observation_space.dtype, int(env.action_space.n),
+                        target_every=args.target_network_frequency // args.train_frequency, tau=args.tau, **kwargs)
+    if backend != "tensorflow":
+        raise TrainerError(f"KERAS_BACKEND is {backend!r}; the trainer runs on 'tensorflow' (the default) or 'jax'")
+    if args.steps_per_call > 1:
+        print(f"note: --steps-per-call {args.steps_per_call} is for the JAX learner (KERAS_BACKEND=jax); the "
+              "TensorFlow learner takes one gradient step per call", file=sys.stderr)
+    from trainer.agent import Agent
 
-def train_step(args: Args, store: ReplayStore, agent: Any, dataset_iter: Any, report: Any) -> None:
-    """One gradient step on the next sampled batch (and its new priorities, with --prioritized)."""
-    t0 = time.perf_counter()
-    batch = next(dataset_iter)
-    sample_s = time.perf_counter() - t0
-    loss, q_mean, abs_td = agent.train(batch, args.gamma)
-    if args.prioritized:
-        store.update_priorities(batch["index"].numpy(), abs_td.numpy() + PRIORITY_EPS)
-    report.trained(float(loss), float(q_mean), sample_s)
+    return Agent(stack_shape, env.observation_space.dtype, int(env.action_space.n), **kwargs)
 
 
 def crossed(before: int, now: int, every: int) -> bool:

@@ -13,6 +13,9 @@ import keras
 import numpy as np
 from keras import layers
 
+#: Clip the global gradient norm (cleanrl's Atari PPO/DQN practice keeps early updates sane).
+MAX_GRAD_NORM = 10.0
+
 
 def build_q_network(stack_shape: tuple[int, ...], dtype: Any, n_actions: int, *, hidden_sizes: list[int],
                     name: str) -> keras.Model:

@@ -35,8 +35,9 @@ _STOP = object()
 
 class DeviceBlocks:
     """An endless iterator of blocks (dicts of ``jax.Array`` shaped ``(batches_per_block,
-    batch_size, ...)``) on ``device``; ``close()`` (or leaving a ``with`` block) stops the feeder
-    and the prefetcher's workers."""
+    batch_size, ...)``) on ``device``, but for ``index``, which stays a numpy array (it is for
+    ``store.update_priorities``); ``close()`` (or leaving a ``with`` block) stops the feeder and the
+    prefetcher's workers."""
 
     def __init__(self, store: ReplayStore, batch_size: int, *, device: Any = None, depth: int = 2,
                  **block_kwargs: Any) -> None:
@@ -62,7 +63,9 @@ class DeviceBlocks:
         try:
             while not self._stop.is_set():
                 block = next(self.blocks)
+                index = block.pop("index")  # host bookkeeping (update_priorities): stays a numpy array
                 on_device = jax.block_until_ready(jax.device_put(block, self.device))
+                on_device["index"] = index
                 del block  # the copy is done: the prefetcher may reuse the memory (unless the device array aliases it)
                 while not self._stop.is_set():
                     try:

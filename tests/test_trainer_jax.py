@@ -1,0 +1,201 @@
+"""The trainer on Keras 3's JAX backend: the JAX and TensorFlow gradient steps agree on the same
+weights and batch, a block of k steps in one call equals k single steps (target updates included),
+and whole runs (CartPole, an ALE game with a vector env) complete and resume on the other backend,
+after a finished run and after SIGKILL. Keras picks its backend at import, so everything that needs
+JAX runs in a subprocess with ``KERAS_BACKEND=jax``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_trainer_smoke import CARTPOLE, _scalars, _wait_for_checkpoint
+
+from replaystore import ReplayStore
+from trainer import checkpoint
+
+pytest.importorskip("jax")
+
+STEP = """
+import os, sys
+import numpy as np
+import keras
+backend = keras.backend.backend()
+data = np.load(sys.argv[1])
+stack_shape = tuple(int(x) for x in data["stack_shape"])
+kwargs = dict(learning_rate=1e-3, hidden_sizes=[16])
+if backend == "jax":
+    from trainer.agent_jax import JaxAgent
+    agent = JaxAgent(stack_shape, np.uint8, 3, target_every=1000, tau=1.0, **kwargs)
+else:
+    from trainer.agent import Agent
+    agent = Agent(stack_shape, np.uint8, 3, **kwargs)
+if "online/0" in data:
+    agent.load_state({part: [data[f"{part}/{i}"] for i in range(int(data[f"{part}_n"]))]
+                      for part in ("online", "target", "optimizer")})
+batch = {k[6:]: data[k] for k in data.files if k.startswith("batch/")}
+out = {}
+for part, arrays in agent.state().items():
+    out[f"{part}_n"] = len(arrays)
+    out.update({f"{part}/{i}": a for i, a in enumerate(arrays)})
+if backend == "jax":
+    loss, q, td = agent.train_block({k: v[None] for k, v in batch.items()})
+    loss, q, td = loss[0], q[0], td[0]
+else:
+    import tensorflow as tf
+    loss, q, td = (np.asarray(x) for x in agent.train({k: tf.constant(v) for k, v in batch.items()}, 0.99))
+out.update({f"after/{i}": a for i, a in enumerate(agent.state()["online"])})
+out.update(loss=loss, q=q, td=td)
+np.savez(sys.argv[2], **out)
+"""
+
+
+def _python(code: str, *argv: str, backend: str) -> None:
+    done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3"}, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def _batch(stack_shape: tuple[int, ...], n: int, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"obs": rng.integers(0, 256, (n, *stack_shape), dtype=np.uint8),
+            "next_obs": rng.integers(0, 256, (n, *stack_shape), dtype=np.uint8),
+            "action": rng.integers(0, 3, n).astype(np.int64), "reward": rng.normal(size=n).astype(np.float32),
+            "discount": (0.99 * (rng.random(n) < 0.8)).astype(np.float32),
+            "weight": rng.uniform(0.5, 1.0, n).astype(np.float32)}
+
+
+@pytest.mark.parametrize("stack_shape", [(2, 5), (4, 84, 84)], ids=["mlp", "nature-cnn"])
+def test_jax_and_tensorflow_steps_agree(tmp_path: Path, stack_shape: tuple[int, ...]) -> None:
+    """TensorFlow makes the weights and takes a step; JAX loads the same weights and takes the same
+    step: the same loss, |td| and weights after (the same optimizer arithmetic, to float tolerance)."""
+    batch = {f"batch/{k}": v for k, v in _batch(stack_shape, 8, 0).items()}
+    np.savez(tmp_path / "in.npz", stack_shape=np.array(stack_shape), **batch)
+    _python(STEP, str(tmp_path / "in.npz"), str(tmp_path / "tf.npz"), backend="tensorflow")
+    with np.load(tmp_path / "tf.npz") as tf_out:
+        tf_res = dict(tf_out)
+    start = {k: v for k, v in tf_res.items() if k.split("/")[0] in ("online", "target", "optimizer")
+             or k.endswith("_n")}
+    np.savez(tmp_path / "in2.npz", stack_shape=np.array(stack_shape), **batch, **start)
+    _python(STEP, str(tmp_path / "in2.npz"), str(tmp_path / "jax.npz"), backend="jax")
+    with np.load(tmp_path / "jax.npz") as jax_out:
+        for name in ("loss", "q", "td"):
+            np.testing.assert_allclose(jax_out[name], tf_res[name], rtol=2e-4, atol=1e-5, err_msg=name)
+        for i in range(int(tf_res["online_n"])):
+            np.testing.assert_allclose(jax_out[f"after/{i}"], tf_res[f"after/{i}"], rtol=2e-4, atol=1e-5,
+                                       err_msg=f"weight {i}")
+            assert not np.array_equal(tf_res[f"after/{i}"], tf_res[f"online/{i}"])  # the step changed it
+
+
+K_STEPS = """
+import sys
+import numpy as np
+import jax
+from trainer.agent_jax import JaxAgent
+data = np.load(sys.argv[1])
+block = {k: data[k] for k in data.files}
+agents = [JaxAgent((2, 5), np.uint8, 3, learning_rate=1e-3, hidden_sizes=[16], target_every=2, tau=1.0)
+          for _ in range(2)]
+agents[1].load_state(agents[0].state())
+start_target = [np.asarray(t) for t in agents[0].target_params]
+whole = agents[0].train_block(block)
+singles = [agents[1].train_block({k: v[i : i + 1] for k, v in block.items()}) for i in range(3)]
+for a, b in zip(agents[0].params, agents[1].params):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+for a, b in zip(agents[0].target_params, agents[1].target_params):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+np.testing.assert_allclose(whole[0], np.concatenate([s[0] for s in singles]), rtol=1e-5, atol=1e-6)
+assert agents[0].train_steps == agents[1].train_steps == 3
+# target_every=2: the target took the weights after step 2, not those after step 3
+assert not all(np.array_equal(np.asarray(t), s) for t, s in zip(agents[0].target_params, start_target))
+assert not all(np.array_equal(np.asarray(t), np.asarray(p)) for t, p in zip(agents[0].target_params, agents[0].params))
+print("ok")
+"""
+
+
+def test_a_block_of_k_steps_equals_k_single_steps(tmp_path: Path) -> None:
+    parts = [_batch((2, 5), 8, seed) for seed in range(3)]
+    np.savez(tmp_path / "block.npz", **{k: np.stack([p[k] for p in parts]) for k in parts[0]})
+    _python(K_STEPS, str(tmp_path / "block.npz"), backend="jax")
+
+
+def _train(*argv: str, backend: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "trainer.dqn", *argv], capture_output=True, text=True, check=False,
+                          timeout=timeout, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "KERAS_BACKEND": backend})
+
+
+def _gradient_steps(run: Path) -> int:
+    """Gradient steps taken plus those due (a JAX run takes them a block at a time)."""
+    _, state = checkpoint.load(run)
+    return state["train_steps"] + state.get("due_steps", 0)
+
+
+def test_jax_cartpole_run_then_resume_on_tensorflow_and_back(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    done = _train(*CARTPOLE, "--total-timesteps", "1200", "--run-dir", str(run), "--steps-per-call", "8",
+                  backend="jax")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert _gradient_steps(run) == (1200 - 200) // 2
+    _, state = checkpoint.load(run)
+    assert state["train_steps"] % 8 == 0 and state["due_steps"] < 8
+    scalars = _scalars(run)
+    assert len(scalars["losses/td_loss"]) and all(np.isfinite(scalars["losses/td_loss"]))
+    more = _train("--resume", str(run), "--total-timesteps", "1500", backend="tensorflow")
+    assert more.returncode == 0, more.stderr[-3000:]
+    assert "note: --steps-per-call 8 is for the JAX learner" in more.stderr
+    _, state = checkpoint.load(run)
+    assert state["global_step"] == 1500 and state["due_steps"] == 0 and state["train_steps"] == (1500 - 200) // 2
+    again = _train("--resume", str(run), "--total-timesteps", "1700", backend="jax")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert _gradient_steps(run) == (1700 - 200) // 2
+    with ReplayStore.open(run / "replay.zarr") as store:
+        assert len(store) == 1700
+
+
+def test_jax_run_killed_resumes_on_tensorflow(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "trainer.dqn", *CARTPOLE, "--total-timesteps", "100000",
+                             "--checkpoint-frequency", "300", "--run-dir", str(run)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "KERAS_BACKEND": "jax"})
+    try:
+        _wait_for_checkpoint(run, proc, 600)
+        time.sleep(0.3)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate()
+    _, state = checkpoint.load(run)
+    s, before = state["global_step"], _gradient_steps(run)
+    more = _train("--resume", str(run), "--total-timesteps", str(s + 300), backend="tensorflow")
+    assert more.returncode == 0, more.stderr[-3000:]
+    assert f"resuming {run} at step {s:,}" in more.stdout
+    assert _gradient_steps(run) == before + 150
+
+
+def test_jax_atari_vector_env_run(tmp_path: Path) -> None:
+    run = tmp_path / "breakout"
+    done = _train("--env-id", "ALE/Breakout-v5", "--total-timesteps", "600", "--buffer-size", "1000", "--num-envs", "2",
+                  "--batch-size", "8", "--learning-starts", "100", "--target-network-frequency", "100",
+                  "--steps-per-call", "4", "--run-dir", str(run), "--no-progress", "--sample-threads", "1",
+                  backend="jax")
+    assert done.returncode == 0, done.stderr[-3000:]
+    scalars = _scalars(run)
+    assert all(np.isfinite(scalars["losses/td_loss"])) and all(np.isfinite(scalars["losses/q_values"]))
+    assert _gradient_steps(run) == (600 - 100) // 4
+    with ReplayStore.open(run / "replay.zarr") as store:
+        assert store.num_streams == 2 and store.observation_space.shape == (84, 84)
+
+
+def test_steps_per_call_is_checked(tmp_path: Path) -> None:
+    done = _train(*CARTPOLE, "--total-timesteps", "100", "--steps-per-call", "-1", "--run-dir", str(tmp_path / "r"),
+                  backend="tensorflow", timeout=120)
+    assert done.returncode == 1 and "--steps-per-call is -1" in done.stderr
+    assert not (tmp_path / "r").exists()
+
+
