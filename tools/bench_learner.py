@@ -1,0 +1,159 @@
+"""The learner fed by the store against the learner's own bound, per Keras backend.
+
+For each installed backend (TensorFlow, JAX), in a child process with ``KERAS_BACKEND`` set, the
+trainer's DQN learner (Nature CNN, double-DQN, Adam; batch 32 of 4-frame 84x84 Breakout stacks)
+takes gradient steps in interleaved rounds:
+
+  bound  on one fixed batch already in the backend's hands (JAX: one fixed block of
+         ``--steps-per-call`` batches on the device, one compiled call per block; TensorFlow: one
+         fixed batch tensor, one ``tf.function`` step per batch), so nothing is sampled;
+  fed    on batches sampled from a 1M-transition store through the product's path, exactly as
+         the trainer takes them (trainer/learn.py: JAX ``store.jax_blocks`` with a feeder thread,
+         TensorFlow ``store.as_dataset``).
+
+It prints gradient steps/s for both and the ratio fed / bound (the issue's goal: >= 0.9). Run:
+``python tools/bench_learner.py [--seconds 10] [--rounds 2] [--reuse]``. The store is built once
+from a recorded Breakout game tiled to ``--transitions`` (tools/out/bench_learner.zarr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from atari_frames import OUT, record, replay_into  # noqa: E402
+
+STORE = OUT / "bench_learner.zarr"
+BATCH = 32
+
+
+def build_store(transitions: int) -> None:
+    import gymnasium as gym
+
+    from replaystore import ReplayStore
+
+    shutil.rmtree(STORE, ignore_errors=True)
+    store = ReplayStore.create(STORE, transitions, gym.spaces.Box(0, 255, (84, 84), np.uint8), gym.spaces.Discrete(4), 4)
+    replay_into(store, record(100_000), transitions)
+    store.close()
+
+
+def child(args: argparse.Namespace) -> dict:
+    """Runs in a process whose ``KERAS_BACKEND`` is set: rounds of bound and fed, steps/s of each."""
+    import keras
+
+    from replaystore import ReplayStore
+    from trainer.dqn import make_agent
+    from trainer.learn import Learning
+
+    backend = keras.backend.backend()
+    store = ReplayStore.open(STORE)
+    k = args.steps_per_call
+    ns = argparse.Namespace(frame_stack=4, learning_rate=1e-4, hidden_sizes="120,84", target_network_frequency=1000,
+                            train_frequency=4, tau=1.0, steps_per_call=k if backend == "jax" else 0, batch_size=BATCH,
+                            n_step=1, gamma=0.99, prioritized=False, alpha=0.6, beta=0.4,
+                            sample_threads=args.threads, seed=0)
+    env = argparse.Namespace(observation_space=store.observation_space, action_space=store.action_space)
+    agent = make_agent(ns, env, backend)
+
+    class Quiet:
+        def trained(self, *a: object) -> None:
+            pass
+
+    learning = Learning(ns, store, agent, Quiet(), {})
+    learning.start(0)
+    per_call = learning.steps_per_call
+    host = store.sample(BATCH * per_call, rng=np.random.default_rng(1))
+    fixed = {name: np.asarray(getattr(host, name)).reshape(per_call, BATCH, *np.shape(getattr(host, name))[1:])
+             for name in ("obs", "next_obs", "action", "reward", "discount", "weight", "index")}
+    if backend == "jax":
+        import jax
+
+        on_device = jax.device_put({n: v for n, v in fixed.items() if n != "index"})
+
+        def bound_call() -> None:
+            agent.train_block(on_device)
+    else:
+        import tensorflow as tf
+
+        batch = {n: tf.constant(v[0]) for n, v in fixed.items()}
+
+        def bound_call() -> None:
+            loss, _, _ = agent.train(batch, 0.99)
+            float(loss)
+
+    def fed_call() -> None:
+        learning.steps(per_call)
+
+    def rate(call: object, seconds: float) -> float:
+        calls, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            call()
+            calls += 1
+        return calls * per_call / (time.perf_counter() - t0)
+
+    rate(bound_call, 2.0)  # compile and warm up both
+    rate(fed_call, 2.0)
+    bound, fed = [], []
+    for _ in range(args.rounds):
+        bound.append(rate(bound_call, args.seconds))
+        fed.append(rate(fed_call, args.seconds))
+    learning.close()
+    store.close()
+    return {"backend": backend, "bound": float(np.median(bound)), "fed": float(np.median(fed)),
+            "steps_per_call": per_call}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--transitions", type=int, default=1_000_000)
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--steps-per-call", type=int, default=32, help="JAX: gradient steps per compiled call")
+    ap.add_argument("--threads", type=int, default=2, help="sampling threads (and decode processes)")
+    ap.add_argument("--reuse", action="store_true", help="reuse tools/out/bench_learner.zarr if it exists")
+    ap.add_argument("--backends", default="tensorflow,jax")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(child(args)))
+        return
+    if not (args.reuse and STORE.exists()):
+        t0 = time.perf_counter()
+        build_store(args.transitions)
+        print(f"built {STORE} ({args.transitions:,} transitions) in {time.perf_counter() - t0:.0f} s", flush=True)
+    rows = []
+    for backend in args.backends.split(","):
+        if importlib.util.find_spec({"tensorflow": "tensorflow", "jax": "jax"}[backend]) is None:
+            print(f"{backend}: not installed, skipped")
+            continue
+        cmd = [sys.executable, __file__, "--child", "--seconds", str(args.seconds), "--rounds", str(args.rounds),
+               "--steps-per-call", str(args.steps_per_call), "--threads", str(args.threads)]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=False,
+                             env={**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3"})
+        if out.returncode != 0:
+            raise SystemExit(f"{backend} failed:\n{out.stderr[-3000:]}")
+        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        print(f"{backend}: {rows[-1]}", flush=True)
+    print(f"\nmachine: {os.cpu_count()} cores, {platform.processor() or platform.machine()}; batch {BATCH}, "
+          f"median of {args.rounds} rounds of {args.seconds:.0f} s")
+    print("| backend | steps per call | bound: fixed batch, steps/s | fed by the store, steps/s | fed / bound |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['backend']} | {r['steps_per_call']} | {r['bound']:,.1f} | {r['fed']:,.1f} | "
+              f"{r['fed'] / r['bound']:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
