@@ -199,3 +199,13 @@ def test_steps_per_call_is_checked(tmp_path: Path) -> None:
     assert not (tmp_path / "r").exists()
 
 
+
+
+def test_jax_decoupled_run_holds_the_ratio(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    done = _train(*CARTPOLE, "--total-timesteps", "1000", "--run-dir", str(run), "--steps-per-call", "4",
+                  "--replay-ratio", "8", backend="jax")
+    assert done.returncode == 0, done.stderr[-3000:]
+    _, state = checkpoint.load(run)
+    assert state["train_steps"] % 4 == 0 and abs(state["train_steps"] - (1000 - 200) * 8 / 16) <= 8
+    assert "replay/ratio" in _scalars(run)

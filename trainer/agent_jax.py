@@ -56,7 +56,9 @@ class JaxAgent:
         self.target_frozen = [v.value for v in self.target.non_trainable_variables]
         self.opt_vars = [v.value for v in self.optimizer.variables]
         self._q = jax.jit(lambda params, stack: self.online.stateless_call(params, self.frozen, stack)[0])
-        donate = (0, 1, 2) if jax.default_backend() != "cpu" else ()  # (the CPU backend cannot reuse them)
+        # The target weights and Adam's variables are updated in place on a GPU; the online weights are
+        # not, since an acting thread may be reading them (--replay-ratio). The CPU backend cannot reuse them.
+        donate = (1, 2) if jax.default_backend() != "cpu" else ()
         self._train = jax.jit(self._train_block, donate_argnums=donate)
 
     # Acting -------------------------------------------------------------------------------------

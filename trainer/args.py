@@ -51,6 +51,9 @@ class Args:
     eval_epsilon: float = dataclasses.field(default=0.0, metadata={"help": "epsilon while evaluating"})
     cache_mb: int = dataclasses.field(default=256, metadata={"help": "the store's compressed-chunk cache in MiB"})
     sample_threads: int = dataclasses.field(default=2, metadata={"help": "threads that sample batches ahead of the learner"})
+    replay_ratio: float = dataclasses.field(default=0.0, metadata={
+        "help": "sampled per inserted transitions, with the learner on its own thread beside acting (0: lockstep, "
+                "one gradient step per --train-frequency env steps, i.e. a ratio of batch-size/train-frequency)"})
     steps_per_call: int = dataclasses.field(default=0, metadata={
         "help": "JAX: gradient steps per compiled call, one block of batches each (0: 32); TensorFlow takes 1"})
     progress: bool = dataclasses.field(default=True, metadata={"help": "show a live progress bar"})
@@ -127,7 +130,7 @@ def check(args: Args) -> None:
     for name in positive:
         if getattr(args, name) < (0 if name == "cache_mb" else 1):
             raise TrainerError(f"--{name.replace('_', '-')} is {getattr(args, name)}; it must be a positive integer")
-    for name in ("learning_starts", "eval_frequency", "eval_episodes", "frame_stack", "steps_per_call"):
+    for name in ("learning_starts", "eval_frequency", "eval_episodes", "frame_stack", "steps_per_call", "replay_ratio"):
         if getattr(args, name) < 0:
             raise TrainerError(f"--{name.replace('_', '-')} is {getattr(args, name)}; it must be >= 0")
     for name in ("gamma", "tau", "start_e", "end_e", "exploration_fraction", "alpha", "beta", "eval_epsilon"):

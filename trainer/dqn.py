@@ -139,6 +139,8 @@ def train(args: Args, *, resuming: bool) -> int:
     try:
         if saved is None:
             save_checkpoint(run_dir, store, agent, rng, state, report)
+        if args.replay_ratio > 0:
+            learning.start_thread(start)
         loop = run_loop if args.num_envs == 1 else run_vector_loop
         global_step = loop(args, env, store, agent, rng, state, report, stop, learning)
         state["global_step"] = global_step
@@ -202,7 +204,9 @@ def run_loop(args: Args, env: Any, store: ReplayStore, agent: Any, rng: np.rando
             obs = next_obs
             stacker.push(obs)
 
-        if global_step > args.learning_starts and global_step % args.train_frequency == 0:
+        if learning.decoupled:
+            learning.acted(1)
+        elif global_step > args.learning_starts and global_step % args.train_frequency == 0:
             if not learning.started and len(store) >= args.batch_size + args.n_step:
                 learning.start(global_step)
             learning.steps(1)
@@ -210,13 +214,15 @@ def run_loop(args: Args, env: Any, store: ReplayStore, agent: Any, rng: np.rando
                 agent.update_target(args.tau)
 
         if global_step % REPORT_STEPS == 0:
-            report.periodic(global_step, epsilon=epsilon, replay_size=len(store), cache_hit_rate=store.cache_hit_rate)
+            report.periodic(global_step, epsilon=epsilon, replay_size=len(store), cache_hit_rate=store.cache_hit_rate,
+                            extra=learning.metrics())
         if global_step % 100 == 0:
             report.tick(global_step, epsilon=epsilon, replay_size=len(store))
         state["epsilon"] = epsilon
         if global_step % args.checkpoint_frequency == 0:
             state["global_step"] = global_step
-            save_checkpoint(Path(args.run_dir), store, agent, rng, state, report)
+            with learning.paused():
+                save_checkpoint(Path(args.run_dir), store, agent, rng, state, report)
         if args.eval_episodes and args.eval_frequency and global_step % args.eval_frequency == 0:
             record_eval(args, agent, global_step, report)
     if global_step % REPORT_STEPS:
@@ -275,7 +281,9 @@ def run_vector_loop(args: Args, env: Any, store: ReplayStore, agent: Any, rng: n
                 stacks[restart] = next_obs[restart][:, None]
             resetting, lives, obs = env_done, now, next_obs
 
-            if global_step > args.learning_starts:
+            if learning.decoupled:
+                learning.acted(global_step - before)
+            elif global_step > args.learning_starts:
                 steps = global_step // args.train_frequency - max(before, args.learning_starts) // args.train_frequency
                 if not learning.started and steps and len(store) >= args.batch_size + args.n_step:
                     learning.start(global_step)
@@ -284,13 +292,14 @@ def run_vector_loop(args: Args, env: Any, store: ReplayStore, agent: Any, rng: n
                     agent.update_target(args.tau)
             if crossed(before, global_step, REPORT_STEPS):
                 report.periodic(global_step, epsilon=epsilon, replay_size=len(store),
-                                cache_hit_rate=store.cache_hit_rate)
+                                cache_hit_rate=store.cache_hit_rate, extra=learning.metrics())
             if crossed(before, global_step, 100):
                 report.tick(global_step, epsilon=epsilon, replay_size=len(store))
             state["epsilon"] = epsilon
             if crossed(before, global_step, args.checkpoint_frequency):
                 state["global_step"] = global_step
-                save_checkpoint(Path(args.run_dir), store, agent, rng, state, report)
+                with learning.paused():
+                    save_checkpoint(Path(args.run_dir), store, agent, rng, state, report)
             if args.eval_episodes and args.eval_frequency and crossed(before, global_step, args.eval_frequency):
                 record_eval(args, agent, global_step, report)
     finally:

@@ -11,15 +11,25 @@ has started) and ``Learning`` takes them, on the backend Keras runs on:
   to the next call, so a run takes its gradient steps at most one block late.
 
 With ``--prioritized`` the new priorities are written after each call.
+
+With ``--replay-ratio R`` (> 0) the gradient steps are not taken inside the acting loop: a learner
+thread takes them as fast as the ratio allows (ratio.py), while the loop acts and only reports each
+env step to the limiter. Checkpoints pause the learner between two calls (``paused``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
+from collections.abc import Iterator
 from typing import Any
+
+import numpy as np
 
 from replaystore import ReplayStore
 from trainer.args import Args
+from trainer.ratio import RatioLimiter
 
 PRIORITY_EPS = 1e-6
 #: Gradient steps per compiled call on JAX when ``--steps-per-call`` is not given.
@@ -37,6 +47,97 @@ class Learning:
         self.steps_per_call = (args.steps_per_call or DEFAULT_STEPS_PER_CALL) if self.jax else 1
         self.source: Any = None  # the dataset iterator (TF) or the device blocks (JAX)
         state.setdefault("due_steps", 0)
+        self.limiter: RatioLimiter | None = None  # decoupled (--replay-ratio > 0): the learner thread's
+        self._lock = threading.Lock()  # held by the learner thread during a call, and by checkpoints
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        self._ages: list[float] = []
+        self._since = (0, time.perf_counter())  # (gradient steps, time) at the last metrics()
+
+    # Decoupled acting and learning -------------------------------------------------------------
+
+    @property
+    def decoupled(self) -> bool:
+        return self.limiter is not None
+
+    def start_thread(self, global_step: int) -> None:
+        """Run the learner on its own thread, held to ``--replay-ratio`` (ratio.py)."""
+        args = self.args
+        self.limiter = RatioLimiter(args.replay_ratio, args.batch_size, args.learning_starts,
+                                    steps_per_call=self.steps_per_call, inserted=global_step,
+                                    learned=int(self.agent.train_steps))
+        self._since = (self.limiter.learned, time.perf_counter())
+        self._thread = threading.Thread(target=self._learner, args=(global_step,), name="replaystore-learner",
+                                        daemon=True)
+        self._thread.start()
+
+    def acted(self, n: int) -> None:
+        """The acting loop added ``n`` env steps: count them, and wait here while the learner is too
+        far behind. Raises the learner thread's error if it failed."""
+        assert self.limiter is not None
+        self.limiter.insert(n)
+        self.limiter.wait_actor()
+        if self.error is not None:
+            raise RuntimeError(f"the learner thread failed: {self.error!r}") from self.error
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """The learner between two calls (for a checkpoint: weights and optimizer state consistent)."""
+        with self._lock:
+            yield
+
+    def _learner(self, global_step: int) -> None:
+        limiter, args, agent = self.limiter, self.args, self.agent
+        assert limiter is not None
+        target_every = max(1, args.target_network_frequency // args.train_frequency)
+        try:
+            while limiter.wait_learner():
+                if not self.started:
+                    if len(self.store) < args.batch_size + args.n_step:
+                        time.sleep(0.01)
+                        continue
+                    self.start(global_step + limiter.inserted)
+                with self._lock:
+                    before = int(agent.train_steps)
+                    n = self._call()
+                    if not agent.owns_target_updates and (before + n) // target_every > before // target_every:
+                        agent.update_target(args.tau)
+                limiter.learned_steps(n)
+        except BaseException as exc:  # noqa: BLE001 - raised in the acting thread by acted()
+            self.error = exc
+            limiter.close()
+
+    def _call(self) -> int:
+        """One learner call: a gradient step (TensorFlow) or a block of them (JAX); returns the steps."""
+        if self.jax:
+            self._jax_block()
+            return self.steps_per_call
+        self._tf_step()
+        return 1
+
+    def _note_ages(self, index: np.ndarray) -> None:
+        """Env steps since each sampled transition was added (for the replay/sample_age scalar)."""
+        if self.decoupled:
+            rings = self.store.rings
+            positions = rings.positions_of_slots(np.asarray(index, dtype=np.int64).ravel())
+            self._ages.append(float(np.mean(rings.heads(positions) - positions)))
+
+    def metrics(self) -> dict[str, float]:
+        """The decoupled loop's scalars since the last call (empty when learning is lockstep)."""
+        limiter = self.limiter
+        if limiter is None:
+            return {}
+        now, steps = time.perf_counter(), limiter.learned
+        rate = (steps - self._since[0]) / max(now - self._since[1], 1e-9)
+        self._since = (steps, now)
+        sampled = steps * self.args.batch_size
+        out = {"replay/inserted": limiter.inserted, "replay/sampled": sampled,
+               "replay/ratio": sampled / max(1, limiter.inserted - self.args.learning_starts), "charts/learner_steps_per_s": rate,
+               "replay/learner_wait_s": limiter.learner_wait_s, "replay/actor_wait_s": limiter.actor_wait_s}
+        if self._ages:
+            out["replay/sample_age"] = float(np.mean(self._ages))
+            self._ages.clear()
+        return out
 
     @property
     def started(self) -> bool:
@@ -72,6 +173,7 @@ class Learning:
         batch = next(self.source)
         sample_s = time.perf_counter() - t0
         loss, q_mean, abs_td = self.agent.train(batch, self.args.gamma)
+        self._note_ages(batch["index"].numpy())
         if self.args.prioritized:
             self.store.update_priorities(batch["index"].numpy(), abs_td.numpy() + PRIORITY_EPS)
         self.report.trained(float(loss), float(q_mean), sample_s)
@@ -81,13 +183,20 @@ class Learning:
         block = next(self.source)
         sample_s = time.perf_counter() - t0
         loss, q_mean, abs_td = self.agent.train_block(block)
+        self._note_ages(block["index"])
         if self.args.prioritized:
             self.store.update_priorities(block["index"].ravel(), abs_td.ravel() + PRIORITY_EPS)
         for i in range(len(loss)):
             self.report.trained(float(loss[i]), float(q_mean[i]), sample_s / len(loss))
 
     def close(self) -> None:
-        """Stop the sampling workers (the dataset's prefetcher, or the device feeder)."""
+        """Stop the learner thread (after its current call), then the sampling workers (the
+        dataset's prefetcher, or the device feeder)."""
+        if self.limiter is not None:
+            self.limiter.close()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
         if self.source is not None:
             self.source = None
             self._close()

@@ -2,7 +2,11 @@
 
 TensorBoard tags (under ``run_dir/tb``): ``charts/episodic_return``, ``charts/episodic_length``,
 ``charts/epsilon``, ``charts/SPS``, ``losses/td_loss``, ``losses/q_values``, ``replay/size``,
-``replay/cache_hit_rate``, ``replay/sample_ms``, and ``eval/mean_return`` when evaluating.
+``replay/cache_hit_rate``, ``replay/sample_ms``, and ``eval/mean_return`` when evaluating. With
+``--replay-ratio``: ``replay/inserted``, ``replay/sampled``, ``replay/ratio`` (sampled per inserted
+since learning started), ``replay/sample_age`` (mean env steps since the sampled transitions were
+added), ``charts/learner_steps_per_s``, ``replay/learner_wait_s`` and ``replay/actor_wait_s``
+(seconds each side has waited for the other, cumulative).
 """
 
 from __future__ import annotations
@@ -69,12 +73,15 @@ class Report:
         self._train_sums[2] += sample_s
         self._n_train += 1
 
-    def periodic(self, step: int, *, epsilon: float, replay_size: int, cache_hit_rate: float) -> None:
-        """Write the step-level scalars, with the learner's averaged since the last call."""
+    def periodic(self, step: int, *, epsilon: float, replay_size: int, cache_hit_rate: float,
+                 extra: dict[str, float] | None = None) -> None:
+        """Write the step-level scalars, with the learner's averaged since the last call (and
+        ``extra``: the decoupled learner's, trainer/learn.py)."""
         now = time.perf_counter()
         values = {"charts/epsilon": epsilon, "charts/SPS": (step - self._last[0]) / max(now - self._last[1], 1e-9),
                   "replay/size": replay_size, "replay/cache_hit_rate": cache_hit_rate}
         self._last = (step, now)
+        values.update(extra or {})
         if self._n_train:
             loss, q, sample_s = (v / self._n_train for v in self._train_sums)
             values.update({"losses/td_loss": loss, "losses/q_values": q, "replay/sample_ms": 1000 * sample_s})

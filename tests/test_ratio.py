@@ -1,0 +1,106 @@
+"""The replay-ratio limiter and the decoupled trainer: the ratio held within its slack whichever side
+is faster, neither side left waiting when the other stops, and whole runs with ``--replay-ratio``
+(TensorFlow; JAX in test_trainer_jax.py) that report the ratio and stop and resume as lockstep runs do."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_trainer_smoke import CARTPOLE, _scalars, _start, _train, _wait_for_checkpoint
+
+from trainer import checkpoint
+from trainer.ratio import RatioLimiter
+
+
+def _run(limiter: RatioLimiter, inserts: int, actor_pause: float, learner_pause: float) -> list[float]:
+    """An actor inserting one step at a time and a learner taking calls, each pausing as given;
+    returns how far the learner was from the target (in steps) at every actor step."""
+    gaps: list[float] = []
+
+    def learner() -> None:
+        while limiter.wait_learner():
+            time.sleep(learner_pause)
+            limiter.learned_steps(limiter.steps_per_call)
+
+    thread = threading.Thread(target=learner)
+    thread.start()
+    for _ in range(inserts):
+        limiter.insert(1)
+        assert limiter.wait_actor()
+        gaps.append(limiter.learned - limiter.target())
+        time.sleep(actor_pause)
+    limiter.close()
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+    return gaps
+
+
+@pytest.mark.parametrize(("actor_pause", "learner_pause"), [(0.0, 0.002), (0.001, 0.0)],
+                         ids=["slow-learner", "slow-actor"])
+def test_limiter_holds_the_ratio_within_its_slack(actor_pause: float, learner_pause: float) -> None:
+    limiter = RatioLimiter(8, 32, learning_starts=100, steps_per_call=4)
+    gaps = _run(limiter, 1500, actor_pause, learner_pause)
+    assert min(gaps) >= -limiter.slack - 1e-9, "the actor ran on while the learner was too far behind"
+    assert max(gaps) <= limiter.slack + 1e-9, "the learner ran ahead of the data"
+    assert limiter.learned == pytest.approx(limiter.target(), abs=limiter.slack + limiter.steps_per_call)
+    assert limiter.learned > 0
+
+
+def test_closing_releases_both_sides() -> None:
+    limiter = RatioLimiter(8, 32, learning_starts=0, steps_per_call=1, slack=2)
+    limiter.insert(100)  # the learner is 25 steps behind: the actor must wait
+    results: list[bool] = []
+    actor = threading.Thread(target=lambda: results.append(limiter.wait_actor()))
+    actor.start()
+    time.sleep(0.2)
+    assert actor.is_alive()
+    limiter.close()
+    actor.join(timeout=5)
+    assert results == [False]
+    idle = RatioLimiter(8, 32, learning_starts=1000, steps_per_call=1)  # no data yet: the learner waits
+    learner = threading.Thread(target=lambda: results.append(idle.wait_learner()))
+    learner.start()
+    time.sleep(0.2)
+    assert learner.is_alive()
+    idle.close()
+    learner.join(timeout=5)
+    assert results == [False, False]
+
+
+DECOUPLED = [*CARTPOLE, "--replay-ratio", "8"]  # batch 16, train frequency 2: the lockstep ratio is 8 too
+
+
+def test_decoupled_run_holds_the_ratio_and_reports_it(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    done = _train(*DECOUPLED, "--total-timesteps", "1500", "--run-dir", str(run))
+    assert done.returncode == 0, done.stderr[-3000:]
+    _, state = checkpoint.load(run)
+    target = (1500 - 200) * 8 / 16
+    assert abs(state["train_steps"] - target) <= 8
+    scalars = _scalars(run)
+    for tag in ("replay/inserted", "replay/sampled", "replay/ratio", "replay/sample_age", "charts/learner_steps_per_s",
+                "replay/learner_wait_s", "replay/actor_wait_s"):
+        assert tag in scalars, tag
+    assert abs(scalars["replay/ratio"][-1] - 8) < 1.0
+    assert all(np.isfinite(scalars["losses/td_loss"])) and min(scalars["replay/sample_age"]) >= 0
+
+
+def test_decoupled_run_stops_on_sigterm_and_resumes(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    proc = _start(run, "--replay-ratio", "8", "--checkpoint-frequency", "400")
+    _wait_for_checkpoint(run, proc, 800)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    _, state = checkpoint.load(run)
+    s = state["global_step"]
+    assert abs(state["train_steps"] - (s - 200) * 8 / 16) <= 8
+    more = _train("--resume", str(run), "--total-timesteps", str(s + 400))
+    assert more.returncode == 0, more.stderr[-3000:]
+    _, state = checkpoint.load(run)
+    assert state["global_step"] == s + 400 and abs(state["train_steps"] - (s + 400 - 200) * 8 / 16) <= 8
