@@ -315,3 +315,25 @@ def test_inspect_shows_streams(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert group["obs"].shape[0] == 3 * store.rings.stride
     assert group["streams"]["1"].attrs["replaystore_stream"]["state"]["added"] == 11
     assert os.path.exists(tmp_path / "i.zarr" / "streams" / "1" / "writer.lock")
+
+
+def test_refresh_sees_an_episode_closed_by_end_episode(tmp_path: Path) -> None:
+    """end_episode commits the same steps with the episode closed: a reader's refresh must load it
+    (it moved no head, so it is easy to miss)."""
+    path = tmp_path / "e.zarr"
+    writer = small_store(path, n=2)
+    for t in range(3):
+        writer.add_batch(frames(t, 2), [0, 1], [1.0, 2.0], frames(t + 1, 2), [False] * 2, [False] * 2)
+    writer.flush()
+    reader = ReplayStore.open(path)
+    writer.end_episode()
+    writer.flush()
+    assert sorted(reader.refresh()) == [0, 1]
+    for k in range(2):
+        ring = reader.rings.streams[k]
+        assert ring.is_last[(ring.added - 1) % ring.capacity] and ring.truncated[(ring.added - 2) % ring.capacity]
+    batch = reader.sample(6, rng=np.random.default_rng(0))  # all of them
+    last = batch.index % reader.rings.stride == 2
+    assert last.any() and batch.truncated[last].all() and not batch.truncated[~last].any()
+    reader.close()
+    writer.close()

@@ -67,8 +67,7 @@ class Learning:
                                     steps_per_call=self.steps_per_call, inserted=global_step,
                                     learned=int(self.agent.train_steps))
         self._since = (self.limiter.learned, time.perf_counter())
-        self._thread = threading.Thread(target=self._learner, args=(global_step,), name="replaystore-learner",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._learner, name="replaystore-learner", daemon=True)
         self._thread.start()
 
     def acted(self, n: int) -> None:
@@ -76,7 +75,8 @@ class Learning:
         far behind. Raises the learner thread's error if it failed."""
         assert self.limiter is not None
         self.limiter.insert(n)
-        self.limiter.wait_actor()
+        if self.started:  # (until the learner has enough to sample, waiting for it could never end)
+            self.limiter.wait_actor()
         if self.error is not None:
             raise RuntimeError(f"the learner thread failed: {self.error!r}") from self.error
 
@@ -86,7 +86,7 @@ class Learning:
         with self._lock:
             yield
 
-    def _learner(self, global_step: int) -> None:
+    def _learner(self) -> None:
         limiter, args, agent = self.limiter, self.args, self.agent
         assert limiter is not None
         target_every = max(1, args.target_network_frequency // args.train_frequency)
@@ -96,7 +96,7 @@ class Learning:
                     if len(self.store) < args.batch_size + args.n_step:
                         time.sleep(0.01)
                         continue
-                    self.start(global_step + limiter.inserted)
+                    self.start(limiter.inserted)
                 with self._lock:
                     before = int(agent.train_steps)
                     n = self._call()

@@ -64,8 +64,9 @@ def _refresh(store: ReplayStore, k: int, read_state: Callable[[int], State]) -> 
     cap = ring.capacity
     old = stream.committed
     new = read_state(k)
-    if new.added == old.added and new.live_start(cap) <= ring.lo:
-        return False
+    if (new.added == old.added and new.episode_in_progress == old.episode_in_progress
+            and new.live_start(cap) <= ring.lo):
+        return False  # (end_episode commits the same steps with the episode closed: that is a move too)
     if new.added < old.added:
         raise CorruptStoreError(f"stream {k} of {store.path} went back from {old.added} to {new.added} steps: the store "
                                 "was replaced; open it again")

@@ -1,0 +1,104 @@
+"""End-to-end trainer throughput: env steps/s and gradient steps/s on an Atari game at replay ratio 8.
+
+For each backend and each N in ``--envs``, ``replaystore-train`` runs on ALE/Breakout-v5 with N
+envs (ale-py's vector env for N > 1), batch 32 and train frequency 4 (replay ratio 8), twice:
+**lockstep** (the default loop: one gradient step per 4 env steps, taken inside the loop) and
+**decoupled** (``--replay-ratio 8``: the learner on its own thread, held to the same ratio). Each
+run does ``--learning-starts`` steps of random play, then ``--steps`` steps of learning; the table
+gives the learning phase's env steps/s (from the run's TensorBoard ``charts/SPS``, steps after
+learning started) and gradient steps/s, and the run's peak RSS.
+
+Run: ``python tools/bench_train.py [--envs 1,4,16] [--backends tensorflow,jax] [--steps 2000]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def run(backend: str, n: int, decoupled: bool, args: argparse.Namespace, root: Path) -> dict:
+    run_dir = root / f"{backend}-{n}-{'d' if decoupled else 'l'}"
+    total = args.learning_starts + args.steps
+    cmd = [sys.executable, "-m", "trainer.dqn", "--env-id", "ALE/Breakout-v5", "--total-timesteps", str(total),
+           "--learning-starts", str(args.learning_starts), "--buffer-size", str(args.buffer_size),
+           "--num-envs", str(n), "--run-dir", str(run_dir), "--no-progress", "--checkpoint-frequency", str(10**9)]
+    if decoupled:
+        cmd += ["--replay-ratio", "8"]
+    if backend == "jax":
+        cmd += ["--steps-per-call", str(args.steps_per_call)]
+    t0 = time.perf_counter()
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=Path(__file__).parent.parent,
+                         env={**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    wall = time.perf_counter() - t0
+    if out.returncode != 0:
+        raise SystemExit(f"{backend} N={n} failed:\n{out.stderr[-3000:]}")
+    done = re.search(r"done: ([\d,]+) steps, ([\d,]+) gradient steps.*peak RSS ([\d,]+) MB", out.stdout)
+    grads = int(done.group(2).replace(",", ""))
+    sps = _learning_sps(run_dir, args.learning_starts)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    learning_s = args.steps / sps if sps else float("nan")
+    return {"backend": backend, "envs": n, "mode": "decoupled" if decoupled else "lockstep", "env_sps": sps,
+            "grad_sps": grads / learning_s if learning_s else float("nan"), "rss_mb": float(done.group(3).replace(",", "")),
+            "wall_s": wall}
+
+
+def _learning_sps(run_dir: Path, learning_starts: int) -> float:
+    """Env steps/s after learning started: from the charts/SPS scalars written every 1,000 steps."""
+    import tensorflow as tf
+
+    points = []
+    for path in (run_dir / "tb").iterdir():
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                if value.tag == "charts/SPS" and event.step > learning_starts + 1000:
+                    points.append((event.step, float(tf.make_ndarray(value.tensor))))
+    if not points:
+        return float("nan")
+    # charts/SPS is the rate over the last 1,000 steps: the harmonic mean weights them by time
+    return len(points) / sum(1.0 / sps for _, sps in points)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--envs", default="1,4,16")
+    ap.add_argument("--backends", default="tensorflow,jax")
+    ap.add_argument("--steps", type=int, default=3000, help="env steps of learning, after learning starts")
+    ap.add_argument("--learning-starts", type=int, default=1000)
+    ap.add_argument("--buffer-size", type=int, default=100_000)
+    ap.add_argument("--steps-per-call", type=int, default=32, help="JAX: gradient steps per compiled call")
+    args = ap.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="bench_train-", dir=os.environ.get("BENCH_DIR")))
+    rows = []
+    try:
+        for backend in args.backends.split(","):
+            if importlib.util.find_spec(backend) is None:
+                print(f"{backend}: not installed, skipped")
+                continue
+            for n in (int(x) for x in args.envs.split(",")):
+                for decoupled in (False, True):
+                    rows.append(run(backend, n, decoupled, args, root))
+                    print(json.dumps(rows[-1]), flush=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    print(f"\nmachine: {os.cpu_count()} cores, {platform.processor() or platform.machine()}; Breakout, batch 32, "
+          f"replay ratio 8, {args.steps:,} steps of learning after {args.learning_starts:,}")
+    print("| backend | envs | loop | env steps/s | gradient steps/s | peak RSS MB |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['backend']} | {r['envs']} | {r['mode']} | {r['env_sps']:,.0f} | {r['grad_sps']:,.1f} | "
+              f"{r['rss_mb']:,.0f} |")
+
+
+if __name__ == "__main__":
+    main()
