@@ -5,8 +5,8 @@ envs (ale-py's vector env for N > 1), batch 32 and train frequency 4 (replay rat
 **lockstep** (the default loop: one gradient step per 4 env steps, taken inside the loop) and
 **decoupled** (``--replay-ratio 8``: the learner on its own thread, held to the same ratio). Each
 run does ``--learning-starts`` steps of random play, then ``--steps`` steps of learning; the table
-gives the learning phase's env steps/s (from the run's TensorBoard ``charts/SPS``, steps after
-learning started) and gradient steps/s, and the run's peak RSS.
+gives the learning phase's env steps/s (from the steps and wall times of the run's TensorBoard scalars,
+leaving out the first 1,000 steps of learning) and gradient steps/s, and the run's peak RSS.
 
 Run: ``python tools/bench_train.py [--envs 1,4,16] [--backends tensorflow,jax] [--steps 2000]``.
 """
@@ -54,19 +54,17 @@ def run(backend: str, n: int, decoupled: bool, args: argparse.Namespace, root: P
 
 
 def _learning_sps(run_dir: Path, learning_starts: int) -> float:
-    """Env steps/s after learning started: from the charts/SPS scalars written every 1,000 steps."""
+    """Env steps/s after learning started (and its first 1,000 steps, which compile the step): from
+    the steps and wall times of the run's TensorBoard scalars."""
     import tensorflow as tf
 
-    points = []
+    points = set()
     for path in (run_dir / "tb").iterdir():
         for event in tf.compat.v1.train.summary_iterator(str(path)):
-            for value in event.summary.value:
-                if value.tag == "charts/SPS" and event.step > learning_starts + 1000:
-                    points.append((event.step, float(tf.make_ndarray(value.tensor))))
-    if not points:
-        return float("nan")
-    # charts/SPS is the rate over the last 1,000 steps: the harmonic mean weights them by time
-    return len(points) / sum(1.0 / sps for _, sps in points)
+            if event.step >= learning_starts + 1000 and any(v.tag == "charts/SPS" for v in event.summary.value):
+                points.add((event.step, event.wall_time))
+    (s0, t0), (s1, t1) = min(points), max(points)
+    return (s1 - s0) / (t1 - t0) if t1 > t0 else float("nan")
 
 
 def main() -> None:

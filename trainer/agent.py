@@ -15,7 +15,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from trainer.networks import MAX_GRAD_NORM, build_q_network
+from trainer.networks import MAX_GRAD_NORM, build_q_network, keras_state, load_keras_state
 
 
 class Agent:
@@ -74,21 +74,10 @@ class Agent:
     # Checkpoint state ---------------------------------------------------------------------------
 
     def state(self) -> dict[str, list[np.ndarray]]:
-        return {
-            "online": [np.asarray(w) for w in self.online.get_weights()],
-            "target": [np.asarray(w) for w in self.target.get_weights()],
-            "optimizer": [np.asarray(v.value) for v in self.optimizer.variables],
-        }
+        return keras_state(self.online, self.target, self.optimizer)
 
     def load_state(self, state: dict[str, list[np.ndarray]]) -> None:
-        self.online.set_weights(state["online"])
-        self.target.set_weights(state["target"])
-        variables = self.optimizer.variables
-        if len(variables) != len(state["optimizer"]):
-            raise ValueError(f"the checkpoint holds {len(state['optimizer'])} optimizer variables, the optimizer "
-                             f"has {len(variables)}")
-        for var, value in zip(variables, state["optimizer"], strict=True):
-            var.assign(value)
+        load_keras_state(self.online, self.target, self.optimizer, state)
 
     @property
     def train_steps(self) -> int:

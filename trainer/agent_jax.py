@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import keras
 import numpy as np
 
-from trainer.networks import MAX_GRAD_NORM, build_q_network
+from trainer.networks import MAX_GRAD_NORM, build_q_network, keras_state, load_keras_state
 
 #: Fields of a block the gradient step reads (``index`` stays on the host for the priorities).
 TRAIN_FIELDS = ("obs", "next_obs", "action", "reward", "discount", "weight")
@@ -131,24 +131,13 @@ class JaxAgent:
 
     def state(self) -> dict[str, list[np.ndarray]]:
         self._to_keras()
-        return {
-            "online": [np.asarray(w) for w in self.online.get_weights()],
-            "target": [np.asarray(w) for w in self.target.get_weights()],
-            "optimizer": [np.asarray(v.value) for v in self.optimizer.variables],
-        }
+        return keras_state(self.online, self.target, self.optimizer)
 
     def load_state(self, state: dict[str, list[np.ndarray]]) -> None:
-        self.online.set_weights(state["online"])
-        self.target.set_weights(state["target"])
-        variables = self.optimizer.variables
-        if len(variables) != len(state["optimizer"]):
-            raise ValueError(f"the checkpoint holds {len(state['optimizer'])} optimizer variables, the optimizer "
-                             f"has {len(variables)}")
-        for var, value in zip(variables, state["optimizer"], strict=True):
-            var.assign(value)
+        load_keras_state(self.online, self.target, self.optimizer, state)
         self.params = [jnp.array(v.value) for v in self.online.trainable_variables]
         self.target_params = [jnp.array(v.value) for v in self.target.trainable_variables]
-        self.opt_vars = [jnp.array(v.value) for v in variables]
+        self.opt_vars = [jnp.array(v.value) for v in self.optimizer.variables]
 
     @property
     def train_steps(self) -> int:

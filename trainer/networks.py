@@ -35,3 +35,25 @@ def build_q_network(stack_shape: tuple[int, ...], dtype: Any, n_actions: int, *,
             x = layers.Dense(width, activation="relu")(x)
     outputs = layers.Dense(n_actions, name="q_values")(x)
     return keras.Model(inputs, outputs, name=name)
+
+
+def keras_state(online: keras.Model, target: keras.Model, optimizer: keras.optimizers.Optimizer) -> dict[str, list[np.ndarray]]:
+    """The checkpoint's arrays (checkpoint.py): the same on every backend, so a run resumes on another."""
+    return {
+        "online": [np.asarray(w) for w in online.get_weights()],
+        "target": [np.asarray(w) for w in target.get_weights()],
+        "optimizer": [np.asarray(v.value) for v in optimizer.variables],
+    }
+
+
+def load_keras_state(online: keras.Model, target: keras.Model, optimizer: keras.optimizers.Optimizer,
+                     state: dict[str, list[np.ndarray]]) -> None:
+    """Put ``keras_state``'s arrays back into the models and the optimizer."""
+    online.set_weights(state["online"])
+    target.set_weights(state["target"])
+    variables = optimizer.variables
+    if len(variables) != len(state["optimizer"]):
+        raise ValueError(f"the checkpoint holds {len(state['optimizer'])} optimizer variables, the optimizer "
+                         f"has {len(variables)}")
+    for var, value in zip(variables, state["optimizer"], strict=True):
+        var.assign(value)

@@ -78,8 +78,9 @@ class Report:
         """Write the step-level scalars, with the learner's averaged since the last call (and
         ``extra``: the decoupled learner's, trainer/learn.py)."""
         now = time.perf_counter()
-        values = {"charts/epsilon": epsilon, "charts/SPS": (step - self._last[0]) / max(now - self._last[1], 1e-9),
-                  "replay/size": replay_size, "replay/cache_hit_rate": cache_hit_rate}
+        values = {"charts/epsilon": epsilon, "replay/size": replay_size, "replay/cache_hit_rate": cache_hit_rate}
+        if step > self._last[0]:  # (a second write at the same step has no rate to give)
+            values["charts/SPS"] = (step - self._last[0]) / max(now - self._last[1], 1e-9)
         self._last = (step, now)
         values.update(extra or {})
         if self._n_train:
