@@ -172,7 +172,8 @@ class Sampling:
         JAX's first device, a GPU where there is one) with ``jax.device_put`` while the learner
         trains on the one before, ``depth`` blocks ahead. Each item is a dict of ``jax.Array``
         shaped ``(batches_per_block, batch_size, ...)``, ready for a compiled call that runs a
-        block's gradient steps (``lax.scan``). Host memory is not reused before its copy is done.
+        block's gradient steps (``lax.scan``); ``index`` stays a numpy array (it is for
+        ``update_priorities``). Host memory is not reused before its copy is done.
         Other arguments as for ``blocks``. Returns a ``feed.jaxfeed.DeviceBlocks``; ``close()`` (or
         ``with``) stops it. Needs JAX (``pip install 'replaystore[jax]'``).
         """
