@@ -56,6 +56,12 @@ def test_blocks_are_as_datasets_batches(filled: ReplayStore) -> None:
     for j, batch in enumerate(batches):
         for name in FIELDS:
             np.testing.assert_array_equal(batch[name].numpy(), blocks[j // 3][name][j % 3], err_msg=name)
+    ds = filled.as_dataset(8, seed=4, n_step=2, threads=2, batches_per_call=3, blocks=True)  # whole blocks
+    assert ds.element_spec["obs"].shape == (3, 8, *blocks[0]["obs"].shape[2:])
+    for got, block in zip(ds.take(3), blocks, strict=True):
+        for name in FIELDS:
+            np.testing.assert_array_equal(got[name].numpy(), block[name], err_msg=name)
+    ds.prefetcher.close()
 
 
 def test_held_blocks_stay_intact_while_others_are_recycled(filled: ReplayStore) -> None:

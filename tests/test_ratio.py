@@ -1,10 +1,15 @@
 """The replay-ratio limiter and the decoupled trainer: the ratio held within its slack whichever side
 is faster, neither side left waiting when the other stops, and whole runs with ``--replay-ratio``
-(TensorFlow; JAX in test_trainer_jax.py) that report the ratio and stop and resume as lockstep runs do."""
+(TensorFlow; JAX in test_trainer_jax.py) that report the ratio, stop on SIGTERM and resume (on the
+other backend) as lockstep runs do, and an environment that dies mid-run without hanging the learner."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -13,6 +18,7 @@ import numpy as np
 import pytest
 from test_trainer_smoke import CARTPOLE, _scalars, _start, _train, _wait_for_checkpoint
 
+from replaystore import ReplayStore
 from trainer import checkpoint
 from trainer.ratio import RatioLimiter
 
@@ -72,7 +78,8 @@ def test_closing_releases_both_sides() -> None:
     assert results == [False, False]
 
 
-DECOUPLED = [*CARTPOLE, "--replay-ratio", "8"]  # batch 16, train frequency 2: the lockstep ratio is 8 too
+DECOUPLED = [*CARTPOLE, "--replay-ratio", "auto"]  # the default: batch 16 / train frequency 2 = 8
+SLACK = 16  # the limiter's slack: two learner calls of 8 steps (TensorFlow's default --steps-per-call)
 
 
 def test_decoupled_run_holds_the_ratio_and_reports_it(tmp_path: Path) -> None:
@@ -81,7 +88,7 @@ def test_decoupled_run_holds_the_ratio_and_reports_it(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     _, state = checkpoint.load(run)
     target = (1500 - 200) * 8 / 16
-    assert abs(state["train_steps"] - target) <= 8
+    assert abs(state["train_steps"] - target) <= SLACK
     scalars = _scalars(run)
     for tag in ("replay/inserted", "replay/sampled", "replay/ratio", "replay/sample_age", "charts/learner_steps_per_s",
                 "replay/learner_wait_s", "replay/actor_wait_s"):
@@ -99,8 +106,25 @@ def test_decoupled_run_stops_on_sigterm_and_resumes(tmp_path: Path) -> None:
     assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
     _, state = checkpoint.load(run)
     s = state["global_step"]
-    assert abs(state["train_steps"] - (s - 200) * 8 / 16) <= 8
-    more = _train("--resume", str(run), "--total-timesteps", str(s + 400))
+    assert abs(state["train_steps"] - (s - 200) * 8 / 16) <= SLACK
+    backend = "jax" if importlib.util.find_spec("jax") else "tensorflow"  # resumed on the other backend
+    more = subprocess.run([sys.executable, "-m", "trainer.dqn", "--resume", str(run), "--total-timesteps", str(s + 400),
+                           "--steps-per-call", "4"], capture_output=True, text=True, timeout=300, check=False,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "KERAS_BACKEND": backend})
     assert more.returncode == 0, more.stderr[-3000:]
     _, state = checkpoint.load(run)
-    assert state["global_step"] == s + 400 and abs(state["train_steps"] - (s + 400 - 200) * 8 / 16) <= 8
+    assert state["global_step"] == s + 400 and abs(state["train_steps"] - (s + 400 - 200) * 8 / 16) <= SLACK
+
+
+def test_an_environment_that_dies_stops_the_learner_and_keeps_the_store(tmp_path: Path) -> None:
+    """The acting side fails mid-run (the env raises) while the learner thread is busy: the process
+    ends with the error, does not hang on the learner, and the store keeps what was committed."""
+    run = tmp_path / "run"
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CRASH_AFTER": "700",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    argv = [a if a != "CartPole-v1" else "crashing_env:CrashingCartPole-v0" for a in DECOUPLED]
+    done = subprocess.run([sys.executable, "-m", "trainer.dqn", *argv, "--total-timesteps", "5000", "--run-dir",
+                           str(run)], capture_output=True, text=True, timeout=240, env=env, check=False)
+    assert done.returncode != 0 and "the environment died at step 701" in done.stderr, done.stderr[-3000:]
+    with ReplayStore.open(run / "replay.zarr") as store:
+        assert 0 < len(store) <= 700

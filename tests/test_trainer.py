@@ -61,7 +61,10 @@ def test_linear_schedule() -> None:
     (["--env-id", "CartPole-v1", "--buffer-size", "16", "--batch-size", "32"], "smaller than --batch-size 32"),
     (["--env-id", "CartPole-v1", "--gamma", "1.5"], "--gamma is 1.5"),
     (["--env-id", "CartPole-v1", "--hidden-sizes", "a,b"], "--hidden-sizes"),
-], ids=["unknown-env", "continuous-actions", "buffer-below-batch", "gamma", "hidden-sizes"])
+    (["--env-id", "CartPole-v1", "--replay-ratio", "fast"], "--replay-ratio is 'fast'"),
+    (["--env-id", "CartPole-v1", "--replay-ratio", "-2"], "--replay-ratio is '-2'"),
+], ids=["unknown-env", "continuous-actions", "buffer-below-batch", "gamma", "hidden-sizes", "ratio-word",
+        "ratio-negative"])
 def test_bad_arguments_are_one_line_errors_and_write_nothing(tmp_path: Path, argv: list[str], message: str,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     run_dir = tmp_path / "run"
@@ -117,7 +120,7 @@ def test_double_dqn_target(tmp_path: Path) -> None:
 
     from trainer.agent import Agent
 
-    agent = Agent((1, 2), np.float32, 3, learning_rate=1e-3, hidden_sizes=[8])
+    agent = Agent((1, 2), np.float32, 3, learning_rate=1e-3, hidden_sizes=[8], target_every=1000, tau=1.0)
     obs = np.random.default_rng(0).normal(size=(4, 1, 2)).astype(np.float32)
     nxt = np.random.default_rng(1).normal(size=(4, 1, 2)).astype(np.float32)
     agent.target.set_weights([w * 0.5 for w in agent.online.get_weights()])
@@ -128,10 +131,10 @@ def test_double_dqn_target(tmp_path: Path) -> None:
              "weight": tf.ones(4)}
     expected = batch["reward"].numpy() + batch["discount"].numpy() * q_next_target[np.arange(4), q_next_online.argmax(1)]
     td = np.abs(expected - q_online[np.arange(4), [0, 1, 2, 0]])
-    loss, _, abs_td = agent.train(batch, 0.99)
-    np.testing.assert_allclose(abs_td.numpy(), td, rtol=1e-5, atol=1e-6)
+    loss, _, abs_td = agent.train_block({name: value[None] for name, value in batch.items()})
+    np.testing.assert_allclose(abs_td[0], td, rtol=1e-5, atol=1e-6)
     huber = np.where(td < 1, 0.5 * td**2, td - 0.5)
-    assert float(loss) == pytest.approx(huber.mean(), rel=1e-5)
+    assert float(loss[0]) == pytest.approx(huber.mean(), rel=1e-5)
     assert agent.train_steps == 1
 
 

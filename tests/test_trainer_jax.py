@@ -1,4 +1,4 @@
-"""The trainer on Keras 3's JAX backend: the JAX and TensorFlow gradient steps agree on the same
+"""The trainer on Keras 3's two backends: the JAX and TensorFlow gradient steps agree on the same
 weights and batch, a block of k steps in one call equals k single steps (target updates included),
 and whole runs (CartPole, an ALE game with a vector env) complete and resume on the other backend,
 after a finished run and after SIGKILL. Keras picks its backend at import, so everything that needs
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_trainer_smoke import CARTPOLE, _scalars, _wait_for_checkpoint
+from test_trainer_smoke import CARTPOLE, _gradient_steps, _scalars, _wait_for_checkpoint
 
 from replaystore import ReplayStore
 from trainer import checkpoint
@@ -35,7 +35,7 @@ if backend == "jax":
     agent = JaxAgent(stack_shape, np.uint8, 3, target_every=1000, tau=1.0, **kwargs)
 else:
     from trainer.agent import Agent
-    agent = Agent(stack_shape, np.uint8, 3, **kwargs)
+    agent = Agent(stack_shape, np.uint8, 3, target_every=1000, tau=1.0, **kwargs)
 if "online/0" in data:
     agent.load_state({part: [data[f"{part}/{i}"] for i in range(int(data[f"{part}_n"]))]
                       for part in ("online", "target", "optimizer")})
@@ -44,12 +44,8 @@ out = {}
 for part, arrays in agent.state().items():
     out[f"{part}_n"] = len(arrays)
     out.update({f"{part}/{i}": a for i, a in enumerate(arrays)})
-if backend == "jax":
-    loss, q, td = agent.train_block({k: v[None] for k, v in batch.items()})
-    loss, q, td = loss[0], q[0], td[0]
-else:
-    import tensorflow as tf
-    loss, q, td = (np.asarray(x) for x in agent.train({k: tf.constant(v) for k, v in batch.items()}, 0.99))
+loss, q, td = agent.train_block({k: v[None] for k, v in batch.items()})
+loss, q, td = loss[0], q[0], td[0]
 out.update({f"after/{i}": a for i, a in enumerate(agent.state()["online"])})
 out.update(loss=loss, q=q, td=td)
 np.savez(sys.argv[2], **out)
@@ -96,44 +92,42 @@ def test_jax_and_tensorflow_steps_agree(tmp_path: Path, stack_shape: tuple[int, 
 K_STEPS = """
 import sys
 import numpy as np
-import jax
-from trainer.agent_jax import JaxAgent
+import keras
+if keras.backend.backend() == "jax":
+    from trainer.agent_jax import JaxAgent as Agent
+else:
+    from trainer.agent import Agent
 data = np.load(sys.argv[1])
 block = {k: data[k] for k in data.files}
-agents = [JaxAgent((2, 5), np.uint8, 3, learning_rate=1e-3, hidden_sizes=[16], target_every=2, tau=1.0)
-          for _ in range(2)]
+agents = [Agent((2, 5), np.uint8, 3, learning_rate=1e-3, hidden_sizes=[16], target_every=2, tau=1.0) for _ in range(2)]
 agents[1].load_state(agents[0].state())
-start_target = [np.asarray(t) for t in agents[0].target_params]
+start = agents[0].state()
 whole = agents[0].train_block(block)
 singles = [agents[1].train_block({k: v[i : i + 1] for k, v in block.items()}) for i in range(3)]
-for a, b in zip(agents[0].params, agents[1].params):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
-for a, b in zip(agents[0].target_params, agents[1].target_params):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+after = [agent.state() for agent in agents]
+for part in ("online", "target"):
+    for a, b in zip(after[0][part], after[1][part], strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=part)
 np.testing.assert_allclose(whole[0], np.concatenate([s[0] for s in singles]), rtol=1e-5, atol=1e-6)
+np.testing.assert_allclose(whole[2], np.concatenate([s[2] for s in singles]), rtol=1e-5, atol=1e-6)
 assert agents[0].train_steps == agents[1].train_steps == 3
 # target_every=2: the target took the weights after step 2, not those after step 3
-assert not all(np.array_equal(np.asarray(t), s) for t, s in zip(agents[0].target_params, start_target))
-assert not all(np.array_equal(np.asarray(t), np.asarray(p)) for t, p in zip(agents[0].target_params, agents[0].params))
+assert not all(np.array_equal(t, s) for t, s in zip(after[0]["target"], start["target"]))
+assert not all(np.array_equal(t, p) for t, p in zip(after[0]["target"], after[0]["online"]))
 print("ok")
 """
 
 
-def test_a_block_of_k_steps_equals_k_single_steps(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
+def test_a_block_of_k_steps_equals_k_single_steps(tmp_path: Path, backend: str) -> None:
     parts = [_batch((2, 5), 8, seed) for seed in range(3)]
     np.savez(tmp_path / "block.npz", **{k: np.stack([p[k] for p in parts]) for k in parts[0]})
-    _python(K_STEPS, str(tmp_path / "block.npz"), backend="jax")
+    _python(K_STEPS, str(tmp_path / "block.npz"), backend=backend)
 
 
 def _train(*argv: str, backend: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "trainer.dqn", *argv], capture_output=True, text=True, check=False,
                           timeout=timeout, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "KERAS_BACKEND": backend})
-
-
-def _gradient_steps(run: Path) -> int:
-    """Gradient steps taken plus those due (a JAX run takes them a block at a time)."""
-    _, state = checkpoint.load(run)
-    return state["train_steps"] + state.get("due_steps", 0)
 
 
 def test_jax_cartpole_run_then_resume_on_tensorflow_and_back(tmp_path: Path) -> None:
@@ -146,9 +140,8 @@ def test_jax_cartpole_run_then_resume_on_tensorflow_and_back(tmp_path: Path) -> 
     assert state["train_steps"] % 8 == 0 and state["due_steps"] < 8
     scalars = _scalars(run)
     assert len(scalars["losses/td_loss"]) and all(np.isfinite(scalars["losses/td_loss"]))
-    more = _train("--resume", str(run), "--total-timesteps", "1500", backend="tensorflow")
+    more = _train("--resume", str(run), "--total-timesteps", "1500", "--steps-per-call", "1", backend="tensorflow")
     assert more.returncode == 0, more.stderr[-3000:]
-    assert "note: --steps-per-call 8 is for the JAX learner" in more.stderr
     _, state = checkpoint.load(run)
     assert state["global_step"] == 1500 and state["due_steps"] == 0 and state["train_steps"] == (1500 - 200) // 2
     again = _train("--resume", str(run), "--total-timesteps", "1700", backend="jax")
@@ -183,7 +176,7 @@ def test_jax_atari_vector_env_run(tmp_path: Path) -> None:
     done = _train("--env-id", "ALE/Breakout-v5", "--total-timesteps", "600", "--buffer-size", "1000", "--num-envs", "2",
                   "--batch-size", "8", "--learning-starts", "100", "--target-network-frequency", "100",
                   "--steps-per-call", "4", "--run-dir", str(run), "--no-progress", "--sample-threads", "1",
-                  backend="jax")
+                  "--replay-ratio", "0", backend="jax")
     assert done.returncode == 0, done.stderr[-3000:]
     scalars = _scalars(run)
     assert all(np.isfinite(scalars["losses/td_loss"])) and all(np.isfinite(scalars["losses/q_values"]))
@@ -209,3 +202,18 @@ def test_jax_decoupled_run_holds_the_ratio(tmp_path: Path) -> None:
     _, state = checkpoint.load(run)
     assert state["train_steps"] % 4 == 0 and abs(state["train_steps"] - (1000 - 200) * 8 / 16) <= 8
     assert "replay/ratio" in _scalars(run)
+
+
+def test_tensorflow_blocks_of_steps_resume_on_jax(tmp_path: Path) -> None:
+    """TensorFlow with --steps-per-call 4 (a tf.while_loop over blocks from as_dataset(blocks=True)):
+    the lockstep schedule's gradient steps, a block at a time; then JAX continues the run."""
+    run = tmp_path / "run"
+    done = _train(*CARTPOLE, "--total-timesteps", "1000", "--run-dir", str(run), "--steps-per-call", "4",
+                  "--prioritized", backend="tensorflow")
+    assert done.returncode == 0, done.stderr[-3000:]
+    _, state = checkpoint.load(run)
+    assert state["train_steps"] % 4 == 0 and _gradient_steps(run) == (1000 - 200) // 2
+    assert all(np.isfinite(_scalars(run)["losses/td_loss"]))
+    more = _train("--resume", str(run), "--total-timesteps", "1300", backend="jax")
+    assert more.returncode == 0, more.stderr[-3000:]
+    assert _gradient_steps(run) == (1300 - 200) // 2

@@ -22,7 +22,14 @@ from trainer.dqn import linear_schedule
 TAGS = {"charts/episodic_return", "charts/episodic_length", "charts/epsilon", "charts/SPS", "losses/td_loss",
         "losses/q_values", "replay/size", "replay/cache_hit_rate", "replay/sample_ms"}
 CARTPOLE = ["--env-id", "CartPole-v1", "--buffer-size", "3000", "--batch-size", "16", "--learning-starts", "200",
-            "--train-frequency", "2", "--target-network-frequency", "100", "--no-progress", "--sample-threads", "1"]
+            "--train-frequency", "2", "--target-network-frequency", "100", "--no-progress", "--sample-threads", "1",
+            "--replay-ratio", "0"]  # lockstep: gradient steps counted exactly (test_ratio.py runs the decoupled default)
+
+
+def _gradient_steps(run: Path) -> int:
+    """Gradient steps taken plus those due (a learner takes them a block of --steps-per-call at a time)."""
+    _, state = checkpoint.load(run)
+    return state["train_steps"] + state.get("due_steps", 0)
 
 
 def _train(*argv: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
@@ -48,7 +55,7 @@ def test_cartpole_run_writes_store_checkpoint_logs(tmp_path: Path, capsys: pytes
     assert "done: 1,200 steps" in done.stdout and "eval at step 1,200" in done.stdout
     assert {p.name for p in run.iterdir()} == {"args.json", "replay.zarr", "checkpoint.npz", "tb", "evals.jsonl"}
     _, state = checkpoint.load(run)
-    assert state["global_step"] == 1200 and state["train_steps"] == (1200 - 200) // 2
+    assert state["global_step"] == 1200 and _gradient_steps(run) == (1200 - 200) // 2
     scalars = _scalars(run)
     assert TAGS <= set(scalars), TAGS - set(scalars)
     assert all(np.isfinite(scalars["losses/td_loss"]))
@@ -127,7 +134,7 @@ def test_sigkill_then_resume_continues_from_the_checkpoint(tmp_path: Path) -> No
     assert more.returncode == 0, more.stderr[-3000:]
     _, state3 = checkpoint.load(run)
     assert state3["global_step"] == s + 300
-    assert state3["train_steps"] == state["train_steps"] + 150
+    assert state3["train_steps"] + state3["due_steps"] == state["train_steps"] + state["due_steps"] + 150
     assert state3["epsilon"] == pytest.approx(linear_schedule(1.0, 0.01, 0.1 * (s + 300), s + 299))
     with ReplayStore.open(run / "replay.zarr") as store:
         assert store.added >= committed + 300
@@ -185,12 +192,12 @@ def test_num_envs_runs_on_atari_vector_env_and_resumes(tmp_path: Path) -> None:
     run = tmp_path / "run"
     flags = ["--env-id", "ALE/Breakout-v5", "--num-envs", "3", "--buffer-size", "3000", "--batch-size", "8",
              "--learning-starts", "300", "--train-frequency", "4", "--no-progress", "--sample-threads", "1",
-             "--checkpoint-frequency", "300", "--run-dir", str(run)]
+             "--checkpoint-frequency", "300", "--replay-ratio", "0", "--run-dir", str(run)]
     done = _train(*flags, "--total-timesteps", "600")
     assert done.returncode == 0, done.stderr[-3000:]
     _, state = checkpoint.load(run)
     steps = state["global_step"]
-    assert 600 <= steps < 603 and state["train_steps"] == steps // 4 - 300 // 4 and state["episodes"] >= 0
+    assert 600 <= steps < 603 and _gradient_steps(run) == steps // 4 - 300 // 4 and state["episodes"] >= 0
     with ReplayStore.open(run / "replay.zarr") as store:
         assert store.num_streams == 3 and len(store) == steps
         assert all(r.n_valid > 150 for r in store.rings.streams)

@@ -4,12 +4,14 @@ For each installed backend (TensorFlow, JAX), in a child process with ``KERAS_BA
 trainer's DQN learner (Nature CNN, double-DQN, Adam; batch 32 of 4-frame 84x84 Breakout stacks)
 takes gradient steps in interleaved rounds:
 
-  bound  on one fixed batch already in the backend's hands (JAX: one fixed block of
-         ``--steps-per-call`` batches on the device, one compiled call per block; TensorFlow: one
-         fixed batch tensor, one ``tf.function`` step per batch), so nothing is sampled;
-  fed    on batches sampled from a 1M-transition store through the product's path, exactly as
+  bound  on one fixed block of K batches already in the backend's hands (on the device for JAX,
+         tensors for TensorFlow), one compiled call of K gradient steps per block, so nothing is
+         sampled;
+  fed    on blocks sampled from a 1M-transition store through the product's path, exactly as
          the trainer takes them (trainer/learn.py: JAX ``store.jax_blocks`` with a feeder thread,
-         TensorFlow ``store.as_dataset``).
+         TensorFlow ``store.as_dataset``, with ``blocks=True`` when K > 1).
+
+K is each of ``--steps-per-call`` (a comma list) in turn.
 
 It prints gradient steps/s for both and the ratio fed / bound (the issue's goal: >= 0.9). Run:
 ``python tools/bench_learner.py [--seconds 10] [--rounds 2] [--reuse]``. The store is built once
@@ -61,7 +63,7 @@ def child(args: argparse.Namespace) -> dict:
     store = ReplayStore.open(STORE)
     k = args.steps_per_call
     ns = argparse.Namespace(frame_stack=4, learning_rate=1e-4, hidden_sizes="120,84", target_network_frequency=1000,
-                            train_frequency=4, tau=1.0, steps_per_call=k if backend == "jax" else 0, batch_size=BATCH,
+                            train_frequency=4, tau=1.0, steps_per_call=int(k), batch_size=BATCH,
                             n_step=1, gamma=0.99, prioritized=False, alpha=0.6, beta=0.4,
                             sample_threads=args.threads, seed=0)
     env = argparse.Namespace(observation_space=store.observation_space, action_space=store.action_space)
@@ -81,17 +83,13 @@ def child(args: argparse.Namespace) -> dict:
         import jax
 
         on_device = jax.device_put({n: v for n, v in fixed.items() if n != "index"})
-
-        def bound_call() -> None:
-            agent.train_block(on_device)
     else:
         import tensorflow as tf
 
-        batch = {n: tf.constant(v[0]) for n, v in fixed.items()}
+        on_device = {n: tf.constant(v) for n, v in fixed.items()}
 
-        def bound_call() -> None:
-            loss, _, _ = agent.train(batch, 0.99)
-            float(loss)
+    def bound_call() -> None:
+        agent.train_block(on_device)
 
     def fed_call() -> None:
         learning.steps(per_call)
@@ -120,7 +118,7 @@ def main() -> None:
     ap.add_argument("--transitions", type=int, default=1_000_000)
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--steps-per-call", type=int, default=32, help="JAX: gradient steps per compiled call")
+    ap.add_argument("--steps-per-call", default="1,8,32", help="gradient steps per compiled call (a comma list)")
     ap.add_argument("--threads", type=int, default=2, help="sampling threads (and decode processes)")
     ap.add_argument("--reuse", action="store_true", help="reuse tools/out/bench_learner.zarr if it exists")
     ap.add_argument("--backends", default="tensorflow,jax")
@@ -138,14 +136,15 @@ def main() -> None:
         if importlib.util.find_spec({"tensorflow": "tensorflow", "jax": "jax"}[backend]) is None:
             print(f"{backend}: not installed, skipped")
             continue
-        cmd = [sys.executable, __file__, "--child", "--seconds", str(args.seconds), "--rounds", str(args.rounds),
-               "--steps-per-call", str(args.steps_per_call), "--threads", str(args.threads)]
-        out = subprocess.run(cmd, capture_output=True, text=True, check=False,
-                             env={**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3"})
-        if out.returncode != 0:
-            raise SystemExit(f"{backend} failed:\n{out.stderr[-3000:]}")
-        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
-        print(f"{backend}: {rows[-1]}", flush=True)
+        for k in args.steps_per_call.split(","):
+            cmd = [sys.executable, __file__, "--child", "--seconds", str(args.seconds), "--rounds", str(args.rounds),
+                   "--steps-per-call", k, "--threads", str(args.threads)]
+            out = subprocess.run(cmd, capture_output=True, text=True, check=False,
+                                 env={**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3"})
+            if out.returncode != 0:
+                raise SystemExit(f"{backend} failed:\n{out.stderr[-3000:]}")
+            rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            print(f"{backend}: {rows[-1]}", flush=True)
     print(f"\nmachine: {os.cpu_count()} cores, {platform.processor() or platform.machine()}; batch {BATCH}, "
           f"median of {args.rounds} rounds of {args.seconds:.0f} s")
     print("| backend | steps per call | bound: fixed batch, steps/s | fed by the store, steps/s | fed / bound |")

@@ -2,8 +2,8 @@
 
 For each backend and each N in ``--envs``, ``replaystore-train`` runs on ALE/Breakout-v5 with N
 envs (ale-py's vector env for N > 1), batch 32 and train frequency 4 (replay ratio 8), twice:
-**lockstep** (the default loop: one gradient step per 4 env steps, taken inside the loop) and
-**decoupled** (``--replay-ratio 8``: the learner on its own thread, held to the same ratio). Each
+**lockstep** (``--replay-ratio 0``: one gradient step per 4 env steps, taken inside the loop) and
+**decoupled** (the default, ``--replay-ratio 8``: the learner on its own thread, held to the same ratio). Each
 run does ``--learning-starts`` steps of random play, then ``--steps`` steps of learning; the table
 gives the learning phase's env steps/s (from the steps and wall times of the run's TensorBoard scalars,
 leaving out the first 1,000 steps of learning) and gradient steps/s, and the run's peak RSS.
@@ -33,8 +33,7 @@ def run(backend: str, n: int, decoupled: bool, args: argparse.Namespace, root: P
     cmd = [sys.executable, "-m", "trainer.dqn", "--env-id", "ALE/Breakout-v5", "--total-timesteps", str(total),
            "--learning-starts", str(args.learning_starts), "--buffer-size", str(args.buffer_size),
            "--num-envs", str(n), "--run-dir", str(run_dir), "--no-progress", "--checkpoint-frequency", str(10**9)]
-    if decoupled:
-        cmd += ["--replay-ratio", "8"]
+    cmd += ["--replay-ratio", "8" if decoupled else "0"]
     if backend == "jax":
         cmd += ["--steps-per-call", str(args.steps_per_call)]
     t0 = time.perf_counter()

@@ -26,16 +26,11 @@ import jax.numpy as jnp
 import keras
 import numpy as np
 
-from trainer.networks import MAX_GRAD_NORM, build_q_network, keras_state, load_keras_state
-
-#: Fields of a block the gradient step reads (``index`` stays on the host for the priorities).
-TRAIN_FIELDS = ("obs", "next_obs", "action", "reward", "discount", "weight")
+from trainer.networks import MAX_GRAD_NORM, TRAIN_FIELDS, build_q_network, keras_state, load_keras_state
 
 
 class JaxAgent:
     """Online and target networks, Adam, acting and k-step training, as JAX arrays and jitted calls."""
-
-    owns_target_updates = True  # the loop does not call update_target: train_block does it in step
 
     def __init__(self, stack_shape: tuple[int, ...], dtype: Any, n_actions: int, *, learning_rate: float,
                  hidden_sizes: list[int], target_every: int, tau: float) -> None:
@@ -111,12 +106,6 @@ class JaxAgent:
 
         (params, target_params, opt_vars), out = jax.lax.scan(step, (params, target_params, opt_vars), block)
         return params, target_params, opt_vars, out
-
-    def update_target(self, tau: float) -> None:
-        """target <- tau * online + (1 - tau) * target (tau = 1: a hard copy); ``train_block`` does this
-        by itself every ``target_every`` steps."""
-        self.target_params = [p if tau >= 1.0 else tau * p + (1.0 - tau) * t
-                              for p, t in zip(self.params, self.target_params, strict=True)]
 
     # Checkpoint state ---------------------------------------------------------------------------
 

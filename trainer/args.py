@@ -51,11 +51,13 @@ class Args:
     eval_epsilon: float = dataclasses.field(default=0.0, metadata={"help": "epsilon while evaluating"})
     cache_mb: int = dataclasses.field(default=256, metadata={"help": "the store's compressed-chunk cache in MiB"})
     sample_threads: int = dataclasses.field(default=2, metadata={"help": "threads that sample batches ahead of the learner"})
-    replay_ratio: float = dataclasses.field(default=0.0, metadata={
-        "help": "sampled per inserted transitions, with the learner on its own thread beside acting (0: lockstep, "
-                "one gradient step per --train-frequency env steps, i.e. a ratio of batch-size/train-frequency)"})
+    replay_ratio: str = dataclasses.field(default="auto", metadata={
+        "help": "sampled per inserted transitions, held by running the learner on its own thread beside acting; "
+                "auto: batch-size / train-frequency (8 with the defaults: the data reuse of lockstep DQN); "
+                "0: lockstep (acting stops for a gradient step every --train-frequency env steps)"})
     steps_per_call: int = dataclasses.field(default=0, metadata={
-        "help": "JAX: gradient steps per compiled call, one block of batches each (0: 32); TensorFlow takes 1"})
+        "help": "gradient steps per compiled call, on one block of that many batches (0: the backend's default, "
+                "8 on TensorFlow, 32 on JAX)"})
     progress: bool = dataclasses.field(default=True, metadata={"help": "show a live progress bar"})
 
 
@@ -130,7 +132,8 @@ def check(args: Args) -> None:
     for name in positive:
         if getattr(args, name) < (0 if name == "cache_mb" else 1):
             raise TrainerError(f"--{name.replace('_', '-')} is {getattr(args, name)}; it must be a positive integer")
-    for name in ("learning_starts", "eval_frequency", "eval_episodes", "frame_stack", "steps_per_call", "replay_ratio"):
+    replay_ratio(args)
+    for name in ("learning_starts", "eval_frequency", "eval_episodes", "frame_stack", "steps_per_call"):
         if getattr(args, name) < 0:
             raise TrainerError(f"--{name.replace('_', '-')} is {getattr(args, name)}; it must be >= 0")
     for name in ("gamma", "tau", "start_e", "end_e", "exploration_fraction", "alpha", "beta", "eval_epsilon"):
@@ -150,6 +153,21 @@ def check(args: Args) -> None:
     if args.n_step >= args.buffer_size // args.num_envs:
         raise TrainerError(f"--n-step {args.n_step} must be smaller than --buffer-size {args.buffer_size}")
     hidden_sizes(args)
+
+
+def replay_ratio(args: Args) -> float:
+    """``--replay-ratio`` as a number: ``auto`` is batch-size / train-frequency; 0 means lockstep."""
+    value = args.replay_ratio
+    if value == "auto":
+        return args.batch_size / args.train_frequency
+    try:
+        ratio = float(value)
+    except (TypeError, ValueError):
+        ratio = float("nan")
+    if not ratio >= 0 or ratio == float("inf"):
+        raise TrainerError(f"--replay-ratio is {value!r}; give a number >= 0 (sampled per inserted transition; "
+                           "0 for lockstep) or auto")
+    return ratio
 
 
 def hidden_sizes(args: Args) -> list[int]:

@@ -27,6 +27,7 @@ import os
 import shutil
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -139,7 +140,7 @@ def train(args: Args, *, resuming: bool) -> int:
     try:
         if saved is None:
             save_checkpoint(run_dir, store, agent, rng, state, report)
-        if args.replay_ratio > 0:
+        if arguments.replay_ratio(args) > 0:
             learning.start_thread(start)
         loop = run_loop if args.num_envs == 1 else run_vector_loop
         global_step = loop(args, env, store, agent, rng, state, report, stop, learning)
@@ -210,8 +211,6 @@ def run_loop(args: Args, env: Any, store: ReplayStore, agent: Any, rng: np.rando
             if not learning.started and len(store) >= args.batch_size + args.n_step:
                 learning.start(global_step)
             learning.steps(1)
-            if global_step % args.target_network_frequency < args.train_frequency and not agent.owns_target_updates:
-                agent.update_target(args.tau)
 
         if global_step % REPORT_STEPS == 0:
             report.periodic(global_step, epsilon=epsilon, replay_size=len(store), cache_hit_rate=store.cache_hit_rate,
@@ -288,8 +287,6 @@ def run_vector_loop(args: Args, env: Any, store: ReplayStore, agent: Any, rng: n
                 if not learning.started and steps and len(store) >= args.batch_size + args.n_step:
                     learning.start(global_step)
                 learning.steps(steps)
-                if crossed(before, global_step, args.target_network_frequency) and not agent.owns_target_updates:
-                    agent.update_target(args.tau)
             if crossed(before, global_step, REPORT_STEPS):
                 report.periodic(global_step, epsilon=epsilon, replay_size=len(store),
                                 cache_hit_rate=store.cache_hit_rate, extra=learning.metrics())
@@ -313,17 +310,14 @@ def make_agent(args: Args, env: Any, backend: str) -> Any:
     """The DQN agent for the backend Keras runs on (``KERAS_BACKEND``): agent.py (TensorFlow) or
     agent_jax.py (JAX); the same networks, loss, optimizer and checkpoint arrays."""
     stack_shape = (args.frame_stack, *env.observation_space.shape)
-    kwargs = {"learning_rate": args.learning_rate, "hidden_sizes": arguments.hidden_sizes(args)}
+    kwargs = {"learning_rate": args.learning_rate, "hidden_sizes": arguments.hidden_sizes(args),
+              "target_every": args.target_network_frequency // args.train_frequency, "tau": args.tau}
     if backend == "jax":
         from trainer.agent_jax import JaxAgent
 
-        return JaxAgent(stack_shape, env.observation_space.dtype, int(env.action_space.n),
-                        target_every=args.target_network_frequency // args.train_frequency, tau=args.tau, **kwargs)
+        return JaxAgent(stack_shape, env.observation_space.dtype, int(env.action_space.n), **kwargs)
     if backend != "tensorflow":
         raise TrainerError(f"KERAS_BACKEND is {backend!r}; the trainer runs on 'tensorflow' (the default) or 'jax'")
-    if args.steps_per_call > 1:
-        print(f"note: --steps-per-call {args.steps_per_call} is for the JAX learner (KERAS_BACKEND=jax); the "
-              "TensorFlow learner takes one gradient step per call", file=sys.stderr)
     from trainer.agent import Agent
 
     return Agent(stack_shape, env.observation_space.dtype, int(env.action_space.n), **kwargs)
@@ -376,11 +370,13 @@ def evaluate(agent: Any, args: Args, episodes: int, *, seed: int) -> list[float]
 
 
 def record_eval(args: Args, agent: Any, step: int, report: Any) -> None:
+    t0 = time.time()
     returns = evaluate(agent, args, args.eval_episodes, seed=args.seed + 100_000)
     mean = float(np.mean(returns))
     report.scalars(step, {"eval/mean_return": mean})
+    record = {"step": step, "mean_return": mean, "returns": returns, "time": time.time(), "eval_s": time.time() - t0}
     with open(Path(args.run_dir) / EVALS, "a") as f:
-        f.write(json.dumps({"step": step, "mean_return": mean, "returns": returns}) + "\n")
+        f.write(json.dumps(record) + "\n")
     report.print(f"eval at step {step:,}: mean return {mean:.1f} over {len(returns)} episodes")
 
 

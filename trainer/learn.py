@@ -1,15 +1,18 @@
 """The learner's side of the training loop: the sampling pipeline and the gradient steps due.
 
 The loop says how many gradient steps are due (one per ``train_frequency`` env steps once learning
-has started) and ``Learning`` takes them, on the backend Keras runs on:
+has started) and ``Learning`` takes them, ``--steps-per-call`` K at a time: each call of the agent's
+``train_block`` runs K gradient steps on a block of K batches, compiled as one call, on the backend
+Keras runs on:
 
-- **TensorFlow** (the default): batches from ``store.as_dataset`` (tf.data), one ``tf.function``
-  gradient step each.
-- **JAX** (``KERAS_BACKEND=jax``): blocks of ``--steps-per-call`` batches from ``store.jax_blocks``,
-  put on the device ahead by a feeder thread; due steps accumulate and each full block is one
-  compiled call of that many steps (agent_jax.py). Steps still due when the run stops carry over
-  to the next call, so a run takes its gradient steps at most one block late.
+- **TensorFlow** (the default): blocks from ``store.as_dataset(..., blocks=True)`` (tf.data), one
+  ``tf.function`` call each (a ``tf.while_loop`` over the block); with K = 1, batches from
+  ``as_dataset`` as they come.
+- **JAX** (``KERAS_BACKEND=jax``): blocks from ``store.jax_blocks``, put on the device ahead by a
+  feeder thread; one ``jax.jit`` call each (``lax.scan``).
 
+Due steps accumulate and each full block is taken; steps still due when the run stops carry over
+(``state["due_steps"]``, checkpointed), so a run takes its gradient steps at most one block late.
 With ``--prioritized`` the new priorities are written after each call.
 
 With ``--replay-ratio R`` (> 0) the gradient steps are not taken inside the acting loop: a learner
@@ -28,12 +31,14 @@ from typing import Any
 import numpy as np
 
 from replaystore import ReplayStore
+from trainer import args as arguments
 from trainer.args import Args
 from trainer.ratio import RatioLimiter
 
 PRIORITY_EPS = 1e-6
-#: Gradient steps per compiled call on JAX when ``--steps-per-call`` is not given.
-DEFAULT_STEPS_PER_CALL = 32
+#: Gradient steps per compiled call when ``--steps-per-call`` is not given, per backend
+#: (docs/benchmarks.md, "The learner").
+DEFAULT_STEPS_PER_CALL = {"tensorflow": 8, "jax": 32}
 
 
 class Learning:
@@ -43,8 +48,8 @@ class Learning:
         """``state``: the run's checkpointed state, where the steps due but not yet taken are kept
         (``due_steps``), so that a resumed run takes them."""
         self.args, self.store, self.agent, self.report, self.state = args, store, agent, report, state
-        self.jax = hasattr(agent, "train_block")
-        self.steps_per_call = (args.steps_per_call or DEFAULT_STEPS_PER_CALL) if self.jax else 1
+        self.jax = type(agent).__name__ == "JaxAgent"
+        self.steps_per_call = args.steps_per_call or DEFAULT_STEPS_PER_CALL["jax" if self.jax else "tensorflow"]
         self.source: Any = None  # the dataset iterator (TF) or the device blocks (JAX)
         state.setdefault("due_steps", 0)
         self.limiter: RatioLimiter | None = None  # decoupled (--replay-ratio > 0): the learner thread's
@@ -63,7 +68,7 @@ class Learning:
     def start_thread(self, global_step: int) -> None:
         """Run the learner on its own thread, held to ``--replay-ratio`` (ratio.py)."""
         args = self.args
-        self.limiter = RatioLimiter(args.replay_ratio, args.batch_size, args.learning_starts,
+        self.limiter = RatioLimiter(arguments.replay_ratio(args), args.batch_size, args.learning_starts,
                                     steps_per_call=self.steps_per_call, inserted=global_step,
                                     learned=int(self.agent.train_steps))
         self._since = (self.limiter.learned, time.perf_counter())
@@ -87,9 +92,8 @@ class Learning:
             yield
 
     def _learner(self) -> None:
-        limiter, args, agent = self.limiter, self.args, self.agent
+        limiter, args = self.limiter, self.args
         assert limiter is not None
-        target_every = max(1, args.target_network_frequency // args.train_frequency)
         try:
             while limiter.wait_learner():
                 if not self.started:
@@ -98,22 +102,11 @@ class Learning:
                         continue
                     self.start(limiter.inserted)
                 with self._lock:
-                    before = int(agent.train_steps)
-                    n = self._call()
-                    if not agent.owns_target_updates and (before + n) // target_every > before // target_every:
-                        agent.update_target(args.tau)
-                limiter.learned_steps(n)
+                    self._call()
+                limiter.learned_steps(self.steps_per_call)
         except BaseException as exc:  # noqa: BLE001 - raised in the acting thread by acted()
             self.error = exc
             limiter.close()
-
-    def _call(self) -> int:
-        """One learner call: a gradient step (TensorFlow) or a block of them (JAX); returns the steps."""
-        if self.jax:
-            self._jax_block()
-            return self.steps_per_call
-        self._tf_step()
-        return 1
 
     def _note_ages(self, index: np.ndarray) -> None:
         """Env steps since each sampled transition was added (for the replay/sample_age scalar)."""
@@ -144,48 +137,42 @@ class Learning:
         return self.source is not None
 
     def start(self, global_step: int) -> None:
-        args, store = self.args, self.store
+        args, store, k = self.args, self.store, self.steps_per_call
         kwargs = {"n_step": args.n_step, "gamma": args.gamma, "prioritized": args.prioritized, "alpha": args.alpha,
                   "beta": args.beta, "threads": args.sample_threads, "seed": args.seed * 1_000_003 + global_step}
         if self.jax:
-            self.source = store.jax_blocks(args.batch_size, batches_per_block=self.steps_per_call, **kwargs)
+            self.source = store.jax_blocks(args.batch_size, batches_per_block=k, **kwargs)
             self._close = self.source.close
-        else:
-            dataset = store.as_dataset(args.batch_size, **kwargs)
-            self.source, self._close = iter(dataset), dataset.prefetcher.close
+            return
+        import tensorflow as tf
+
+        if k > 1:
+            dataset = store.as_dataset(args.batch_size, batches_per_call=k, blocks=True, **kwargs)
+            self.source = iter(dataset)
+        else:  # batches as they come (the bridge's cost spread over 32 of them), each a block of one
+            dataset = store.as_dataset(args.batch_size, batches_per_call=32, **kwargs)
+            self.source = ({name: tf.expand_dims(value, 0) for name, value in batch.items()} for batch in dataset)
+        self._close = dataset.prefetcher.close
 
     def steps(self, n: int) -> None:
-        """Take ``n`` more gradient steps (on JAX: every full block of them now, the rest later)."""
+        """Take ``n`` more gradient steps: every full block of them now, the rest later."""
         if not self.started:
-            return
-        if not self.jax:
-            n, self.state["due_steps"] = n + self.state["due_steps"], 0  # (left by a JAX run this one resumes)
-            for _ in range(n):
-                self._tf_step()
             return
         self.state["due_steps"] += n
         while self.state["due_steps"] >= self.steps_per_call:
-            self._jax_block()
+            self._call()
             self.state["due_steps"] -= self.steps_per_call
 
-    def _tf_step(self) -> None:
-        t0 = time.perf_counter()
-        batch = next(self.source)
-        sample_s = time.perf_counter() - t0
-        loss, q_mean, abs_td = self.agent.train(batch, self.args.gamma)
-        self._note_ages(batch["index"].numpy())
-        if self.args.prioritized:
-            self.store.update_priorities(batch["index"].numpy(), abs_td.numpy() + PRIORITY_EPS)
-        self.report.trained(float(loss), float(q_mean), sample_s)
-
-    def _jax_block(self) -> None:
+    def _call(self) -> None:
+        """One learner call: ``steps_per_call`` gradient steps on the next block."""
         t0 = time.perf_counter()
         block = next(self.source)
         sample_s = time.perf_counter() - t0
         loss, q_mean, abs_td = self.agent.train_block(block)
-        self._note_ages(block["index"])
+        index = np.asarray(block["index"])
+        self._note_ages(index)
         if self.args.prioritized:
-            self.store.update_priorities(block["index"].ravel(), abs_td.ravel() + PRIORITY_EPS)
+            self.store.update_priorities(index.ravel(), abs_td.ravel() + PRIORITY_EPS)
         for i in range(len(loss)):
             self.report.trained(float(loss[i]), float(q_mean[i]), sample_s / len(loss))
 

@@ -14,6 +14,8 @@ import numpy as np
 from keras import layers
 
 #: Clip the global gradient norm (cleanrl's Atari PPO/DQN practice keeps early updates sane).
+#: Fields of a block the gradient step reads (``index`` stays on the host for the priorities).
+TRAIN_FIELDS = ("obs", "next_obs", "action", "reward", "discount", "weight")
 MAX_GRAD_NORM = 10.0
 
 

@@ -45,27 +45,29 @@ _DTYPES = {
 }
 
 
-def element_spec(store: ReplayStore, batch_size: int) -> dict[str, tf.TensorSpec]:
-    """The ``element_spec`` of ``store.as_dataset(batch_size)``."""
-    stack = (batch_size, store.frame_stack, *store.schema.observation.shape)
+def element_spec(store: ReplayStore, batch_size: int, batches: int | None = None) -> dict[str, tf.TensorSpec]:
+    """The ``element_spec`` of ``store.as_dataset(batch_size)``; with ``batches``, that of whole
+    blocks of that many batches (``as_dataset(..., batches_per_call=batches, blocks=True)``)."""
+    lead = (batch_size,) if batches is None else (batches, batch_size)
+    stack = (*lead, store.frame_stack, *store.schema.observation.shape)
     frame_dtype = tf.as_dtype(np.dtype(store.schema.observation.dtype))
     spec = {"obs": tf.TensorSpec(stack, frame_dtype, name="obs"), "next_obs": tf.TensorSpec(stack, frame_dtype, name="next_obs")}
-    spec.update({name: tf.TensorSpec((batch_size,), dtype, name=name) for name, dtype in _DTYPES.items()})
+    spec.update({name: tf.TensorSpec(lead, dtype, name=name) for name, dtype in _DTYPES.items()})
     return spec
 
 
 def as_dataset(store: ReplayStore, batch_size: int, *, n_step: int = 1, gamma: float = 0.99, prioritized: bool = False,
                alpha: float = 0.6, beta: float = 0.4, prefetch: int = 4, threads: int = 2, batches_per_call: int = 8,
-               seed: int | None = None, device: str | None = "auto", processes: bool | None = None) -> tf.data.Dataset:
+               seed: int | None = None, device: str | None = "auto", processes: bool | None = None,
+               blocks: bool = False) -> tf.data.Dataset:
     """See ``ReplayStore.as_dataset``."""
     if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
         raise SampleError(f"prefetch is {prefetch!r}; it must be a positive int (batches kept ready)")
     prefetcher = Prefetcher(store, batch_size, batches_per_block=batches_per_call, threads=threads,
                             depth=max(2, -(-prefetch // batches_per_call) + threads), seed=seed, n_step=n_step,
                             gamma=gamma, prioritized=prioritized, alpha=alpha, beta=beta, processes=processes)
-    frame_shape = (batches_per_call, batch_size, store.frame_stack, *store.schema.observation.shape)
-    spec = element_spec(store, batch_size)
-    out_types = [spec[name].dtype for name in FIELDS]
+    block_spec = element_spec(store, batch_size, batches_per_call)
+    out_types = [block_spec[name].dtype for name in FIELDS]
 
     def fetch() -> list[np.ndarray]:
         block = prefetcher.next_block()
@@ -73,13 +75,14 @@ def as_dataset(store: ReplayStore, batch_size: int, *, n_step: int = 1, gamma: f
 
     def to_block(_: tf.Tensor) -> dict[str, tf.Tensor]:
         values = tf.numpy_function(fetch, [], out_types, stateful=True, name="replaystore_sample")
-        return {name: tf.ensure_shape(value, frame_shape if name in ("obs", "next_obs") else (batches_per_call, batch_size))
-                for name, value in zip(FIELDS, values)}
+        return {name: tf.ensure_shape(value, block_spec[name].shape) for name, value in zip(FIELDS, values)}
 
     # A plain (sequential) map: the consumer's own thread calls ``fetch`` once per block, and the
     # slices of a block are taken on that same thread; no per-batch function and no hand-over
     # between threads (the Prefetcher's workers already keep blocks ready ahead of the consumer).
-    ds = tf.data.Dataset.from_tensors(np.int64(0)).repeat().map(to_block).flat_map(tf.data.Dataset.from_tensor_slices)
+    ds = tf.data.Dataset.from_tensors(np.int64(0)).repeat().map(to_block)
+    if not blocks:
+        ds = ds.flat_map(tf.data.Dataset.from_tensor_slices)
     options = tf.data.Options()
     options.deterministic = True
     options.experimental_optimization.inject_prefetch = False
@@ -87,7 +90,8 @@ def as_dataset(store: ReplayStore, batch_size: int, *, n_step: int = 1, gamma: f
     if device == "auto":
         device = "/GPU:0" if tf.config.list_physical_devices("GPU") else None
     if device is not None:
-        ds = ds.apply(tf.data.experimental.prefetch_to_device(device, buffer_size=prefetch))
+        ahead = -(-prefetch // batches_per_call) if blocks else prefetch  # (elements, not batches)
+        ds = ds.apply(tf.data.experimental.prefetch_to_device(device, buffer_size=ahead))
     return ReplayDataset(ds, prefetcher)
 
 

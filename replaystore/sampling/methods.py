@@ -102,7 +102,7 @@ class Sampling:
     def as_dataset(self, batch_size: int, *, n_step: int = 1, gamma: float = 0.99, prioritized: bool = False,
                    alpha: float = 0.6, beta: float = 0.4, prefetch: int = 4, threads: int = 2,
                    batches_per_call: int = 8, seed: int | None = None, device: str | None = "auto",
-                   processes: bool | None = None) -> Any:
+                   processes: bool | None = None, blocks: bool = False) -> Any:
         """An endless ``tf.data.Dataset`` of sampled batches, drawn in the background.
 
         Each element is a dict with the ``Batch`` fields (``obs``, ``action``, ``reward``,
@@ -139,7 +139,7 @@ class Sampling:
         self._check_open()
         return as_dataset(self, batch_size, n_step=n_step, gamma=gamma, prioritized=prioritized, alpha=alpha, beta=beta,
                           prefetch=prefetch, threads=threads, batches_per_call=batches_per_call, seed=seed, device=device,
-                          processes=processes)
+                          processes=processes, blocks=blocks)
 
     def blocks(self, batch_size: int, *, batches_per_block: int = 8, n_step: int = 1, gamma: float = 0.99,
                prioritized: bool = False, alpha: float = 0.6, beta: float = 0.4, threads: int = 2, depth: int = 4,
