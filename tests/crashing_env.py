@@ -1,5 +1,6 @@
-"""A CartPole that raises after ``CRASH_AFTER`` steps (an environment that dies mid-run), for the
-trainer tests: ``--env-id crashing_env:CrashingCartPole-v0`` with ``tests/`` on ``PYTHONPATH``."""
+"""A CartPole that dies after ``CRASH_AFTER`` steps, for the trainer tests: ``--env-id
+crashing_env:CrashingCartPole-v0`` with ``tests/`` on ``PYTHONPATH``. It raises, or with
+``CRASH_MODE=exit`` ends its whole process at once (as a SIGKILL or an out-of-memory kill would)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ class CrashingCartPole(gym.Wrapper):
     def step(self, action: Any) -> Any:
         self.steps += 1
         if self.steps > self.crash_after:
+            if os.environ.get("CRASH_MODE") == "exit":
+                os._exit(17)
             raise RuntimeError(f"the environment died at step {self.steps}")
         return self.env.step(action)
 

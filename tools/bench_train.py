@@ -34,8 +34,7 @@ def run(backend: str, n: int, decoupled: bool, args: argparse.Namespace, root: P
            "--learning-starts", str(args.learning_starts), "--buffer-size", str(args.buffer_size),
            "--num-envs", str(n), "--run-dir", str(run_dir), "--no-progress", "--checkpoint-frequency", str(10**9)]
     cmd += ["--replay-ratio", "8" if decoupled else "0"]
-    if backend == "jax":
-        cmd += ["--steps-per-call", str(args.steps_per_call)]
+    cmd += ["--steps-per-call", str(args.steps_per_call)]
     t0 = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=Path(__file__).parent.parent,
                          env={**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3"})
@@ -73,7 +72,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3000, help="env steps of learning, after learning starts")
     ap.add_argument("--learning-starts", type=int, default=1000)
     ap.add_argument("--buffer-size", type=int, default=100_000)
-    ap.add_argument("--steps-per-call", type=int, default=32, help="JAX: gradient steps per compiled call")
+    ap.add_argument("--steps-per-call", type=int, default=0, help="gradient steps per compiled call (0: the backend's default)")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench_train-", dir=os.environ.get("BENCH_DIR")))
     rows = []

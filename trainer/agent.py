@@ -95,6 +95,15 @@ class Agent:
         for t, o in zip(self.target.weights, self.online.weights, strict=True):
             t.assign(o.value if tau >= 1.0 else tau * o.value + (1.0 - tau) * t.value)
 
+    # Weights for acting elsewhere (Ray actors) ----------------------------------------------------
+
+    def online_weights(self) -> list[np.ndarray]:
+        """The online network's weights as plain arrays (the same list on both backends)."""
+        return [np.asarray(w) for w in self.online.get_weights()]
+
+    def set_online_weights(self, weights: list[np.ndarray]) -> None:
+        self.online.set_weights(weights)
+
     # Checkpoint state ---------------------------------------------------------------------------
 
     def state(self) -> dict[str, list[np.ndarray]]:

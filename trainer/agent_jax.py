@@ -107,6 +107,18 @@ class JaxAgent:
         (params, target_params, opt_vars), out = jax.lax.scan(step, (params, target_params, opt_vars), block)
         return params, target_params, opt_vars, out
 
+    # Weights for acting elsewhere (Ray actors) ----------------------------------------------------
+
+    def online_weights(self) -> list[np.ndarray]:
+        """The online network's weights as plain arrays, in Keras' order (the same list as agent.py's)."""
+        by_path = dict(zip([v.path for v in self.online.trainable_variables], self.params, strict=True))
+        by_path.update(zip([v.path for v in self.online.non_trainable_variables], self.frozen, strict=True))
+        return [np.asarray(by_path[v.path]) for v in self.online.weights]
+
+    def set_online_weights(self, weights: list[np.ndarray]) -> None:
+        by_path = {v.path: w for v, w in zip(self.online.weights, weights, strict=True)}
+        self.params = [jnp.asarray(by_path[v.path]) for v in self.online.trainable_variables]
+
     # Checkpoint state ---------------------------------------------------------------------------
 
     def _to_keras(self) -> None:

@@ -58,12 +58,17 @@ class Args:
     steps_per_call: int = dataclasses.field(default=0, metadata={
         "help": "gradient steps per compiled call, on one block of that many batches (0: the backend's default, "
                 "8 on TensorFlow, 32 on JAX)"})
+    actors: int = dataclasses.field(default=0, metadata={
+        "help": "Ray actor processes that act, each stepping --num-envs envs into its own streams of the store, "
+                "while this process learns (0: act in this process)"})
+    ray_address: str = dataclasses.field(default="", metadata={
+        "help": "with --actors: the address of a running Ray cluster to join (empty: start a local Ray)"})
     progress: bool = dataclasses.field(default=True, metadata={"help": "show a live progress bar"})
 
 
 #: Flags that ``--resume`` accepts: how long to go on and how to report, not what is learned.
 RESUMABLE = ("total_timesteps", "checkpoint_frequency", "eval_frequency", "eval_episodes", "progress", "sample_threads",
-             "steps_per_call")
+             "steps_per_call", "ray_address")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -146,13 +151,24 @@ def check(args: Args) -> None:
                            "the replay store must hold at least one batch (DQN usually keeps 10^5-10^6 steps)")
     if not 1 <= args.num_envs <= 1024:
         raise TrainerError(f"--num-envs is {args.num_envs}; it must be between 1 and 1024")
-    if args.buffer_size % args.num_envs:
-        lower = args.buffer_size - args.buffer_size % args.num_envs
-        raise TrainerError(f"--buffer-size {args.buffer_size} does not split evenly over --num-envs {args.num_envs} "
-                           f"(each env writes its own stream); use {lower} or {lower + args.num_envs}")
-    if args.n_step >= args.buffer_size // args.num_envs:
+    if not 0 <= args.actors <= 256:
+        raise TrainerError(f"--actors is {args.actors}; it must be between 0 and 256")
+    if args.actors and replay_ratio(args) <= 0:
+        raise TrainerError("--actors needs the decoupled learner: give --replay-ratio auto or a number > 0, not 0")
+    streams = num_streams(args)
+    if args.buffer_size % streams:
+        lower = args.buffer_size - args.buffer_size % streams
+        over = f"--num-envs {args.num_envs}" + (f" x --actors {args.actors}" if args.actors else "")
+        raise TrainerError(f"--buffer-size {args.buffer_size} does not split evenly over {over} "
+                           f"(each env writes its own stream); use {lower} or {lower + streams}")
+    if args.n_step >= args.buffer_size // streams:
         raise TrainerError(f"--n-step {args.n_step} must be smaller than --buffer-size {args.buffer_size}")
     hidden_sizes(args)
+
+
+def num_streams(args: Args) -> int:
+    """The store's streams: one per env, of every actor process."""
+    return args.num_envs * max(1, args.actors)
 
 
 def replay_ratio(args: Args) -> float:

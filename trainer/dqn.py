@@ -36,16 +36,9 @@ import numpy as np
 from replaystore import ReplayStore, ReplayStoreError
 from trainer import args as arguments
 from trainer import checkpoint
+from trainer.acting import VectorActing
 from trainer.args import Args, TrainerError
-from trainer.envs import (
-    FrameStacker,
-    default_frame_stack,
-    is_atari,
-    life_lost,
-    make_env,
-    make_vector_env,
-    vector_frames,
-)
+from trainer.envs import FrameStacker, default_frame_stack, is_atari, life_lost, make_env
 
 STORE = "replay.zarr"
 EVALS = "evals.jsonl"
@@ -91,7 +84,7 @@ def open_store(args: Args, env: Any, *, resuming: bool) -> ReplayStore:
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
         store = ReplayStore.create(path, args.buffer_size, env.observation_space, env.action_space, args.frame_stack,
-                                   cache_bytes=cache_bytes, num_streams=args.num_envs)
+                                   cache_bytes=cache_bytes, num_streams=arguments.num_streams(args))
     except BaseException:
         if made:
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -124,6 +117,9 @@ def train(args: Args, *, resuming: bool) -> int:
         rng.bit_generator.state = state["rng"]
         state["resumes"] += 1
     ended = store.end_episode() if resuming else False
+    if args.actors:  # the actor processes write the streams; this one learns from them, read-only
+        store.close()
+        store = ReplayStore.open(run_dir / STORE, cache_bytes=args.cache_mb * 2**20)
     if resuming:
         store.warm_cache()  # the compressed chunks, up to --cache-mb: ~65 MB and ~1 s for 1M Atari frames
     start = int(state["global_step"])
@@ -142,7 +138,7 @@ def train(args: Args, *, resuming: bool) -> int:
             save_checkpoint(run_dir, store, agent, rng, state, report)
         if arguments.replay_ratio(args) > 0:
             learning.start_thread(start)
-        loop = run_loop if args.num_envs == 1 else run_vector_loop
+        loop = run_actor_loop if args.actors else run_loop if args.num_envs == 1 else run_vector_loop
         global_step = loop(args, env, store, agent, rng, state, report, stop, learning)
         state["global_step"] = global_step
         learning.close()
@@ -237,48 +233,20 @@ def run_vector_loop(args: Args, env: Any, store: ReplayStore, agent: Any, rng: n
     stream, and the learner takes one gradient step per ``train_frequency`` env steps (so the replay
     ratio is the single env's). The vector env resets an ended env on its next step (next-step
     autoreset): that row is no env step, and the store skips it."""
-    n, atari = args.num_envs, is_atari(args.env_id)
-    clip = atari and args.clip_reward
-    envs = make_vector_env(args.env_id, n)
+    acting = VectorActing(args, store, args.num_envs, int(env.action_space.n),
+                          seed=args.seed + 7919 * int(state["resumes"]))
     try:
-        obs, info = envs.reset(seed=args.seed + 7919 * int(state["resumes"]))
-        obs = vector_frames(obs)
-        stacks = np.repeat(obs[:, None], args.frame_stack, axis=1)
-        lives = np.asarray(info["lives"]) if "lives" in info else None
-        resetting = np.zeros(n, dtype=bool)  # rows the vector env answers with a reset, not a move
-        ep_return, ep_length = np.zeros(n), np.zeros(n, dtype=np.int64)
         duration = args.exploration_fraction * args.total_timesteps
         global_step = int(state["global_step"])
         epsilon = state["epsilon"]
         while global_step < args.total_timesteps and not stop:
             epsilon = linear_schedule(args.start_e, args.end_e, duration, global_step)
-            explore = rng.random(n) < epsilon
-            actions = rng.integers(env.action_space.n, size=n)
-            if not explore.all():
-                actions = np.where(explore, actions, agent.act_batch(stacks))
-            next_obs, reward, terminated, truncated, info = envs.step(actions)
-            next_obs = vector_frames(next_obs)
-            env_done = terminated | truncated
-            now = np.asarray(info["lives"]) if "lives" in info else None
-            lost = (now < lives) & ~resetting if now is not None and lives is not None else np.zeros(n, dtype=bool)
-            end_learning = terminated | (atari and args.terminal_on_life_loss) & lost
-            store.add_batch(obs, actions, np.sign(reward) if clip else reward, next_obs, end_learning,
-                            truncated & ~end_learning, env_done=env_done, autoreset_mode="next_step")
-            moved = ~resetting
+            moved, ended = acting.step(agent.act_batch, epsilon, rng)
             before = global_step
-            global_step += int(moved.sum())
-            ep_return += np.where(moved, reward, 0.0)
-            ep_length += moved
-            for i in np.flatnonzero(env_done).tolist():
+            global_step += moved
+            for ep_return, ep_length in ended:
                 state["episodes"] += 1
-                report.episode(global_step, float(ep_return[i]), int(ep_length[i]))
-            ep_return[env_done], ep_length[env_done] = 0.0, 0
-            stacks[:, :-1] = stacks[:, 1:]
-            stacks[:, -1] = next_obs
-            restart = resetting | (end_learning & ~env_done)  # a new (store) episode starts at next_obs
-            if restart.any():
-                stacks[restart] = next_obs[restart][:, None]
-            resetting, lives, obs = env_done, now, next_obs
+                report.episode(global_step, ep_return, ep_length)
 
             if learning.decoupled:
                 learning.acted(global_step - before)
@@ -300,7 +268,55 @@ def run_vector_loop(args: Args, env: Any, store: ReplayStore, agent: Any, rng: n
             if args.eval_episodes and args.eval_frequency and crossed(before, global_step, args.eval_frequency):
                 record_eval(args, agent, global_step, report)
     finally:
-        envs.close()
+        acting.close()
+    report.periodic(global_step, epsilon=state["epsilon"], replay_size=len(store), cache_hit_rate=store.cache_hit_rate)
+    state["stored"] = len(store)
+    return global_step
+
+
+def run_actor_loop(args: Args, env: Any, store: ReplayStore, agent: Any, rng: np.random.Generator,
+                   state: dict[str, Any], report: Any, stop: list[int], learning: Any) -> int:
+    """``--actors N``: Ray actor processes act into their streams (actors.py) while this process's
+    learner thread learns from the store, which this loop refreshes; it relays the actors' counts
+    and episodes to the learner and TensorBoard, sends them weights and the insert limit, and
+    checkpoints and evaluates as the other loops do."""
+    from trainer.actors import ActorPool
+
+    global_step = int(state["global_step"])
+    duration = args.exploration_fraction * args.total_timesteps
+    limiter = learning.limiter
+    pool = ActorPool(args, agent, global_step, report)
+    try:
+        while not stop and pool.running:
+            total, episodes = pool.poll(0.1)
+            store.refresh()
+            before, global_step = global_step, max(global_step, total)
+            learning.acted(global_step - before, wait=False)
+            for ep_return, ep_length in episodes:
+                state["episodes"] += 1
+                report.episode(global_step, ep_return, ep_length)
+            limit = args.learning_starts + (limiter.learned + limiter.slack) * args.batch_size / limiter.ratio
+            if pool.weights_due:
+                with learning.paused():
+                    pool.publish(limit, weights=True)
+            else:
+                pool.publish(limit)
+            epsilon = linear_schedule(args.start_e, args.end_e, duration, global_step)
+            state["epsilon"] = epsilon
+            if crossed(before, global_step, REPORT_STEPS):
+                report.periodic(global_step, epsilon=epsilon, replay_size=len(store),
+                                cache_hit_rate=store.cache_hit_rate, extra=learning.metrics())
+            if crossed(before, global_step, 100):
+                report.tick(global_step, epsilon=epsilon, replay_size=len(store))
+            if crossed(before, global_step, args.checkpoint_frequency):
+                state["global_step"] = global_step
+                with learning.paused():
+                    save_checkpoint(Path(args.run_dir), store, agent, rng, state, report)
+            if args.eval_episodes and args.eval_frequency and crossed(before, global_step, args.eval_frequency):
+                record_eval(args, agent, global_step, report)
+    finally:
+        pool.close()
+    store.refresh()
     report.periodic(global_step, epsilon=state["epsilon"], replay_size=len(store), cache_hit_rate=store.cache_hit_rate)
     state["stored"] = len(store)
     return global_step
@@ -330,8 +346,10 @@ def crossed(before: int, now: int, every: int) -> bool:
 
 def save_checkpoint(run_dir: Path, store: ReplayStore, agent: Any, rng: np.random.Generator, state: dict[str, Any],
                     report: Any) -> None:
-    """Flush the store first, so the checkpoint never runs ahead of the replay data it trained on."""
-    store.flush()
+    """Flush the store first, so the checkpoint never runs ahead of the replay data it trained on
+    (with ``--actors`` the actors commit their own streams and this process only reads)."""
+    if store.writing:
+        store.flush()
     state["rng"] = rng.bit_generator.state
     state["train_steps"] = agent.train_steps
     state["stored"] = len(store)

@@ -75,12 +75,12 @@ class Learning:
         self._thread = threading.Thread(target=self._learner, name="replaystore-learner", daemon=True)
         self._thread.start()
 
-    def acted(self, n: int) -> None:
-        """The acting loop added ``n`` env steps: count them, and wait here while the learner is too
-        far behind. Raises the learner thread's error if it failed."""
+    def acted(self, n: int, *, wait: bool = True) -> None:
+        """The acting loop added ``n`` env steps: count them, and (``wait``) wait here while the
+        learner is too far behind. Raises the learner thread's error if it failed."""
         assert self.limiter is not None
         self.limiter.insert(n)
-        if self.started:  # (until the learner has enough to sample, waiting for it could never end)
+        if wait and self.started:  # (until the learner has enough to sample, waiting for it could never end)
             self.limiter.wait_actor()
         if self.error is not None:
             raise RuntimeError(f"the learner thread failed: {self.error!r}") from self.error

@@ -1,7 +1,7 @@
 """Acting and learning decoupled, held to a replay ratio (``--replay-ratio R``).
 
-With ``R > 0`` the learner runs on its own thread beside the acting loop instead of taking its
-gradient steps inside it. ``RatioLimiter`` holds them together the way Reverb's
+With ``R > 0`` (the default, ``auto``: batch-size / train-frequency) the learner runs on its own
+thread beside the acting loop instead of taking its gradient steps inside it. ``RatioLimiter`` holds them together the way Reverb's
 ``SampleToInsertRatio`` does: after ``--learning-starts`` env steps, the learner may have taken
 
     target = (inserted - learning_starts) * R / batch_size
@@ -17,8 +17,8 @@ only at the edges of a band around it:
 
 ``slack`` is at least two learner calls, so neither side waits on every step. A side that stops
 (``close``) releases the other. The actor's policy reads the learner's current weights at every
-forward pass, so they are at most one learner call (``--steps-per-call`` steps on JAX, one on
-TensorFlow) behind the latest gradient step.
+forward pass, so they are at most one learner call (``--steps-per-call`` steps) behind the latest
+gradient step.
 """
 
 from __future__ import annotations

@@ -1,0 +1,76 @@
+"""``replaystore-train --actors N``: Ray actor processes (a local Ray) act into their own streams of
+the run's store while the trainer's process learns from it; an actor process that dies is restarted
+on its streams and nothing it committed is lost; the run resumes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_trainer_smoke import CARTPOLE, _gradient_steps
+
+from replaystore import ReplayStore
+from replaystore.cli import main as cli_main
+from trainer import checkpoint
+
+pytest.importorskip("ray")
+
+ACTORS = [*CARTPOLE, "--replay-ratio", "auto", "--actors", "2"]  # batch 16 / train frequency 2: ratio 8
+#: The gradient steps may run the limiter's slack (two calls of 8) plus what the actors report late
+#: (their sync interval) away from the replay ratio's count.
+TOLERANCE = 16 + 2 * 50 * 8 // 16
+
+
+def _run(*argv: str, env: dict[str, str] | None = None, timeout: float = 420) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "trainer.dqn", *argv], capture_output=True, text=True, check=False,
+                          timeout=timeout, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})})
+
+
+def test_actors_write_their_streams_and_the_learner_learns_then_resumes(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    done = _run(*ACTORS, "--total-timesteps", "1500", "--run-dir", str(run))
+    assert done.returncode == 0, done.stderr[-3000:]
+    _, state = checkpoint.load(run)
+    steps = state["global_step"]
+    assert 1500 <= steps <= 1500 + 2 * 50
+    assert abs(_gradient_steps(run) - (steps - 200) * 8 / 16) <= TOLERANCE
+    with ReplayStore.open(run / "replay.zarr") as store:
+        assert store.num_streams == 2 and all(r.n_valid > 200 for r in store.rings.streams)
+        assert len(store) + 2 * 50 >= steps  # what the actors had not committed when told to stop is at most a sync
+    assert cli_main(["verify", str(run / "replay.zarr"), "--quiet"]) == 0
+    more = _run("--resume", str(run), "--total-timesteps", str(steps + 400))
+    assert more.returncode == 0, more.stderr[-3000:]
+    _, state = checkpoint.load(run)
+    assert state["global_step"] >= steps + 400 and state["resumes"] == 1
+    assert cli_main(["verify", str(run / "replay.zarr"), "--quiet"]) == 0
+
+
+def test_an_actor_process_that_dies_is_restarted_on_its_streams(tmp_path: Path) -> None:
+    """Each actor's environment ends its whole process after 400 of its steps (as a SIGKILL would):
+    the trainer restarts it on the same streams, which close the dead actor's unfinished episode as
+    truncated and keep every transition it committed; the run completes and the store verifies."""
+    run = tmp_path / "run"
+    argv = [a if a != "CartPole-v1" else "crashing_env:CrashingCartPole-v0" for a in ACTORS]
+    env = {"CRASH_AFTER": "400", "CRASH_MODE": "exit",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    done = _run(*argv, "--total-timesteps", "1500", "--run-dir", str(run), env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "actor 0 (streams [0]) died" in done.stdout and "restarting it (restart 1 of at most 3)" in done.stdout
+    assert cli_main(["verify", str(run / "replay.zarr"), "--quiet"]) == 0
+    with ReplayStore.open(run / "replay.zarr") as store:
+        assert store.num_streams == 2 and len(store) >= 1000
+        truncated = sum(int(r.truncated[: r.n_valid].sum()) for r in store.rings.streams)
+        assert truncated >= 1  # the episodes the dead actors left unfinished
+
+
+def test_an_actor_that_keeps_dying_ends_the_run(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    argv = [a if a != "CartPole-v1" else "crashing_env:CrashingCartPole-v0" for a in ACTORS]
+    env = {"CRASH_AFTER": "5", "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    done = _run(*argv, "--total-timesteps", "1500", "--run-dir", str(run), env=env)
+    assert done.returncode == 1
+    assert "died 4 times; the last: RuntimeError: the environment died at step 6" in done.stderr, done.stderr[-3000:]
+    assert cli_main(["verify", str(run / "replay.zarr"), "--quiet"]) == 0

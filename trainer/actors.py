@@ -1,0 +1,268 @@
+"""Acting in Ray actor processes: ``replaystore-train --actors N``.
+
+Each of N Ray actors (``ActorProcess``) steps ``--num-envs`` environments into its own streams of the
+run's store (actor ``a`` writes streams ``a*E .. a*E+E-1``, opened with
+``ReplayStore.open(path, mode="a", streams=...)``), acting epsilon-greedily with the newest weights
+it was sent. The trainer's own process is the learner: it opens the store read-only, follows the
+actors' commits with ``store.refresh()``, and samples across every stream on its learner thread
+(learn.py), held to ``--replay-ratio`` as with acting in-process.
+
+A small Ray actor, the ``Coordinator``, sits between the two sides:
+
+- actors report the env steps they inserted and the episodes they finished every ``SYNC_STEPS``
+  steps, and get back the run's total (for the epsilon schedule), newer weights if there are any, and
+  whether they may go on: an actor waits while the total is past the limit the learner set, that is
+  while the learner is more than its slack behind the replay ratio;
+- the learner publishes its online weights (``ray.put``) every ``PUBLISH_SECONDS`` and the insert limit
+  after every poll, and takes the reported steps and episodes (TensorBoard's episodic returns).
+
+So the actors' policy is at most ``PUBLISH_SECONDS`` plus ``SYNC_STEPS`` env steps per actor older
+than the learner's weights, and the ratio overshoots its slack by at most ``SYNC_STEPS`` per actor.
+
+Actors commit their streams every ``COMMIT_SECONDS``, before they wait for the learner, and when
+they stop; the learner samples what was committed. An actor that dies (its process killed, its environment raising) is replaced by a new one on
+the same streams: reopening them closes the unfinished episode as truncated, and every transition
+the dead actor committed stays. More than ``MAX_RESTARTS`` deaths of one actor end the run with an
+error. ``--ray-address`` joins an existing cluster; without it a local Ray is started and stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from replaystore import ReplayStore
+from trainer.args import Args, TrainerError
+
+SYNC_STEPS = 50
+#: An actor commits its streams at least this often (the learner samples what was committed).
+COMMIT_SECONDS = 2.0
+PUBLISH_SECONDS = 1.0
+MAX_RESTARTS = 3
+#: The compressed-chunk cache of an actor's store handle (actors write; they sample nothing).
+ACTOR_CACHE_BYTES = 8 * 2**20
+
+
+def actor_streams(args: Args, index: int) -> list[int]:
+    """The streams actor ``index`` writes."""
+    return list(range(index * args.num_envs, (index + 1) * args.num_envs))
+
+
+class Coordinator:
+    """Counts, weights and the insert limit shared by the learner and the actors (a Ray actor)."""
+
+    def __init__(self, num_actors: int, inserted: int) -> None:
+        self.base = inserted  # env steps inserted before this run started (a resumed run)
+        self.inserted = [0] * num_actors
+        self.limit = float("inf")
+        self.weights: Any = None
+        self.version = 0
+        self.episodes: list[tuple[float, int]] = []
+        self.stopping = False
+
+    def total(self) -> int:
+        return self.base + sum(self.inserted)
+
+    def publish(self, box: list[Any] | None, limit: float) -> None:
+        """New weights (``[ObjectRef]``; None keeps the last) and the insert limit."""
+        if box is not None:
+            self.weights, self.version = box[0], self.version + 1
+        self.limit = limit
+
+    def sync(self, actor: int, inserted: int, episodes: list[tuple[float, int]],
+             version: int) -> tuple[int, int, list[Any] | None, bool, bool]:
+        """An actor's report: returns (total, weights version, [newer weights] or None, may go on, stop)."""
+        self.inserted[actor] += inserted
+        self.episodes.extend(episodes)
+        total = self.total()
+        box = [self.weights] if version != self.version and self.weights is not None else None
+        return total, self.version, box, total < self.limit, self.stopping
+
+    def take(self) -> tuple[int, list[tuple[float, int]]]:
+        """The learner's poll: the total inserted and the episodes finished since the last poll."""
+        episodes, self.episodes = self.episodes, []
+        return self.total(), episodes
+
+    def stop(self) -> None:
+        self.stopping = True
+
+
+class ActorProcess:
+    """One acting process: ``--num-envs`` envs writing its streams, with the learner's weights (a Ray actor)."""
+
+    def __init__(self, args_dict: dict[str, Any], index: int, coordinator: Any, incarnation: int) -> None:
+        import keras
+
+        from trainer.acting import VectorActing
+        from trainer.dqn import STORE, make_agent
+        from trainer.envs import make_env
+
+        self.args = args = Args(**args_dict)
+        self.index, self.coordinator = index, coordinator
+        env = make_env(args.env_id)
+        self.store = ReplayStore.open(Path(args.run_dir) / STORE, mode="a", streams=actor_streams(args, index),
+                                      cache_bytes=ACTOR_CACHE_BYTES)
+        self.store.end_episode()  # after a crash or a resume: the episode in progress ends as truncated
+        keras.utils.set_random_seed(args.seed + 1009 * (index + 1) + incarnation)
+        self.agent = make_agent(args, env, keras.backend.backend())
+        seed = args.seed + 104_729 * (index + 1) + 7919 * incarnation
+        self.rng = np.random.default_rng(seed)
+        self.acting = VectorActing(args, self.store, args.num_envs, int(env.action_space.n), seed=seed)
+        env.close()
+        self.version = -1
+
+    def run(self) -> int:
+        """Act until the run's total reaches ``--total-timesteps`` or the learner stops; returns the
+        env steps this actor took."""
+        import ray
+
+        args = self.args
+        duration = args.exploration_fraction * args.total_timesteps
+        taken = pending = uncommitted = 0
+        committed = time.monotonic()
+        episodes: list[tuple[float, int]] = []
+        try:
+            while True:
+                total, version, box, go, stopping = ray.get(
+                    self.coordinator.sync.remote(self.index, pending, episodes, self.version))
+                pending, episodes = 0, []
+                if box is not None:
+                    self.agent.set_online_weights(ray.get(box[0]))
+                    self.version = version
+                if stopping or total >= args.total_timesteps:
+                    return taken
+                if not go:  # the learner is behind: let it see everything this actor has, then wait
+                    if uncommitted:
+                        self.store.flush()
+                        uncommitted, committed = 0, time.monotonic()
+                    time.sleep(0.01)
+                    continue
+                for _ in range(SYNC_STEPS):
+                    epsilon = linear_schedule(args, duration, total + pending)
+                    moved, ended = self.acting.step(self.agent.act_batch, epsilon, self.rng)
+                    pending += moved
+                    episodes.extend(ended)
+                taken += pending
+                uncommitted += pending
+                if time.monotonic() - committed >= COMMIT_SECONDS:
+                    self.store.flush()
+                    uncommitted, committed = 0, time.monotonic()
+        finally:
+            self.store.flush()
+
+    def close(self) -> None:
+        self.acting.close()
+        self.store.close()
+
+
+def linear_schedule(args: Args, duration: float, t: int) -> float:
+    from trainer.dqn import linear_schedule as schedule
+
+    return schedule(args.start_e, args.end_e, duration, t)
+
+
+class ActorPool:
+    """The learner's side: starts Ray, the coordinator and the actors, restarts actors that die,
+    and relays counts, weights and the insert limit."""
+
+    def __init__(self, args: Args, agent: Any, inserted: int, report: Any) -> None:
+        import ray
+
+        self.ray, self.args, self.agent, self.report = ray, args, agent, report
+        self.started_ray = False
+        if not ray.is_initialized():
+            env_vars = {"KERAS_BACKEND": os.environ.get("KERAS_BACKEND", "tensorflow"),
+                        "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
+            if args.ray_address:
+                ray.init(address=args.ray_address, runtime_env={"env_vars": env_vars}, logging_level="warning")
+            else:
+                ray.init(num_cpus=max(args.actors + 1, os.cpu_count() or 1), include_dashboard=False,
+                         runtime_env={"env_vars": env_vars}, logging_level="warning")
+            self.started_ray = True
+        self.coordinator = ray.remote(num_cpus=0)(Coordinator).remote(args.actors, inserted)
+        self._actor_class = ray.remote(num_cpus=1)(ActorProcess)
+        self.restarts = [0] * args.actors
+        self.actors: list[Any] = [None] * args.actors
+        self.runs: dict[Any, int] = {}
+        self._weights: Any = None
+        self._published = 0.0
+        self.publish(limit=float("inf"), weights=True)
+        for i in range(args.actors):
+            self._start(i)
+
+    def _start(self, i: int) -> None:
+        args = {**dataclasses.asdict(self.args), "run_dir": str(Path(self.args.run_dir).resolve())}
+        self.actors[i] = self._actor_class.remote(args, i, self.coordinator, self.restarts[i])
+        self.runs[self.actors[i].run.remote()] = i
+
+    @property
+    def weights_due(self) -> bool:
+        """Whether ``PUBLISH_SECONDS`` have passed since the weights were last published."""
+        return time.monotonic() - self._published >= PUBLISH_SECONDS
+
+    def publish(self, limit: float, weights: bool = False) -> None:
+        """The insert limit, and with ``weights`` the learner's current online weights."""
+        box = None
+        if weights:
+            self._weights = self.ray.put(self.agent.online_weights())
+            self._published = time.monotonic()
+            box = [self._weights]
+        self.coordinator.publish.remote(box, limit)
+
+    def poll(self, timeout: float) -> tuple[int, list[tuple[float, int]]]:
+        """Wait up to ``timeout`` for an actor to end; restart those that died. Returns the total
+        inserted and the episodes finished since the last poll."""
+        ray = self.ray
+        ready, _ = ray.wait(list(self.runs), num_returns=1, timeout=timeout)
+        for ref in ready:
+            i = self.runs.pop(ref)
+            try:
+                ray.get(ref)
+            except (ray.exceptions.RayError, Exception) as exc:  # noqa: BLE001 - any death of the actor
+                self.restarts[i] += 1
+                reason = _reason(exc)
+                if self.restarts[i] > MAX_RESTARTS:
+                    raise TrainerError(f"actor {i} died {self.restarts[i]} times; the last: {reason}") from exc
+                self.report.print(f"actor {i} (streams {actor_streams(self.args, i)}) died: {reason}; "
+                                  f"restarting it (restart {self.restarts[i]} of at most {MAX_RESTARTS})")
+                ray.kill(self.actors[i], no_restart=True)
+                self._start(i)
+        return ray.get(self.coordinator.take.remote())
+
+    @property
+    def running(self) -> bool:
+        return bool(self.runs)
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Tell the actors to stop, let them commit their streams, and stop Ray if this started it."""
+        ray = self.ray
+        try:
+            ray.get(self.coordinator.stop.remote(), timeout=timeout)
+            if self.runs:
+                ray.wait(list(self.runs), num_returns=len(self.runs), timeout=timeout)
+            for actor in self.actors:
+                try:
+                    ray.get(actor.close.remote(), timeout=timeout)
+                except ray.exceptions.RayError:
+                    pass
+        finally:
+            for actor in self.actors:
+                ray.kill(actor, no_restart=True)
+            ray.kill(self.coordinator, no_restart=True)
+            if self.started_ray:
+                ray.shutdown()
+
+
+def _reason(exc: BaseException) -> str:
+    """The first sentence of why an actor died (Ray's messages run to paragraphs)."""
+    text = " ".join(str(exc).split())
+    cause = getattr(exc, "cause", None)
+    if cause is not None and not isinstance(cause, type(exc)):  # the actor's own exception (RayTaskError)
+        text = f"{type(cause).__name__}: {cause}"
+    first = text.split(". ")[0]
+    return (first[:200] + "...") if len(first) > 200 else first or type(exc).__name__
