@@ -5,12 +5,13 @@ on its streams and nothing it committed is lost; the run resumes."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from test_trainer_smoke import CARTPOLE, _gradient_steps
+from test_trainer_smoke import CARTPOLE, _gradient_steps, _start, _wait_for_checkpoint
 
 from replaystore import ReplayStore
 from replaystore.cli import main as cli_main
@@ -29,22 +30,28 @@ def _run(*argv: str, env: dict[str, str] | None = None, timeout: float = 420) ->
                           timeout=timeout, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})})
 
 
-def test_actors_write_their_streams_and_the_learner_learns_then_resumes(tmp_path: Path) -> None:
+def test_actors_write_their_streams_stop_on_sigterm_and_resume(tmp_path: Path) -> None:
+    """Two actors write a stream each while the learner learns; SIGTERM stops the actors (which
+    commit), checkpoints and exits 143; --resume (actors again) completes the run at the replay ratio."""
     run = tmp_path / "run"
-    done = _run(*ACTORS, "--total-timesteps", "1500", "--run-dir", str(run))
-    assert done.returncode == 0, done.stderr[-3000:]
+    proc = _start(run, "--replay-ratio", "auto", "--actors", "2", "--checkpoint-frequency", "400")
+    _wait_for_checkpoint(run, proc, 800)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "stopped by SIGTERM" in out
+    _, state = checkpoint.load(run)
+    s = state["global_step"]
+    assert cli_main(["verify", str(run / "replay.zarr"), "--quiet"]) == 0
+    more = _run("--resume", str(run), "--total-timesteps", str(s + 500))
+    assert more.returncode == 0, more.stderr[-3000:]
     _, state = checkpoint.load(run)
     steps = state["global_step"]
-    assert 1500 <= steps <= 1500 + 2 * 50
+    assert s + 500 <= steps <= s + 500 + 2 * 50 and state["resumes"] == 1
     assert abs(_gradient_steps(run) - (steps - 200) * 8 / 16) <= TOLERANCE
     with ReplayStore.open(run / "replay.zarr") as store:
         assert store.num_streams == 2 and all(r.n_valid > 200 for r in store.rings.streams)
-        assert len(store) + 2 * 50 >= steps  # what the actors had not committed when told to stop is at most a sync
-    assert cli_main(["verify", str(run / "replay.zarr"), "--quiet"]) == 0
-    more = _run("--resume", str(run), "--total-timesteps", str(steps + 400))
-    assert more.returncode == 0, more.stderr[-3000:]
-    _, state = checkpoint.load(run)
-    assert state["global_step"] >= steps + 400 and state["resumes"] == 1
+        assert len(store) + 2 * 50 >= steps  # at most a sync's steps were not committed when told to stop
     assert cli_main(["verify", str(run / "replay.zarr"), "--quiet"]) == 0
 
 

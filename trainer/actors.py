@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -175,6 +176,9 @@ class ActorPool:
 
         self.ray, self.args, self.agent, self.report = ray, args, agent, report
         self.started_ray = False
+        # Ray's core worker installs its own SIGTERM handler in this process (it logs and exits);
+        # the trainer's (checkpoint, then exit) are put back once Ray is up.
+        handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
         if not ray.is_initialized():
             env_vars = {"KERAS_BACKEND": os.environ.get("KERAS_BACKEND", "tensorflow"),
                         "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
@@ -184,6 +188,9 @@ class ActorPool:
                 ray.init(num_cpus=max(args.actors + 1, os.cpu_count() or 1), include_dashboard=False,
                          runtime_env={"env_vars": env_vars}, logging_level="warning")
             self.started_ray = True
+        for sig, handler in handlers.items():
+            if handler is not None:
+                signal.signal(sig, handler)
         self.coordinator = ray.remote(num_cpus=0)(Coordinator).remote(args.actors, inserted)
         self._actor_class = ray.remote(num_cpus=1)(ActorProcess)
         self.restarts = [0] * args.actors
