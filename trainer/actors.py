@@ -144,7 +144,7 @@ class ActorProcess:
                     time.sleep(0.01)
                     continue
                 for _ in range(SYNC_STEPS):
-                    epsilon = linear_schedule(args, duration, total + pending)
+                    epsilon = _epsilon(args, duration, total + pending)
                     moved, ended = self.acting.step(self.agent.act_batch, epsilon, self.rng)
                     pending += moved
                     episodes.extend(ended)
@@ -161,10 +161,47 @@ class ActorProcess:
         self.store.close()
 
 
-def linear_schedule(args: Args, duration: float, t: int) -> float:
-    from trainer.dqn import linear_schedule as schedule
+def run_actor_loop(args: Args, env: Any, store: ReplayStore, agent: Any, rng: np.random.Generator,
+                   state: dict[str, Any], report: Any, stop: list[int], learning: Any) -> int:
+    """``--actors N``: Ray actor processes act into their streams (actors.py) while this process's
+    learner thread learns from the store, which this loop refreshes; it relays the actors' counts
+    and episodes to the learner and TensorBoard, sends them weights and the insert limit, and
+    checkpoints and evaluates as the other loops do."""
+    from trainer.dqn import linear_schedule, on_schedule
 
-    return schedule(args.start_e, args.end_e, duration, t)
+    global_step = int(state["global_step"])
+    duration = args.exploration_fraction * args.total_timesteps
+    limiter = learning.limiter
+    pool = ActorPool(args, agent, global_step, report)
+    try:
+        while not stop and pool.running:
+            total, episodes = pool.poll(0.1)
+            store.refresh()
+            before, global_step = global_step, max(global_step, total)
+            learning.acted(global_step - before, wait=False)
+            for ep_return, ep_length in episodes:
+                state["episodes"] += 1
+                report.episode(global_step, ep_return, ep_length)
+            limit = args.learning_starts + (limiter.learned + limiter.slack) * args.batch_size / limiter.ratio
+            if pool.weights_due:
+                with learning.paused():
+                    pool.publish(limit, weights=True)
+            else:
+                pool.publish(limit)
+            state["epsilon"] = linear_schedule(args.start_e, args.end_e, duration, global_step)
+            on_schedule(args, store, agent, rng, state, report, learning, before, global_step)
+    finally:
+        pool.close()
+    store.refresh()
+    report.periodic(global_step, epsilon=state["epsilon"], replay_size=len(store), cache_hit_rate=store.cache_hit_rate)
+    state["stored"] = len(store)
+    return global_step
+
+
+def _epsilon(args: Args, duration: float, t: int) -> float:
+    from trainer.dqn import linear_schedule
+
+    return linear_schedule(args.start_e, args.end_e, duration, t)
 
 
 class ActorPool:

@@ -28,6 +28,8 @@ from trainer.networks import MAX_GRAD_NORM, TRAIN_FIELDS, build_q_network, keras
 class Agent:
     """Online and target networks, the optimizer, acting and training."""
 
+    backend = "tensorflow"
+
     def __init__(self, stack_shape: tuple[int, ...], dtype: Any, n_actions: int, *, learning_rate: float,
                  hidden_sizes: list[int], target_every: int, tau: float) -> None:
         self.n_actions = n_actions

@@ -32,6 +32,8 @@ from trainer.networks import MAX_GRAD_NORM, TRAIN_FIELDS, build_q_network, keras
 class JaxAgent:
     """Online and target networks, Adam, acting and k-step training, as JAX arrays and jitted calls."""
 
+    backend = "jax"
+
     def __init__(self, stack_shape: tuple[int, ...], dtype: Any, n_actions: int, *, learning_rate: float,
                  hidden_sizes: list[int], target_every: int, tau: float) -> None:
         if keras.backend.backend() != "jax":

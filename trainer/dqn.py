@@ -1,10 +1,11 @@
 """``replaystore-train``: DQN (Mnih et al. 2015, with double-DQN targets) whose replay buffer is a
-replaystore on disk, read through ``store.as_dataset``. Reads top to bottom like cleanrl's
-dqn_atari.py: Args -> env -> Q-network -> loop.
+replaystore on disk. Reads top to bottom like cleanrl's dqn_atari.py: Args -> env -> Q-network -> loop.
 
-The loop acts epsilon-greedily on frame stacks built like the store's, adds every transition to the
-store, and from ``learning_starts`` on takes one gradient step every ``train_frequency`` steps on a
-batch the store's tf.data pipeline sampled ahead in the background (threads and decode processes).
+The loop acts epsilon-greedily on frame stacks built like the store's and adds every transition to
+the store (one env here, ``--num-envs`` through acting.py, or Ray actor processes through
+actors.py). From ``learning_starts`` on the learner (learn.py) takes one gradient step per
+``train_frequency`` env steps on batches the store sampled ahead in the background: on its own
+thread held to the replay ratio (the default), or inside the loop (``--replay-ratio 0``).
 
 Run directory (``--run-dir``)::
 
@@ -138,7 +139,10 @@ def train(args: Args, *, resuming: bool) -> int:
             save_checkpoint(run_dir, store, agent, rng, state, report)
         if arguments.replay_ratio(args) > 0:
             learning.start_thread(start)
-        loop = run_actor_loop if args.actors else run_loop if args.num_envs == 1 else run_vector_loop
+        if args.actors:
+            from trainer.actors import run_actor_loop as loop
+        else:
+            loop = run_loop if args.num_envs == 1 else run_vector_loop
         global_step = loop(args, env, store, agent, rng, state, report, stop, learning)
         state["global_step"] = global_step
         learning.close()
@@ -208,18 +212,8 @@ def run_loop(args: Args, env: Any, store: ReplayStore, agent: Any, rng: np.rando
                 learning.start(global_step)
             learning.steps(1)
 
-        if global_step % REPORT_STEPS == 0:
-            report.periodic(global_step, epsilon=epsilon, replay_size=len(store), cache_hit_rate=store.cache_hit_rate,
-                            extra=learning.metrics())
-        if global_step % 100 == 0:
-            report.tick(global_step, epsilon=epsilon, replay_size=len(store))
         state["epsilon"] = epsilon
-        if global_step % args.checkpoint_frequency == 0:
-            state["global_step"] = global_step
-            with learning.paused():
-                save_checkpoint(Path(args.run_dir), store, agent, rng, state, report)
-        if args.eval_episodes and args.eval_frequency and global_step % args.eval_frequency == 0:
-            record_eval(args, agent, global_step, report)
+        on_schedule(args, store, agent, rng, state, report, learning, global_step - 1, global_step)
     if global_step % REPORT_STEPS:
         report.periodic(global_step, epsilon=state["epsilon"], replay_size=len(store), cache_hit_rate=store.cache_hit_rate)
     state["stored"] = len(store)
@@ -255,68 +249,10 @@ def run_vector_loop(args: Args, env: Any, store: ReplayStore, agent: Any, rng: n
                 if not learning.started and steps and len(store) >= args.batch_size + args.n_step:
                     learning.start(global_step)
                 learning.steps(steps)
-            if crossed(before, global_step, REPORT_STEPS):
-                report.periodic(global_step, epsilon=epsilon, replay_size=len(store),
-                                cache_hit_rate=store.cache_hit_rate, extra=learning.metrics())
-            if crossed(before, global_step, 100):
-                report.tick(global_step, epsilon=epsilon, replay_size=len(store))
             state["epsilon"] = epsilon
-            if crossed(before, global_step, args.checkpoint_frequency):
-                state["global_step"] = global_step
-                with learning.paused():
-                    save_checkpoint(Path(args.run_dir), store, agent, rng, state, report)
-            if args.eval_episodes and args.eval_frequency and crossed(before, global_step, args.eval_frequency):
-                record_eval(args, agent, global_step, report)
+            on_schedule(args, store, agent, rng, state, report, learning, before, global_step)
     finally:
         acting.close()
-    report.periodic(global_step, epsilon=state["epsilon"], replay_size=len(store), cache_hit_rate=store.cache_hit_rate)
-    state["stored"] = len(store)
-    return global_step
-
-
-def run_actor_loop(args: Args, env: Any, store: ReplayStore, agent: Any, rng: np.random.Generator,
-                   state: dict[str, Any], report: Any, stop: list[int], learning: Any) -> int:
-    """``--actors N``: Ray actor processes act into their streams (actors.py) while this process's
-    learner thread learns from the store, which this loop refreshes; it relays the actors' counts
-    and episodes to the learner and TensorBoard, sends them weights and the insert limit, and
-    checkpoints and evaluates as the other loops do."""
-    from trainer.actors import ActorPool
-
-    global_step = int(state["global_step"])
-    duration = args.exploration_fraction * args.total_timesteps
-    limiter = learning.limiter
-    pool = ActorPool(args, agent, global_step, report)
-    try:
-        while not stop and pool.running:
-            total, episodes = pool.poll(0.1)
-            store.refresh()
-            before, global_step = global_step, max(global_step, total)
-            learning.acted(global_step - before, wait=False)
-            for ep_return, ep_length in episodes:
-                state["episodes"] += 1
-                report.episode(global_step, ep_return, ep_length)
-            limit = args.learning_starts + (limiter.learned + limiter.slack) * args.batch_size / limiter.ratio
-            if pool.weights_due:
-                with learning.paused():
-                    pool.publish(limit, weights=True)
-            else:
-                pool.publish(limit)
-            epsilon = linear_schedule(args.start_e, args.end_e, duration, global_step)
-            state["epsilon"] = epsilon
-            if crossed(before, global_step, REPORT_STEPS):
-                report.periodic(global_step, epsilon=epsilon, replay_size=len(store),
-                                cache_hit_rate=store.cache_hit_rate, extra=learning.metrics())
-            if crossed(before, global_step, 100):
-                report.tick(global_step, epsilon=epsilon, replay_size=len(store))
-            if crossed(before, global_step, args.checkpoint_frequency):
-                state["global_step"] = global_step
-                with learning.paused():
-                    save_checkpoint(Path(args.run_dir), store, agent, rng, state, report)
-            if args.eval_episodes and args.eval_frequency and crossed(before, global_step, args.eval_frequency):
-                record_eval(args, agent, global_step, report)
-    finally:
-        pool.close()
-    store.refresh()
     report.periodic(global_step, epsilon=state["epsilon"], replay_size=len(store), cache_hit_rate=store.cache_hit_rate)
     state["stored"] = len(store)
     return global_step
@@ -337,6 +273,24 @@ def make_agent(args: Args, env: Any, backend: str) -> Any:
     from trainer.agent import Agent
 
     return Agent(stack_shape, env.observation_space.dtype, int(env.action_space.n), **kwargs)
+
+
+def on_schedule(args: Args, store: ReplayStore, agent: Any, rng: np.random.Generator, state: dict[str, Any],
+                report: Any, learning: Any, before: int, global_step: int) -> None:
+    """What is due once the run moved from env step ``before`` to ``global_step``: TensorBoard
+    scalars, the progress bar, a checkpoint (the learner paused) and an evaluation."""
+    epsilon = state["epsilon"]
+    if crossed(before, global_step, REPORT_STEPS):
+        report.periodic(global_step, epsilon=epsilon, replay_size=len(store), cache_hit_rate=store.cache_hit_rate,
+                        extra=learning.metrics())
+    if crossed(before, global_step, 100):
+        report.tick(global_step, epsilon=epsilon, replay_size=len(store))
+    if crossed(before, global_step, args.checkpoint_frequency):
+        state["global_step"] = global_step
+        with learning.paused():
+            save_checkpoint(Path(args.run_dir), store, agent, rng, state, report)
+    if args.eval_episodes and args.eval_frequency and crossed(before, global_step, args.eval_frequency):
+        record_eval(args, agent, global_step, report)
 
 
 def crossed(before: int, now: int, every: int) -> bool:

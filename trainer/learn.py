@@ -48,8 +48,8 @@ class Learning:
         """``state``: the run's checkpointed state, where the steps due but not yet taken are kept
         (``due_steps``), so that a resumed run takes them."""
         self.args, self.store, self.agent, self.report, self.state = args, store, agent, report, state
-        self.jax = type(agent).__name__ == "JaxAgent"
-        self.steps_per_call = args.steps_per_call or DEFAULT_STEPS_PER_CALL["jax" if self.jax else "tensorflow"]
+        self.jax = agent.backend == "jax"
+        self.steps_per_call = args.steps_per_call or DEFAULT_STEPS_PER_CALL[agent.backend]
         self.source: Any = None  # the dataset iterator (TF) or the device blocks (JAX)
         state.setdefault("due_steps", 0)
         self.limiter: RatioLimiter | None = None  # decoupled (--replay-ratio > 0): the learner thread's
