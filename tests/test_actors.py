@@ -8,12 +8,13 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from test_trainer_smoke import CARTPOLE, _gradient_steps, _start, _wait_for_checkpoint
 
-from replaystore import ReplayStore
+from replaystore import ReplayStore, StoreLockedError
 from replaystore.cli import main as cli_main
 from trainer import checkpoint
 
@@ -81,3 +82,37 @@ def test_an_actor_that_keeps_dying_ends_the_run(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert "died 4 times; the last: RuntimeError: the environment died at step 6" in done.stderr, done.stderr[-3000:]
     assert cli_main(["verify", str(run / "replay.zarr"), "--quiet"]) == 0
+
+
+def test_a_killed_learner_resumes_with_its_actors(tmp_path: Path) -> None:
+    """SIGKILL of the trainer's process (the learner; its Ray and actors go with it): --resume
+    reopens every stream (the actors' unfinished episodes closed as truncated) and goes on."""
+    run = tmp_path / "run"
+    proc = _start(run, "--replay-ratio", "auto", "--actors", "2", "--checkpoint-frequency", "400")
+    try:
+        _wait_for_checkpoint(run, proc, 800)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate()
+    _, state = checkpoint.load(run)
+    s = state["global_step"]
+    _wait_for_writers_to_go(run / "replay.zarr")
+    more = _run("--resume", str(run), "--total-timesteps", str(s + 300))
+    assert more.returncode == 0, more.stderr[-3000:]
+    assert f"resuming {run} at step {s:,}" in more.stdout
+    _, state = checkpoint.load(run)
+    assert state["global_step"] >= s + 300
+    assert cli_main(["verify", str(run / "replay.zarr"), "--quiet"]) == 0
+
+
+def _wait_for_writers_to_go(path: Path, timeout: float = 60) -> None:
+    """Ray ends a killed driver's actor processes within seconds; until then they hold their
+    streams' writer locks (a resume then says so and can be retried)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            ReplayStore.open(path, mode="a").close()
+            return
+        except StoreLockedError:
+            assert time.monotonic() < deadline, "the killed run's actors still hold their streams"
+            time.sleep(0.5)

@@ -147,8 +147,7 @@ def train(args: Args, *, resuming: bool) -> int:
         state["global_step"] = global_step
         learning.close()
         save_checkpoint(run_dir, store, agent, rng, state, report)
-        evaluated = bool(args.eval_frequency) and global_step % args.eval_frequency == 0 and global_step > start
-        if not stop and args.eval_episodes and not evaluated:
+        if not stop and args.eval_episodes and state.get("evaluated_at") != global_step:
             record_eval(args, agent, global_step, report)
     finally:
         learning.close()
@@ -291,6 +290,7 @@ def on_schedule(args: Args, store: ReplayStore, agent: Any, rng: np.random.Gener
             save_checkpoint(Path(args.run_dir), store, agent, rng, state, report)
     if args.eval_episodes and args.eval_frequency and crossed(before, global_step, args.eval_frequency):
         record_eval(args, agent, global_step, report)
+        state["evaluated_at"] = global_step
 
 
 def crossed(before: int, now: int, every: int) -> bool:
