@@ -76,7 +76,7 @@ def test_an_actor_process_that_dies_is_restarted_on_its_streams(tmp_path: Path) 
 
 def test_an_actor_that_keeps_dying_ends_the_run(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    argv = [a if a != "CartPole-v1" else "crashing_env:CrashingCartPole-v0" for a in ACTORS]
+    argv = [a if a != "CartPole-v1" else "crashing_env:CrashingCartPole-v0" for a in ACTORS] + ["--actors", "1"]
     env = {"CRASH_AFTER": "5", "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
     done = _run(*argv, "--total-timesteps", "1500", "--run-dir", str(run), env=env)
     assert done.returncode == 1
