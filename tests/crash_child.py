@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from conftest import frame  # noqa: E402
 
 from replaystore import Layout, ReplayStore  # noqa: E402
-from replaystore.errors import StoreNotFoundError  # noqa: E402
+from replaystore.errors import StoreLockedError, StoreNotFoundError  # noqa: E402
 
 SHAPE = (8, 8)
 CAPACITY, SHARD, CHUNK, STACK = 256, 32, 4, 3
@@ -34,11 +35,19 @@ def main(path: str, log: str, seed: int) -> None:
     import gymnasium as gym
 
     rng = np.random.default_rng(seed)
-    try:
-        store = ReplayStore.open(path, mode="a")
-    except StoreNotFoundError:
-        store = ReplayStore.create(path, CAPACITY, gym.spaces.Box(0, 255, SHAPE, np.uint8), gym.spaces.Discrete(4),
-                                   STACK, layout=Layout(shard_len=SHARD, obs_chunk_len=CHUNK))
+    # a store at a URL: the lease of a killed child expires after CRASH_LEASE_TTL seconds; wait for it
+    options = {"lease_ttl": float(os.environ["CRASH_LEASE_TTL"])} if "://" in path else None
+    while True:
+        try:
+            store = ReplayStore.open(path, mode="a", storage_options=options)
+            break
+        except StoreNotFoundError:
+            store = ReplayStore.create(path, CAPACITY, gym.spaces.Box(0, 255, SHAPE, np.uint8), gym.spaces.Discrete(4),
+                                       STACK, layout=Layout(shard_len=SHARD, obs_chunk_len=CHUNK),
+                                       storage_options=options)
+            break
+        except StoreLockedError:
+            time.sleep(0.2)
     fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     started, ready = store.committed.added, False
     while True:

@@ -56,20 +56,25 @@ def test_actors_write_their_streams_stop_on_sigterm_and_resume(tmp_path: Path) -
     assert cli_main(["verify", str(run / "replay.zarr"), "--quiet"]) == 0
 
 
-def test_an_actor_process_that_dies_is_restarted_on_its_streams(tmp_path: Path) -> None:
-    """Each actor's environment ends its whole process after 400 of its steps (as a SIGKILL would):
-    the trainer restarts it on the same streams, which close the dead actor's unfinished episode as
-    truncated and keep every transition it committed; the run completes and the store verifies."""
+def test_actors_on_object_storage_die_and_are_restarted_on_their_streams(tmp_path: Path, s3_url: str) -> None:
+    """Three actors write three streams of a store on the S3 server (--store URL) while the learner
+    samples and refreshes. Each actor's environment ends its whole process after 400 of its steps (as
+    a SIGKILL would): the trainer restarts it on the same streams once the dead actor's lease has
+    expired, the new actor closes the unfinished episode as truncated and keeps every transition
+    committed; the run completes and every stream verifies."""
     run = tmp_path / "run"
     argv = [a if a != "CartPole-v1" else "crashing_env:CrashingCartPole-v0" for a in ACTORS]
     env = {"CRASH_AFTER": "400", "CRASH_MODE": "exit",
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
-    done = _run(*argv, "--total-timesteps", "1500", "--run-dir", str(run), env=env)
+    done = _run(*argv, "--actors", "3", "--store", s3_url, "--lease-ttl", "3", "--total-timesteps", "1500",
+                "--run-dir", str(run), env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "actor 0 (streams [0]) died" in done.stdout and "restarting it (restart 1 of at most 3)" in done.stdout
-    assert cli_main(["verify", str(run / "replay.zarr"), "--quiet"]) == 0
-    with ReplayStore.open(run / "replay.zarr") as store:
-        assert store.num_streams == 2 and len(store) >= 1000
+    assert not (run / "replay.zarr").exists()
+    assert cli_main(["verify", s3_url, "--quiet"]) == 0
+    with ReplayStore.open(s3_url) as store:
+        assert store.num_streams == 3 and len(store) >= 1000
+        assert all(st.added >= 400 for st in store.stream_states())
         truncated = sum(int(r.truncated[: r.n_valid].sum()) for r in store.rings.streams)
         assert truncated >= 1  # the episodes the dead actors left unfinished
 

@@ -100,14 +100,13 @@ class ActorProcess:
         import keras
 
         from trainer.acting import VectorActing
-        from trainer.dqn import STORE, make_agent
+        from trainer.dqn import make_agent, open_writing
         from trainer.envs import make_env
 
         self.args = args = Args(**args_dict)
         self.index, self.coordinator = index, coordinator
         env = make_env(args.env_id)
-        self.store = ReplayStore.open(Path(args.run_dir) / STORE, mode="a", streams=actor_streams(args, index),
-                                      cache_bytes=ACTOR_CACHE_BYTES)
+        self.store = open_writing(args, streams=actor_streams(args, index), cache_bytes=ACTOR_CACHE_BYTES)
         self.store.end_episode()  # after a crash or a resume: the episode in progress ends as truncated
         keras.utils.set_random_seed(args.seed + 1009 * (index + 1) + incarnation)
         self.agent = make_agent(args, env, keras.backend.backend())

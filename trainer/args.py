@@ -24,6 +24,8 @@ class Args:
     env_id: str = dataclasses.field(default="ALE/Breakout-v5", metadata={"help": "gymnasium id with a Discrete action space"})
     total_timesteps: int = dataclasses.field(default=10_000_000, metadata={"help": "environment steps of the whole run"})
     run_dir: str = dataclasses.field(default="", metadata={"help": "where the store, checkpoint, logs and args go (default runs/<env>-<seed>)"})
+    store: str = dataclasses.field(default="", metadata={"help": "put the replay store at this URL (s3://bucket/prefix/replay.zarr; endpoint and keys from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...) instead of RUN_DIR/replay.zarr"})
+    lease_ttl: float = dataclasses.field(default=30.0, metadata={"help": "with --store URL: seconds a writer's lease on its streams lasts unrenewed; a crashed writer's streams are taken over after that"})
     seed: int = dataclasses.field(default=1, metadata={"help": "seeds the network, the environment and exploration"})
     learning_rate: float = dataclasses.field(default=1e-4, metadata={"help": "Adam's learning rate"})
     buffer_size: int = dataclasses.field(default=1_000_000, metadata={"help": "replay store capacity in steps (on disk)"})
@@ -68,7 +70,7 @@ class Args:
 
 #: Flags that ``--resume`` accepts: how long to go on and how to report, not what is learned.
 RESUMABLE = ("total_timesteps", "checkpoint_frequency", "eval_frequency", "eval_episodes", "progress", "sample_threads",
-             "steps_per_call", "ray_address")
+             "steps_per_call", "ray_address", "lease_ttl")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -197,6 +199,16 @@ def hidden_sizes(args: Args) -> list[int]:
 
 
 ARGS_FILE = "args.json"
+
+
+def store_path(args: Args) -> str | Path:
+    """Where the run's replay store is: ``--store`` (a URL), else RUN_DIR/replay.zarr."""
+    return args.store or Path(args.run_dir) / "replay.zarr"
+
+
+def store_options(args: Args) -> dict[str, Any]:
+    """``ReplayStore.open``/``create`` keywords for the run's store (the lease of a store at a URL)."""
+    return {"storage_options": {"lease_ttl": args.lease_ttl}} if args.store else {}
 
 
 def save(args: Args, run_dir: Path) -> None:

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from replaystore import ReplayStore, ReplayStoreError
+from replaystore import ReplayStore, ReplayStoreError, StoreLockedError
 from trainer import args as arguments
 from trainer import checkpoint
 from trainer.acting import VectorActing
@@ -62,16 +62,30 @@ def linear_schedule(start_e: float, end_e: float, duration: float, t: int) -> fl
     return max(slope * t + start_e, end_e)
 
 
+def open_writing(args: Args, *, streams: Any, cache_bytes: int) -> ReplayStore:
+    """Open the run's store (``streams`` of it) for writing. On object storage the streams of a
+    process that died stay leased until the lease expires (``--lease-ttl``): wait for that."""
+    deadline = time.monotonic() + (args.lease_ttl + 15 if args.store else 0)
+    while True:
+        try:
+            return ReplayStore.open(arguments.store_path(args), mode="a", streams=streams, cache_bytes=cache_bytes,
+                                    **arguments.store_options(args))
+        except StoreLockedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
+
+
 def open_store(args: Args, env: Any, *, resuming: bool) -> ReplayStore:
     """Create the run directory and its store, or reopen them in place to resume."""
     run_dir = Path(args.run_dir)
-    path = run_dir / STORE
+    path = arguments.store_path(args)
     cache_bytes = args.cache_mb * 2**20
     if resuming:
         checkpoint.remove_partials(run_dir)
-        if not path.exists():
+        if isinstance(path, Path) and not path.exists():
             raise TrainerError(f"cannot resume: {run_dir} has no {STORE}; it holds no run")
-        store = ReplayStore.open(path, mode="a", cache_bytes=cache_bytes)
+        store = open_writing(args, streams=None, cache_bytes=cache_bytes)
         if (store.observation_space.shape != env.observation_space.shape or store.frame_stack != args.frame_stack
                 or store.action_space.n != env.action_space.n):
             store.close()
@@ -85,7 +99,8 @@ def open_store(args: Args, env: Any, *, resuming: bool) -> ReplayStore:
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
         store = ReplayStore.create(path, args.buffer_size, env.observation_space, env.action_space, args.frame_stack,
-                                   cache_bytes=cache_bytes, num_streams=arguments.num_streams(args))
+                                   cache_bytes=cache_bytes, num_streams=arguments.num_streams(args),
+                                   **arguments.store_options(args))
     except BaseException:
         if made:
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -120,7 +135,8 @@ def train(args: Args, *, resuming: bool) -> int:
     ended = store.end_episode() if resuming else False
     if args.actors:  # the actor processes write the streams; this one learns from them, read-only
         store.close()
-        store = ReplayStore.open(run_dir / STORE, cache_bytes=args.cache_mb * 2**20)
+        store = ReplayStore.open(arguments.store_path(args), cache_bytes=args.cache_mb * 2**20,
+                                 **arguments.store_options(args))
     if resuming:
         store.warm_cache()  # the compressed chunks, up to --cache-mb: ~65 MB and ~1 s for 1M Atari frames
     start = int(state["global_step"])
@@ -162,7 +178,7 @@ def train(args: Args, *, resuming: bool) -> int:
         print(f"stopped by {name} at step {global_step:,}: checkpoint saved and store flushed; "
               f"continue with: replaystore-train --resume {run_dir}")
         return 128 + stop[0]
-    print(f"done: {global_step:,} steps, {agent.train_steps:,} gradient steps; store {run_dir / STORE} holds "
+    print(f"done: {global_step:,} steps, {agent.train_steps:,} gradient steps; store {arguments.store_path(args)} holds "
           f"{state['stored']:,} transitions; peak RSS {peak:,.0f} MB")
     return 0
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from replaystore.errors import ChunkChecksumError, ReplayStoreError
-from replaystore.format.schema import SCALAR_FIELDS, Schema, from_attrs, stream_stride
+from replaystore.format.schema import SCALAR_FIELDS, Layout, Schema, State, from_attrs, stream_stride
 from replaystore.format.shards import (
     CRC_BYTES,
     EMPTY,
@@ -27,6 +27,7 @@ from replaystore.format.shards import (
 )
 from replaystore.format.validate import check_arrays, read_group_doc
 from replaystore.storage.commits import read_stream_state
+from replaystore.storage.objects import is_url
 
 
 @dataclass
@@ -63,8 +64,10 @@ class Report:
 def verify_store(path: str | Path, *, progress: Callable[[int, int], None] | None = None) -> Report:
     """Check every chunk of the store at ``path`` (every stream of it); ``progress(done, total)`` is
     called per shard."""
-    root = Path(path)
     report = Report()
+    if is_url(path):
+        return _verify(report, *_object_source(str(path), report), progress)
+    root = Path(path)
     doc = read_group_doc(root)
     schema, layout, state = from_attrs(doc.get("attributes"), path=str(root))
     try:
@@ -72,6 +75,47 @@ def verify_store(path: str | Path, *, progress: Callable[[int, int], None] | Non
         states = [state] if schema.num_streams == 1 else [read_stream_state(root, k) for k in range(schema.num_streams)]
     except ReplayStoreError as exc:
         report.problems.append(Problem("metadata", None, None, None, None, str(exc)))
+        return report
+
+    def load(name: str, shard: int, k: int, local: int, ndim: int) -> bytes | None:
+        try:
+            return (root / shard_key(name, shard, ndim)).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    return _verify(report, schema, layout, states, load, progress)
+
+
+def _object_source(url: str, report: Report) -> tuple[Schema, Layout, list[State] | None, Callable[..., bytes | None]]:
+    """The schema, the streams' states and a shard loader of the store at ``url`` (object storage)."""
+    from replaystore.storage.objectopen import read_root
+    from replaystore.storage.objects import Bucket
+    from replaystore.storage.objectstreams import ObjectStreams
+
+    bucket = Bucket(url)
+    _, schema, layout = read_root(bucket)
+    objects = ObjectStreams(bucket, schema, layout)
+    try:
+        names = ("obs", *SCALAR_FIELDS)
+        check_arrays(Path(url), schema, layout, read=dict(zip(names, bucket.get_many([f"{n}/zarr.json" for n in names]))).get)
+        states = [objects.read_state(k) for k in range(schema.num_streams)]
+    except ReplayStoreError as exc:
+        report.problems.append(Problem("metadata", None, None, None, None, str(exc)))
+        states = None
+
+    def load(name: str, shard: int, k: int, local: int, ndim: int) -> bytes | None:
+        key = objects.key(name, k, local, objects.latest[k].objects[name][local])
+        got = bucket.get(key) if key is not None else None
+        return got[0] if got is not None else None
+
+    return schema, layout, states, load
+
+
+def _verify(report: Report, schema: Schema, layout: Layout, states: list[State] | None,
+            load: Callable[[str, int, int, int, int], bytes | None],
+            progress: Callable[[int, int], None] | None) -> Report:
+    """Check every chunk ``load(array, shard, stream, stream's shard, frame ndim)`` gives."""
+    if states is None:
         return report
     capacity = schema.stream_capacity  # each stream's ring
     stride = stream_stride(schema, layout)
@@ -105,15 +149,15 @@ def verify_store(path: str | Path, *, progress: Callable[[int, int], None] | Non
                 end = k * stride + capacity  # the stream's slots end here
                 rows = min(layout.shard_len, end - first)
                 slot_range = (first, first + rows - 1)
-                path_ = root / shard_key(name, shard, len(shape))
-                if not path_.exists():
+                got = load(name, shard, k, local, len(shape))
+                if got is None:
                     held = live_range(*slot_range)
                     if held is not None:
                         report.problems.append(Problem(name, shard, None, slot_range, held,
                                                        f"shard {shard} of '{name}' is missing but holds live steps "
                                                        f"{held[0]}..{held[1]}" + _of_stream(schema, k), k))
                     continue
-                raw = memoryview(path_.read_bytes())
+                raw = memoryview(got)
                 tail = per_shard * INDEX_ENTRY_BYTES + CRC_BYTES
                 try:
                     index = parse_index(raw[max(0, len(raw) - tail):], per_shard, name=name, shard=shard)

@@ -26,6 +26,7 @@ import numpy as np
 from replaystore.errors import ConfigError, CorruptStoreError, FormatVersionError
 
 FORMAT_VERSION = 2  # 1: one stream (still written for one stream); 2: streams
+OBJECT_FORMAT_VERSION = 3  # a store on object storage: streams with generation-keyed shard objects
 ATTR_KEY = "replaystore"
 STREAM_ATTR_KEY = "replaystore_stream"
 STREAMS_DIR = "streams"
@@ -208,15 +209,16 @@ def slot_count(schema: Schema, layout: Layout) -> int:
     return stream_stride(schema, layout) * schema.num_streams
 
 
-def to_attrs(schema: Schema, layout: Layout, state: State | None) -> dict[str, Any]:
+def to_attrs(schema: Schema, layout: Layout, state: State | None, *, objects: bool = False) -> dict[str, Any]:
     """The ``replaystore`` attribute for a group's ``zarr.json`` (``state`` None for a store of
-    streams: each stream's state is in its own ``stream_doc``)."""
+    streams: each stream's state is in its own ``stream_doc``; ``objects``: a store on object
+    storage, format version 3, whose streams' states are always their own objects)."""
     obs = dataclasses.asdict(schema.observation)
     obs["shape"] = list(obs["shape"])
     obs["low"] = _compact_bound(np.asarray(_parse_bound(obs["low"])))
     obs["high"] = _compact_bound(np.asarray(_parse_bound(obs["high"])))
     attrs: dict[str, Any] = {
-        "format_version": 1 if schema.num_streams == 1 else FORMAT_VERSION,
+        "format_version": OBJECT_FORMAT_VERSION if objects else 1 if schema.num_streams == 1 else FORMAT_VERSION,
         "schema": {
             "observation_space": {"type": "Box", **obs},
             "action_space": {"type": "Discrete", **dataclasses.asdict(schema.action)},
@@ -229,7 +231,7 @@ def to_attrs(schema: Schema, layout: Layout, state: State | None) -> dict[str, A
             "codec": dataclasses.asdict(layout.codec),
         },
     }
-    if schema.num_streams == 1:
+    if schema.num_streams == 1 and not objects:
         attrs["state"] = dataclasses.asdict(state or State())
     else:
         attrs["schema"]["num_streams"] = schema.num_streams
@@ -278,9 +280,9 @@ def from_attrs(attrs: Any, *, path: str) -> tuple[Schema, Layout, State]:
         raise CorruptStoreError(f"{path} is a zarr group but not a replay store (no '{ATTR_KEY}' attribute)")
     root = attrs[ATTR_KEY]
     version = _get(root, "format_version", int, where)
-    if version > FORMAT_VERSION or version < 1:
+    if version > OBJECT_FORMAT_VERSION or version < 1:
         raise FormatVersionError(
-            f"{path} has format version {version}, but this replaystore reads versions 1..{FORMAT_VERSION}; "
+            f"{path} has format version {version}, but this replaystore reads versions 1..{OBJECT_FORMAT_VERSION}; "
             "upgrade replaystore to open it"
         )
     s = _get(root, "schema", dict, where)

@@ -106,14 +106,18 @@ def validate_layout(layout: Layout, capacity: int) -> None:
         )
 
 
-def check_arrays(root: Path, schema: Schema, layout: Layout) -> None:
-    """The arrays' own zarr.json must describe the layout the group attributes claim."""
+def check_arrays(root: Path, schema: Schema, layout: Layout, read: Any = None) -> None:
+    """The arrays' own zarr.json must describe the layout the group attributes claim (``read(name)``:
+    that document's bytes from elsewhere than ``root/name/zarr.json``, None if missing)."""
     expected = {"obs": (schema.observation.shape, schema.observation.dtype, layout.obs_chunk_len)}
     expected.update({name: ((), dtype, layout.shard_len) for name, dtype in SCALAR_FIELDS.items()})
     for name, (shape, dtype, chunk_len) in expected.items():
         path = root / name / "zarr.json"
         try:
-            meta = json.loads(path.read_bytes())
+            raw = path.read_bytes() if read is None else read(name)
+            if raw is None:
+                raise FileNotFoundError(str(path))
+            meta = json.loads(raw)
             got_shape = tuple(meta["shape"])
             got_dtype = meta["data_type"]
             shard = meta["chunk_grid"]["configuration"]["chunk_shape"]

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from itertools import accumulate
 from operator import itemgetter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -78,9 +79,10 @@ class FrameReader:
 
     def __init__(self, root: Path, schema: Schema, layout: Layout, *, cache_bytes: int,
                  live_regions: LiveRegions | None = None, decode_threads: int = 1,
-                 slots_of: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
+                 slots_of: Callable[[np.ndarray], np.ndarray] | None = None, bucket: Any = None) -> None:
         """``slots_of`` maps the positions given to ``plan`` to slots of the arrays (default:
-        ``positions % capacity``, one stream; a store of streams passes ``Rings.slots``)."""
+        ``positions % capacity``, one stream; a store of streams passes ``Rings.slots``).
+        ``bucket``: the store's ``objects.Bucket`` when it is on object storage (objectshards.py)."""
         self.root = root
         self.capacity = slot_count(schema, layout)
         self.slots_of = slots_of if slots_of is not None else self._one_stream_slots
@@ -93,8 +95,13 @@ class FrameReader:
         self.cache_bytes = cache_bytes
         self.live_regions = live_regions
         self.decode_threads = max(1, int(decode_threads))
-        self.files = ShardFiles(root, ndim=len(self.shape), capacity=self.capacity, shard_len=self.shard_len,
-                                chunk_len=self.chunk_len)
+        where = dict(ndim=len(self.shape), capacity=self.capacity, shard_len=self.shard_len, chunk_len=self.chunk_len)
+        if bucket is not None:
+            from replaystore.storage.objectshards import ObjectShards
+
+            self.files: ShardFiles = ObjectShards(bucket, **where)
+        else:
+            self.files = ShardFiles(root, **where)
         self.cache = ChunkCache(n_shards=-(-self.capacity // self.shard_len), chunks_per_shard=self.chunks_per_shard,
                                 cache_bytes=cache_bytes)
         self._odd: set[int] = set()  # chunk ids seen whose payload cannot be decoded joined (see ChunkDecoder)

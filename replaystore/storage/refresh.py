@@ -20,7 +20,6 @@ import numpy as np
 
 from replaystore.errors import CorruptStoreError
 from replaystore.format.schema import State
-from replaystore.storage.writer import load_scalars
 
 if TYPE_CHECKING:
     from replaystore.store import ReplayStore
@@ -80,7 +79,7 @@ def _refresh(store: ReplayStore, k: int, read_state: Callable[[int], State]) -> 
         for j in shards:
             store.reader.invalidate(stream.base_shard + j)
         ring.set_oldest(new.live_start(cap))
-        load_scalars(store.path, store.layout, ring, base_shard=stream.base_shard, shards=shards, check=False)
+        store._load_scalars(k, shards=shards, check=False)
         ring.added = new.added
         ring.oldest = max(ring.oldest, new.oldest)
         ring.revalidate(first)

@@ -131,9 +131,9 @@ class Writer:
 
     def enter_region(self, shard: int) -> None:
         """Point the buffer at the stream's ``shard``, loading what is on disk there (older live steps)."""
-        path = self.root / shard_key("obs", self.base_shard + shard, self._item_ndim)
-        if path.exists():
-            decode_shard(path.read_bytes(), chunk_len=self.layout.obs_chunk_len,
+        raw = self._load("obs", shard)
+        if raw is not None:
+            decode_shard(raw, chunk_len=self.layout.obs_chunk_len,
                          n_chunks=self.layout.shard_len // self.layout.obs_chunk_len,
                          codec=self.codec, out=self.buffer, name="obs", shard=self.base_shard + shard)
         else:
@@ -192,8 +192,7 @@ class Writer:
     def _write_obs_shard(self, dirs: set[Path]) -> None:
         shard = self.region
         data = encode_shard(self.buffer, chunk_len=self.layout.obs_chunk_len, rows=self._rows(shard), codec=self.codec)
-        path = self.root / shard_key("obs", self.base_shard + shard, self._item_ndim)
-        atomic_write(path, data, dirs=dirs)
+        self._store("obs", shard, data, dirs)
         self.reader.invalidate(self.base_shard + shard)
         self.region_dirty = False
 
@@ -207,7 +206,23 @@ class Writer:
             buf[:rows] = values[start : start + rows]
             buf[rows:] = 0
             data = encode_shard(buf, chunk_len=self.layout.shard_len, rows=rows, codec=self.codec)
-            atomic_write(self.root / shard_key(name, self.base_shard + shard, 0), data, dirs=dirs)
+            self._store(name, shard, data, dirs)
+
+    # ---------------------------------------------------------------------------------------------
+    # Where shards are kept (a store on object storage overrides these: storage/objectwriter.py)
+
+    def _load(self, name: str, shard: int) -> bytes | None:
+        """The stream's shard ``shard`` of array ``name`` as stored now, or None if never written."""
+        path = self.root / shard_key(name, self.base_shard + shard, self._item_ndim if name == "obs" else 0)
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def _store(self, name: str, shard: int, data: bytes, dirs: set[Path]) -> None:
+        """Write the stream's shard ``shard`` of array ``name`` whole (``dirs``: see ``atomic_write``)."""
+        path = self.root / shard_key(name, self.base_shard + shard, self._item_ndim if name == "obs" else 0)
+        atomic_write(path, data, dirs=dirs)
 
 
 def stream_dir(root: Path, stream: int) -> Path:
@@ -215,22 +230,22 @@ def stream_dir(root: Path, stream: int) -> Path:
     return root / STREAMS_DIR / str(stream)
 
 
-def load_scalars(root: Path, layout: Layout, ring: Ring, *, base_shard: int = 0,
-                 shards: Iterable[int] | None = None, check: bool = True) -> None:
+def load_scalars(root: Path | None, layout: Layout, ring: Ring, *, base_shard: int = 0,
+                 shards: Iterable[int] | None = None, check: bool = True,
+                 fetch: Callable[[str, int], bytes | None] | None = None) -> None:
     """Read a stream's scalar shards (default: all of them) into ``ring.fields`` (missing shards are
-    all zero); its shard ``j`` is the arrays' ``base_shard + j``."""
+    all zero); its shard ``j`` is the arrays' ``base_shard + j``. ``fetch(name, j)``: the shard's
+    bytes from somewhere other than the files under ``root`` (a store on object storage)."""
     codec = numcodecs_codec(layout.codec)
     n_shards = -(-ring.capacity // layout.shard_len)
     buf: dict[str, np.ndarray] = {}
     for name, values in ring.fields.items():
         out = buf.setdefault(name, np.zeros(layout.shard_len, dtype=values.dtype))
         for shard in (range(n_shards) if shards is None else shards):
-            path = root / shard_key(name, base_shard + shard, 0)
             start = shard * layout.shard_len
             rows = min(layout.shard_len, ring.capacity - start)
-            try:
-                raw = path.read_bytes()
-            except FileNotFoundError:
+            raw = fetch(name, shard) if fetch is not None else _read_or_none(root / shard_key(name, base_shard + shard, 0))
+            if raw is None:
                 values[start : start + rows] = 0
                 continue
             decode_shard(raw, chunk_len=layout.shard_len, n_chunks=1, codec=codec, out=out, name=name,
@@ -240,7 +255,14 @@ def load_scalars(root: Path, layout: Layout, ring: Ring, *, base_shard: int = 0,
         _check_scalars(ring, root)
 
 
-def _check_scalars(ring: Ring, root: Path) -> None:
+def _read_or_none(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+
+
+def _check_scalars(ring: Ring, root: Path | None) -> None:
     lo, added = ring.lo, ring.added
     positions = np.arange(lo, added, dtype=np.int64)
     slots = positions % ring.capacity

@@ -1,0 +1,157 @@
+"""The frame array's shard objects as the read path sees them, for a store on object storage: the
+counterpart of shardfiles.py, where a shard is an immutable object named by its generation.
+
+Immutability makes the read path simple: a shard's index, once read, is right for as long as the
+object exists, and a plan that located a chunk in the object of its view reads that same object
+whatever the writer does next (until the object is collected, ``gc_grace`` after it was
+superseded: then the read raises ``StaleViewError``, and ``refresh()`` gives a newer view).
+
+``locate`` (under the store's lock) fetches the indexes of shards not seen yet, all at once, with
+suffix-range GETs; ``read`` (no lock) fetches the chunks a batch misses with ranged GETs, every
+object's ranges in flight at once.
+"""
+
+from __future__ import annotations
+
+import errno
+from typing import Any
+
+from replaystore.errors import ChunkChecksumError, StaleViewError
+from replaystore.format.shards import CRC_BYTES, INDEX_ENTRY_BYTES, parse_index
+from replaystore.storage.objects import Bucket, run
+from replaystore.storage.shardfiles import _EMPTY, _ENTRY, NAME, ChunkRead, ShardFiles
+
+
+class ObjectHandle:
+    """A shard object with its parsed index (``ShardHandle``'s fields: nothing to pin or close)."""
+
+    __slots__ = ("key", "index", "size", "pins", "retired", "fd")
+
+    def __init__(self, key: str, index: bytes, size: int) -> None:
+        self.key = key
+        self.index = index
+        self.size = size  # bytes before the index
+        self.pins = 0
+        self.retired = False
+        self.fd = -1
+
+
+class ObjectShards(ShardFiles):
+    """Verified chunk bytes of the ``obs`` array's shard objects, as named by this store's view."""
+
+    def __init__(self, bucket: Bucket, **kwargs: Any) -> None:
+        super().__init__(None, **kwargs)  # type: ignore[arg-type]
+        self.bucket = bucket
+        self.keys: dict[int, str | None] = {}  # global shard -> the object of this view (None: never written)
+        self._objects: dict[str, ObjectHandle] = {}  # key -> handle (indexes of objects in use)
+
+    @property
+    def open_files(self) -> int:
+        return 0
+
+    def set_key(self, shard: int, key: str | None) -> None:
+        """Point ``shard`` at object ``key`` (a refresh, or this process's writer wrote it)."""
+        old = self.keys.get(shard)
+        if old != key:
+            self.keys[shard] = key
+            if old is not None:
+                self._objects.pop(old, None)
+
+    def locate(self, cids: list[int], generations: list[int]) -> list[ChunkRead | None]:
+        per_shard, entry = self.chunks_per_shard, _ENTRY.unpack_from
+        need = {self.keys[s] for s in {cid // per_shard for cid in cids}
+                if self.keys.get(s) is not None and self.keys[s] not in self._objects}
+        if need:
+            self._fetch_indexes(sorted(need))  # type: ignore[arg-type]
+        out: list[ChunkRead | None] = []
+        for cid in cids:
+            shard, chunk = divmod(cid, per_shard)
+            key = self.keys.get(shard)
+            if key is None:
+                out.append(None)
+                continue
+            handle = self._objects[key]
+            off, nbytes = entry(handle.index, INDEX_ENTRY_BYTES * chunk)
+            if off == _EMPTY:
+                out.append(None)
+                continue
+            if off + nbytes > handle.size or nbytes < CRC_BYTES:
+                raise ChunkChecksumError(
+                    f"chunk {chunk} of shard {shard} of '{NAME}' ({self.bucket.where(key)}) points outside its object; "
+                    "the store is damaged: run `replaystore verify`", array=NAME, shard=shard, chunk=chunk)
+            out.append(ChunkRead(cid, handle, off, nbytes, generations[shard]))  # type: ignore[arg-type]
+        return out
+
+    def read(self, reads: list[ChunkRead]) -> None:
+        reads = [r for r in reads if not r.done]
+        try:
+            by_key: dict[str, list[ChunkRead]] = {}
+            for r in reads:
+                by_key.setdefault(r.handle.key, []).append(r)  # type: ignore[attr-defined]
+            requests = [(key, [r.offset for r in rs], [r.offset + r.nbytes for r in rs]) for key, rs in by_key.items()]
+            try:
+                results = self.bucket.get_ranges_many(requests)
+            except FileNotFoundError as exc:
+                raise StaleViewError(errno.ENOENT, f"{exc.filename or exc}: a shard object of this reader's view was "
+                                     "replaced and collected by its writer (the view is older than the collection "
+                                     "grace period); call store.refresh() or open the store again") from exc
+            for rs, blobs in zip(by_key.values(), results):
+                for r, raw in zip(rs, blobs):
+                    self._take(r, raw)
+        finally:
+            self.read_none(reads)
+
+    def read_none(self, reads: list[ChunkRead]) -> None:
+        for r in reads:
+            r.done = True
+
+    def whole(self, shard: int) -> tuple[memoryview, list[tuple[int, int]]] | None:
+        key = self.keys.get(shard)
+        if key is None:
+            return None
+        got = self.bucket.get(key)
+        if got is None:
+            raise StaleViewError(errno.ENOENT, f"{self.bucket.where(key)} is gone: refresh the store")
+        raw = memoryview(got[0])
+        index = parse_index(raw[max(0, len(raw) - self._tail):], self.chunks_per_shard, name=NAME, shard=shard)
+        return raw[: max(0, len(raw) - self._tail)], index.tolist()
+
+    def file_bytes(self, shard: int) -> int:
+        key = self.keys.get(shard)
+        handle = self._objects.get(key) if key is not None else None
+        return handle.size + self._tail if handle is not None else 0
+
+    def snapshot(self) -> bool:
+        return True  # objects are immutable: the view's keys are its snapshot
+
+    def drop(self, shard: int) -> None:
+        pass  # the key changes with set_key; an object's index never does
+
+    def close(self) -> None:
+        self._objects.clear()
+
+    def _fetch_indexes(self, keys: list[str]) -> None:
+        import obstore
+
+        tail = self._tail
+
+        async def one(key: str) -> tuple[bytes, int]:
+            result = await obstore.get_async(self.bucket.store, key, options={"range": {"suffix": tail}})
+            return bytes(await result.bytes_async()), int(result.meta["size"])
+
+        async def gather() -> list[Any]:
+            import asyncio
+
+            return await asyncio.gather(*(one(k) for k in keys), return_exceptions=True)
+
+        shard_of = {key: s for s, key in self.keys.items() if key is not None}
+        for key, result in zip(keys, run(gather())):
+            shard = shard_of.get(key, -1)
+            if isinstance(result, FileNotFoundError):
+                raise StaleViewError(errno.ENOENT, f"{self.bucket.where(key)} (shard {shard} of '{NAME}') is gone: this "
+                                     "reader's view is older than the collection grace period; call store.refresh()")
+            if isinstance(result, BaseException):
+                raise self.bucket.read_error(key, result) from result
+            raw, size = result
+            index = parse_index(raw, self.chunks_per_shard, name=NAME, shard=shard).astype("<u8").tobytes()
+            self._objects[key] = ObjectHandle(key, index, size - tail)

