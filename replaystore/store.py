@@ -71,17 +71,17 @@ from replaystore.format.validate import (
 from replaystore.sampling.memory import check_config
 from replaystore.sampling.methods import Sampling
 from replaystore.sampling.priority import Priorities
+from replaystore.storage import objectopen
 from replaystore.storage.commits import owned_keys, read_stream_state, root_state, store_moved, writing_streams
 from replaystore.storage.lock import WriterLock, claim_directory
+from replaystore.storage.objects import is_url, local_path
+from replaystore.storage.objectstreams import ObjectStreams
+from replaystore.storage.objectwriter import ObjectWriter
 from replaystore.storage.reader import FrameReader
 from replaystore.storage.refresh import refresh_streams, settle_streams
 from replaystore.storage.ring import Ring
 from replaystore.storage.rings import Rings
 from replaystore.storage.stream import Stream
-from replaystore.storage import objectopen
-from replaystore.storage.objects import is_url, local_path
-from replaystore.storage.objectstreams import ObjectStreams
-from replaystore.storage.objectwriter import ObjectWriter
 from replaystore.storage.writer import Writer, load_scalars, stream_dir, write_group_json
 from replaystore.storage.writing import Writing
 

@@ -119,6 +119,12 @@ def compact_store(src: str | Path, dst: str | Path | None = None, *, capacity: i
         >>> compact_store("runs/quickstart/replay.zarr", capacity=50_000).transitions_after  # doctest: +SKIP
         49998
     """
+    from replaystore.storage.objects import is_url
+
+    for where in (src, dst):
+        if is_url(where):
+            raise ConfigError(f"compact works on stores on a local disk, and {where} is a URL; to compact a store on "
+                              "object storage, read it with ReplayStore.open and load_steps() into a new store")
     root = Path(src)
     doc = read_group_doc(root)
     schema, layout, state = from_attrs(doc.get("attributes"), path=str(root))
