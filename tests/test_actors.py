@@ -31,31 +31,6 @@ def _run(*argv: str, env: dict[str, str] | None = None, timeout: float = 420) ->
                           timeout=timeout, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})})
 
 
-def test_actors_write_their_streams_stop_on_sigterm_and_resume(tmp_path: Path) -> None:
-    """Two actors write a stream each while the learner learns; SIGTERM stops the actors (which
-    commit), checkpoints and exits 143; --resume (actors again) completes the run at the replay ratio."""
-    run = tmp_path / "run"
-    proc = _start(run, "--replay-ratio", "auto", "--actors", "2", "--checkpoint-frequency", "400")
-    _wait_for_checkpoint(run, proc, 800)
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=180)
-    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
-    assert "stopped by SIGTERM" in out
-    _, state = checkpoint.load(run)
-    s = state["global_step"]
-    assert cli_main(["verify", str(run / "replay.zarr"), "--quiet"]) == 0
-    more = _run("--resume", str(run), "--total-timesteps", str(s + 500))
-    assert more.returncode == 0, more.stderr[-3000:]
-    _, state = checkpoint.load(run)
-    steps = state["global_step"]
-    assert s + 500 <= steps <= s + 500 + 2 * 50 and state["resumes"] == 1
-    assert abs(_gradient_steps(run) - (steps - 200) * 8 / 16) <= TOLERANCE
-    with ReplayStore.open(run / "replay.zarr") as store:
-        assert store.num_streams == 2 and all(r.n_valid > 200 for r in store.rings.streams)
-        assert len(store) + 2 * 50 >= steps  # at most a sync's steps were not committed when told to stop
-    assert cli_main(["verify", str(run / "replay.zarr"), "--quiet"]) == 0
-
-
 def test_actors_on_object_storage_die_and_are_restarted_on_their_streams(tmp_path: Path, s3_url: str) -> None:
     """Three actors write three streams of a store on the S3 server (--store URL) while the learner
     samples and refreshes. Each actor's environment ends its whole process after 400 of its steps (as
@@ -89,9 +64,11 @@ def test_an_actor_that_keeps_dying_ends_the_run(tmp_path: Path) -> None:
     assert cli_main(["verify", str(run / "replay.zarr"), "--quiet"]) == 0
 
 
-def test_a_killed_learner_resumes_with_its_actors(tmp_path: Path) -> None:
-    """SIGKILL of the trainer's process (the learner; its Ray and actors go with it): --resume
-    reopens every stream (the actors' unfinished episodes closed as truncated) and goes on."""
+def test_actors_survive_a_killed_learner_and_a_sigterm_and_resume(tmp_path: Path) -> None:
+    """Two actors write a stream each while the learner learns. SIGKILL of the trainer's process (its
+    Ray and actors go with it): --resume reopens every stream (the actors' unfinished episodes closed
+    as truncated) and goes on. SIGTERM of that resumed run stops the actors (which commit),
+    checkpoints and exits 143; a second --resume completes the run at the replay ratio."""
     run = tmp_path / "run"
     proc = _start(run, "--replay-ratio", "auto", "--actors", "2", "--checkpoint-frequency", "400")
     try:
@@ -102,11 +79,27 @@ def test_a_killed_learner_resumes_with_its_actors(tmp_path: Path) -> None:
     _, state = checkpoint.load(run)
     s = state["global_step"]
     _wait_for_writers_to_go(run / "replay.zarr")
-    more = _run("--resume", str(run), "--total-timesteps", str(s + 300))
-    assert more.returncode == 0, more.stderr[-3000:]
-    assert f"resuming {run} at step {s:,}" in more.stdout
+
+    proc = subprocess.Popen([sys.executable, "-m", "trainer.dqn", "--resume", str(run)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    _wait_for_checkpoint(run, proc, s + 400)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert f"resuming {run} at step {s:,}" in out and "stopped by SIGTERM" in out
     _, state = checkpoint.load(run)
-    assert state["global_step"] >= s + 300
+    s = state["global_step"]
+    assert state["resumes"] == 1
+    assert cli_main(["verify", str(run / "replay.zarr"), "--quiet"]) == 0
+
+    more = _run("--resume", str(run), "--total-timesteps", str(s + 500))
+    assert more.returncode == 0, more.stderr[-3000:]
+    _, state = checkpoint.load(run)
+    steps = state["global_step"]
+    assert s + 500 <= steps <= s + 500 + 2 * 50 and state["resumes"] == 2
+    assert abs(_gradient_steps(run) - (steps - 200) * 8 / 16) <= TOLERANCE
+    with ReplayStore.open(run / "replay.zarr") as store:
+        assert store.num_streams == 2 and all(r.n_valid > 200 for r in store.rings.streams)
     assert cli_main(["verify", str(run / "replay.zarr"), "--quiet"]) == 0
 
 
