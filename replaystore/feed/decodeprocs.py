@@ -284,8 +284,9 @@ class _Workers:
         if worker.killed:
             return
         worker.killed = True
-        log.warning("replaystore decode process %d killed: %s; its blocks are decoded on the prefetcher's "
-                    "threads from now on", worker.proc.pid, why)
+        if not self.stopping:  # closing: a request cut off by the closed pipe is no fault of the worker
+            log.warning("replaystore decode process %d killed: %s; its blocks are decoded on the prefetcher's "
+                        "threads from now on", worker.proc.pid, why)
         _kill(worker.proc)
 
     def stop(self) -> None:
