@@ -155,3 +155,23 @@ class ChunkDecoder:
         if ctx is None:
             ctx = self._local.ctx = zstandard.ZstdDecompressor()
         return ctx
+
+
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def declared_size(payload: bytes | None) -> int | None:
+    """The content size a zstd frame's header declares, or None (not a zstd frame, or no size):
+    what ``ChunkDecoder.declares_chunk`` checks, read from the header in Python (a chunk read from
+    disk is checked here without a call into libzstd)."""
+    if payload is None or len(payload) < 6 or payload[:4] != _ZSTD_MAGIC:
+        return None
+    fhd = payload[4]
+    single = (fhd >> 5) & 1
+    size = ((1 if single else 0), 2, 4, 8)[fhd >> 6]
+    if not size:
+        return None
+    at = 5 + (0 if single else 1) + (0, 1, 2, 4)[fhd & 3]
+    if len(payload) < at + size:
+        return None
+    return int.from_bytes(payload[at : at + size], "little") + (256 if size == 2 else 0)

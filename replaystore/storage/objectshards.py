@@ -106,15 +106,30 @@ class ObjectShards(ShardFiles):
             r.done = True
 
     def whole(self, shard: int) -> tuple[memoryview, list[tuple[int, int]]] | None:
-        key = self.keys.get(shard)
-        if key is None:
-            return None
-        got = self.bucket.get(key)
-        if got is None:
-            raise StaleViewError(errno.ENOENT, f"{self.bucket.where(key)} is gone: refresh the store")
-        raw = memoryview(got[0])
-        index = parse_index(raw[max(0, len(raw) - self._tail):], self.chunks_per_shard, name=NAME, shard=shard)
-        return raw[: max(0, len(raw) - self._tail)], index.tolist()
+        return self.wholes([shard])[0]
+
+    def wholes(self, shards: list[int]) -> list[tuple[memoryview, list[tuple[int, int]]] | None]:
+        """``whole`` of each of ``shards``: one GET each, all in flight at once."""
+        keys = {shard: key for shard in shards if (key := self.keys.get(shard)) is not None}
+        got = dict(zip(keys, self.bucket.get_many(list(keys.values())))) if keys else {}
+        out: list[tuple[memoryview, list[tuple[int, int]]] | None] = []
+        for shard in shards:
+            if shard not in keys:
+                out.append(None)
+                continue
+            if got[shard] is None:
+                raise StaleViewError(errno.ENOENT, f"{self.bucket.where(keys[shard])} (shard {shard} of '{NAME}') is "
+                                     "gone: this reader's view is older than the collection grace period; call "
+                                     "store.refresh()")
+            raw = memoryview(got[shard])  # type: ignore[arg-type]
+            index = parse_index(raw[max(0, len(raw) - self._tail):], self.chunks_per_shard, name=NAME, shard=shard)
+            out.append((raw[: max(0, len(raw) - self._tail)], index.tolist()))
+        return out
+
+    def stored_bytes(self) -> int:
+        """The bytes of the frame shards this view names (one LIST of the array's objects)."""
+        named = {key for key in self.keys.values() if key is not None}
+        return sum(int(m["size"]) for m in self.bucket.list(f"{NAME}/") if m["path"] in named) if named else 0
 
     def file_bytes(self, shard: int) -> int:
         key = self.keys.get(shard)

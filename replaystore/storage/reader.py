@@ -25,7 +25,8 @@ caching compressed chunks (bounded by ``cache_bytes``, first in first out) and d
 keeps every read in RAM.
 
 Where the bytes come from (open shard files, their indexes, snapshots for readers in other
-processes) is shardfiles.py.
+processes) is shardfiles.py; on object storage, objectshards.py (ranged GETs, and whole shard
+objects while the cache has room for them).
 """
 
 from __future__ import annotations
@@ -43,10 +44,10 @@ from typing import Any
 import numpy as np
 
 from replaystore.format.schema import Layout, Schema, slot_count
-from replaystore.format.shards import EMPTY
 from replaystore.storage.chunkcache import ChunkCache
-from replaystore.storage.decoders import ChunkDecoder
+from replaystore.storage.decoders import ChunkDecoder, declared_size
 from replaystore.storage.shardfiles import ChunkRead, ShardFiles
+from replaystore.storage.warm import warm
 
 #: Below this many chunks a batch is decoded on the calling thread alone (pool overhead ~20 us).
 MIN_CHUNKS_PER_TASK = 8
@@ -102,6 +103,8 @@ class FrameReader:
             self.files: ShardFiles = ObjectShards(bucket, **where)
         else:
             self.files = ShardFiles(root, **where)
+        #: object storage: held until the first miss has read the view whole (``_warm_on_first_miss``)
+        self._first_miss = threading.Lock() if bucket is not None else None
         self.cache = ChunkCache(n_shards=-(-self.capacity // self.shard_len), chunks_per_shard=self.chunks_per_shard,
                                 cache_bytes=cache_bytes)
         self._odd: set[int] = set()  # chunk ids seen whose payload cannot be decoded joined (see ChunkDecoder)
@@ -229,11 +232,18 @@ class FrameReader:
         if not todo:
             return
         reads = list(todo.values())
+        if self._first_miss is not None:
+            self._warm_on_first_miss()
+        by_id, generation, per_shard = self.cache.by_id, self.cache.generation, self.chunks_per_shard
+        cached = [r for r in reads if (payload := by_id[r.cid]) is not None  # cached since it was planned
+                  and generation[r.cid // per_shard] == r.generation and setattr(r, "payload", payload) is None]
+        if cached:  # (the payload read before the generation: one of a newer file never passes)
+            self.files.read_none(cached)
         self.files.read(reads)
         if self._joinable:
             size, odd = self._chunk_nbytes, self._odd
             for r in reads:
-                if _declared_size(r.payload) != size:
+                if declared_size(r.payload) != size:
                     odd.add(r.cid)
         self.cache.admit(reads)
         for plan in plans:
@@ -278,27 +288,28 @@ class FrameReader:
         return plan.parts[0].reshape(*plan.shape, *self.shape) if plan.single else [
             part.reshape(*plan.shape[1:], *self.shape) for part in plan.parts]
 
+    def _warm_on_first_miss(self) -> None:
+        """On object storage, the first read of a chunk the cache misses reads the whole view into
+        the cache first, if it fits (one GET per shard object, all in flight; ``warm_cache``): a
+        request's latency is most of its cost there, so filling the cache miss by miss would take
+        many times as long as reading the store once. Other threads' reads wait for it."""
+        lock = self._first_miss
+        if lock is None:
+            return
+        with lock:
+            if self._first_miss is None:
+                return
+            try:
+                room = self.cache_bytes - self.cache.held
+                if room > 0 and self.files.stored_bytes() <= room:  # type: ignore[attr-defined]
+                    warm(self, range(len(self.cache.generation)))
+            finally:
+                self._first_miss = None
+
     def warm(self, shards: range) -> int:
-        """Load the compressed chunks of ``shards`` into the cache (one read per shard file, every
-        chunk checked), stopping when the cache is full; returns the bytes added."""
-        added = 0
-        for shard in shards:
-            read = self.files.whole(shard)
-            if read is None:
-                continue
-            raw, index = read
-            for chunk, (off, nbytes) in enumerate(index):
-                cid = shard * self.chunks_per_shard + chunk
-                if off == int(EMPTY) or cid in self.cache:
-                    continue
-                if off + nbytes > len(raw) or self.cache.held + nbytes > self.cache_bytes:
-                    return added
-                payload = self.files.check(raw[off : off + nbytes], cid)
-                self._admit(cid, payload)
-                with self.cache.lock:
-                    self.cache.insert(cid, payload)
-                added += len(payload)
-        return added
+        """Load the compressed chunks of ``shards`` into the cache (one read per shard, every chunk
+        checked; warm.py), stopping when the cache is full; returns the bytes added."""
+        return warm(self, shards)
 
     def snapshot(self) -> bool:
         """Keep every shard file open from now on (``ShardFiles.snapshot``)."""
@@ -390,23 +401,3 @@ def _scatter(parts: list[np.ndarray], bounds: list[int], rows: np.ndarray, value
     for part, start, a, b in zip(parts, bounds, cuts, cuts[1:]):
         if a < b:
             part[rows[a:b] - start] = values[a:b]
-
-
-_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-
-
-def _declared_size(payload: bytes | None) -> int | None:
-    """The content size a zstd frame's header declares, or None (not a zstd frame, or no size):
-    what ``ChunkDecoder.declares_chunk`` checks, read from the header in Python (a chunk read from
-    disk is checked here without a call into libzstd)."""
-    if payload is None or len(payload) < 6 or payload[:4] != _ZSTD_MAGIC:
-        return None
-    fhd = payload[4]
-    single = (fhd >> 5) & 1
-    size = ((1 if single else 0), 2, 4, 8)[fhd >> 6]
-    if not size:
-        return None
-    at = 5 + (0 if single else 1) + (0, 1, 2, 4)[fhd & 3]
-    if len(payload) < at + size:
-        return None
-    return int.from_bytes(payload[at : at + size], "little") + (256 if size == 2 else 0)

@@ -197,6 +197,10 @@ class ShardFiles:
         index = parse_index(raw[max(0, len(raw) - self._tail):], self.chunks_per_shard, name=NAME, shard=shard)
         return raw[: max(0, len(raw) - self._tail)], index.tolist()
 
+    def wholes(self, shards: list[int]) -> list[tuple[memoryview, list[tuple[int, int]]] | None]:
+        """``whole`` of each of ``shards``."""
+        return [self.whole(shard) for shard in shards]
+
     def file_bytes(self, shard: int) -> int:
         """The size of ``shard``'s file on disk (0 if it does not exist)."""
         try:

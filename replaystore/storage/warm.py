@@ -1,0 +1,76 @@
+"""``warm_cache()``: whole shards into the compressed-chunk cache, ``GROUP`` at a time (on object
+storage, their GETs all in flight at once), every chunk's crc32c checked, until the cache is full.
+
+A payload is admitted only if its shard's generation is still what it was before its bytes were
+read (``ChunkCache.admit``), so a shard that a writer or a ``refresh()`` re-pointed meanwhile stays
+out of the cache, exactly as for a batch's own reads. (A batch that misses the cache of a store on
+object storage reads whole shards too, while the cache has room: ``ObjectShards.read``.)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import google_crc32c
+
+from replaystore.format.shards import CRC_BYTES, EMPTY
+from replaystore.storage.decoders import declared_size
+
+#: Shards read at once (on object storage: GETs in flight; ~16 MB of a 1M-step Atari store).
+GROUP = 64
+_EMPTY = int(EMPTY)
+crc = google_crc32c.value
+
+
+class _Loaded:
+    """A verified payload for ``ChunkCache.admit`` (a ``ChunkRead``'s fields that it reads)."""
+
+    __slots__ = ("cid", "generation", "payload")
+
+    def __init__(self, cid: int, generation: int, payload: bytes) -> None:
+        self.cid, self.generation, self.payload = cid, generation, payload
+
+
+def warm(reader: Any, shards: range | list[int]) -> int:
+    """Read ``shards`` of ``reader`` (a ``FrameReader``) whole into its cache, ``GROUP`` at a time,
+    until the cache is full; returns the compressed bytes added."""
+    cache, per_shard, files = reader.cache, reader.chunks_per_shard, reader.files
+    size, odd = reader._chunk_nbytes, reader._odd  # chunks that cannot be decoded joined (reader.py)
+    joinable = reader._joinable
+    shards = list(shards)
+    added = 0
+    for at in range(0, len(shards), GROUP):
+        group = [s for s in shards[at : at + GROUP] if None in cache.by_id[s * per_shard : (s + 1) * per_shard]]
+        if not group:
+            continue
+        generations = [cache.generation[s] for s in group]  # before the keys and bytes are read
+        room = cache.cache_bytes - cache.held
+        loaded: list[_Loaded] = []
+        full = False
+        for shard, generation, got in zip(group, generations, files.wholes(group)):
+            if got is None:
+                continue
+            raw, index = got
+            for chunk, (off, nbytes) in enumerate(index):
+                cid = shard * per_shard + chunk
+                if off == _EMPTY or cache.by_id[cid] is not None:
+                    continue
+                room -= nbytes
+                if room < 0:
+                    full = True
+                    break
+                stored = raw[off : off + nbytes]
+                payload = bytes(stored[:-CRC_BYTES])
+                if len(stored) != nbytes or crc(payload) != int.from_bytes(stored[-CRC_BYTES:], "little"):
+                    payload = files.check(stored, cid)  # raises ChunkChecksumError naming the chunk
+                if joinable and declared_size(payload) != size:
+                    odd.add(cid)
+                loaded.append(_Loaded(cid, generation, payload))
+            if full:
+                break
+        before = cache.held
+        cache.admit(loaded)
+        added += max(0, cache.held - before)
+        if full:
+            break
+    return added
