@@ -86,6 +86,26 @@ def test_the_same_transitions_as_a_local_store(s3_url: str, tmp_path: Path) -> N
         assert a.stream_states()[1].added == b.stream_states()[1].added
 
 
+def test_a_cold_reader_reads_the_store_whole_when_it_fits_the_cache(s3_url: str) -> None:
+    """The first batch that misses the cache reads every shard object into it (what warm_cache()
+    reads), when they fit; with a smaller cache, just the chunks batches need. Batches are equal."""
+    with _create(s3_url) as store:
+        fill(store, 150)
+    cold, warmed = ReplayStore.open(s3_url), ReplayStore.open(s3_url)
+    loaded = warmed.warm_cache()
+    first = cold.sample(4, rng=np.random.default_rng(0))
+    assert cold.cache_bytes_held == loaded > 0
+    small = ReplayStore.open(s3_url, cache_bytes=loaded // 2)
+    _same(first, small.sample(4, rng=np.random.default_rng(0)))
+    assert 0 < small.cache_bytes_held <= loaded // 2
+    for seed in range(1, 4):
+        batch = warmed.sample(16, rng=np.random.default_rng(seed))
+        _same(batch, cold.sample(16, rng=np.random.default_rng(seed)))
+        _same(batch, small.sample(16, rng=np.random.default_rng(seed)))
+    for store in (cold, warmed, small):
+        store.close()
+
+
 def test_inspect_and_verify_on_a_url(s3_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     with _create(s3_url) as store:
         fill(store, 100)
@@ -101,6 +121,48 @@ def test_inspect_and_verify_on_a_url(s3_url: str, capsys: pytest.CaptureFixture[
 
     group = zarr.open_group(ObjectStore(Bucket(s3_url).store, read_only=True), mode="r")
     assert group["obs"].shape[0] == 64 and group.attrs["replaystore"]["format_version"] == 3
+
+
+def test_compact_to_and_from_urls(s3_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """compact S3 -> S3 (a new prefix), S3 -> local and local -> S3, merging 2 streams into 1 at a
+    smaller capacity: every transition equals what compacting the same local store gives; in place on
+    a URL, or onto a DST that exists, is refused with nothing written."""
+    from test_compact import transitions
+
+    from replaystore.cli.compact import compact_store
+    from replaystore.errors import ConfigError
+
+    local = tmp_path / "l.zarr"
+    for where in (local, s3_url):
+        with _create(where, num_streams=2) as store:
+            for t in range(70):  # each stream's ring of 32 wraps
+                obs = np.stack([frame(t), frame(1000 + t)])
+                nxt = np.stack([frame(t + 1), frame(1001 + t)])
+                store.add_batch(obs, [t % 5, 1], [1.0, float(t)], nxt, [t % 13 == 12, False], [False, t % 17 == 16])
+    truth = compact_store(local, tmp_path / "truth.zarr", num_streams=1, capacity=48)
+    expected = transitions(tmp_path / "truth.zarr")
+    before = _objects(s3_url)
+    to_url = s3_url.replace("replay.zarr", "compacted.zarr")
+    assert cli_main(["compact", s3_url, to_url, "--streams", "1", "--capacity", "48", "--quiet"]) == 0
+    assert f"compacted {s3_url} -> {to_url}" in capsys.readouterr().out
+    runs = {"s3 -> s3": to_url,
+            "s3 -> local": compact_store(s3_url, tmp_path / "from-s3.zarr", num_streams=1, capacity=48).dst,
+            "local -> s3": compact_store(local, to_url.replace("compacted", "from-local"), num_streams=1,
+                                         capacity=48).dst}
+    for name, dst in runs.items():
+        got = transitions(dst)
+        assert got.keys() == expected.keys(), name
+        for field in expected:
+            np.testing.assert_array_equal(got[field], expected[field], err_msg=f"{name}: {field}")
+        assert cli_main(["verify", str(dst), "--quiet"]) == 0
+    assert _objects(s3_url) == before  # the source is only read
+    with ReplayStore.open(to_url) as result:
+        assert result.num_streams == 1 and result.capacity == 48 and len(result) == truth.transitions_after
+    with pytest.raises(ConfigError, match="cannot replace a store on object storage in place"):
+        compact_store(s3_url)
+    with pytest.raises(StoreExistsError, match="already holds objects"):
+        compact_store(local, s3_url)
+    assert _objects(s3_url) == before
 
 
 def test_bad_input_and_existing_stores_leave_the_bucket_as_it_was(s3_url: str) -> None:

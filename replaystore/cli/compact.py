@@ -36,13 +36,14 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from replaystore.cli.summary import disk_bytes
-from replaystore.cli.verify import Problem, verify_store
+from replaystore.cli.compactplan import Piece, assign, choose, cut_oldest, damaged_slots
+from replaystore.cli.compactsource import LocalSource, ObjectSource, Source, store_bytes
+from replaystore.cli.verify import verify_store
 from replaystore.errors import (
-    ChunkChecksumError,
     ConfigError,
     CorruptStoreError,
     StoreExistsError,
@@ -52,23 +53,14 @@ from replaystore.format.schema import (
     CodecSpec,
     Layout,
     Schema,
-    State,
     default_layout,
-    from_attrs,
     stream_stride,
 )
 from replaystore.format.shards import (
-    decode_shard,
     fsync_dir,
-    numcodecs_codec,
-    shard_key,
 )
-from replaystore.format.validate import read_group_doc, validate_layout
-from replaystore.storage.commits import read_stream_state
-from replaystore.storage.lock import WriterLock
+from replaystore.format.validate import validate_layout
 from replaystore.storage.reader import FrameReader
-from replaystore.storage.ring import Ring
-from replaystore.storage.writer import stream_dir
 from replaystore.store import ReplayStore
 
 Progress = Callable[[str, int, int], None]
@@ -95,15 +87,6 @@ class CompactReport:
     steps_unjoined: int = 0  # merging: steps of episodes that began before a stream's oldest live step
 
 
-@dataclass
-class _Piece:
-    """One source stream's kept steps: its ring, its number and the positions kept, oldest first."""
-
-    stream: int
-    ring: Ring
-    keep: np.ndarray
-
-
 def compact_store(src: str | Path, dst: str | Path | None = None, *, capacity: int | None = None,
                   codec: CodecSpec | None = None, chunk_len: int | None = None, shard_len: int | None = None,
                   num_streams: int | None = None, drop_damaged: bool = False,
@@ -121,20 +104,25 @@ def compact_store(src: str | Path, dst: str | Path | None = None, *, capacity: i
     """
     from replaystore.storage.objects import is_url
 
-    for where in (src, dst):
-        if is_url(where):
-            raise ConfigError(f"compact works on stores on a local disk, and {where} is a URL; to compact a store on "
-                              "object storage, read it with ReplayStore.open and load_steps() into a new store")
-    root = Path(src)
-    doc = read_group_doc(root)
-    schema, layout, state = from_attrs(doc.get("attributes"), path=str(root))
-    target = root if dst is None else Path(dst)
-    if dst is not None and target.exists():
-        raise StoreExistsError(f"{target} already exists; choose a new DST, or leave DST out to compact {root} in place")
+    if dst is None and is_url(src):
+        raise ConfigError(f"{src} is a URL, and compact cannot replace a store on object storage in place (object "
+                          f"storage has no atomic rename); compact it to a new URL or prefix: replaystore compact {src} "
+                          "s3://BUCKET/NEW/replay.zarr")
+    source: Source = ObjectSource(str(src)) if is_url(src) else LocalSource(Path(src))
+    schema, layout = source.schema, source.layout
+    to_url = is_url(dst)
+    target: Any = str(dst) if to_url else (source.root if dst is None else Path(dst))
+    if to_url:
+        from replaystore.storage.objects import Bucket
+
+        if Bucket(str(dst)).exists():
+            raise StoreExistsError(f"{dst} already holds objects; choose a new URL or prefix for DST")
+    elif dst is not None and target.exists():
+        raise StoreExistsError(f"{target} already exists; choose a new DST, or leave DST out to compact {src} in place")
     n_src = schema.num_streams
     n_new = n_src if num_streams is None else num_streams
     if isinstance(n_new, bool) or not isinstance(n_new, int) or not 1 <= n_new <= n_src:
-        raise ConfigError(f"num_streams is {num_streams!r}; {root} holds {n_src} stream(s), and compact keeps them "
+        raise ConfigError(f"num_streams is {num_streams!r}; {src} holds {n_src} stream(s), and compact keeps them "
                           f"or merges them into fewer: pass an int from 1 to {n_src}")
     new_capacity = schema.capacity if capacity is None else capacity
     if isinstance(new_capacity, bool) or not isinstance(new_capacity, int) or new_capacity < 2 * n_new:
@@ -146,60 +134,72 @@ def compact_store(src: str | Path, dst: str | Path | None = None, *, capacity: i
     per_stream = new_capacity // n_new
     new_layout = _new_layout(schema, layout, per_stream, codec=codec, chunk_len=chunk_len, shard_len=shard_len)
     validate_layout(new_layout, per_stream)
-    locks = [WriterLock(root)] if n_src == 1 else [WriterLock(stream_dir(root, k), f"stream {k} of {root}")
-                                                   for k in range(n_src)]
-    held: list[WriterLock] = []
     try:
-        for lock in locks:
-            lock.acquire()
-            held.append(lock)
-        _remove_leftovers(target)
-        report = verify_store(root, progress=None if progress is None else lambda d, t: progress("verify", d, t))
+        source.hold()
+        if not to_url:
+            _remove_leftovers(target)
+        report = source.verify(None if progress is None else lambda d, t: progress("verify", d, t))
         fatal = [p for p in report.problems if p.array == "metadata"]
         if fatal:
-            raise CorruptStoreError(f"{root} cannot be compacted: {fatal[0].message}")
+            raise CorruptStoreError(f"{src} cannot be compacted: {fatal[0].message}")
         if report.problems and not drop_damaged:
             raise CorruptStoreError(
-                f"{root} has {len(report.problems)} damaged chunk(s), first: {report.problems[0].message.split(';')[0]}; "
+                f"{src} has {len(report.problems)} damaged chunk(s), first: {report.problems[0].message.split(';')[0]}; "
                 "run `replaystore compact --drop-damaged` to drop the episodes they hold"
             )
-        states = [state] if n_src == 1 else [read_stream_state(root, k) for k in range(n_src)]
         stride = stream_stride(schema, layout)
-        bad = _damaged_slots(report.problems, schema, stride, states)
-        pieces: list[_Piece] = []
+        bad = damaged_slots(report.problems, schema, stride, source.states)
+        pieces: list[Piece] = []
         transitions_before = dropped_steps = 0
-        for k, st in enumerate(states):
-            ring = _load_scalars(root, schema, layout, st, k * stride // layout.shard_len)
-            ring.rebuild_valid()
+        for k in range(n_src):
+            ring = source.ring(k)
             transitions_before += ring.n_valid
-            keep, dropped = _choose(ring, bad[k * stride : k * stride + schema.stream_capacity])
-            pieces.append(_Piece(k, ring, keep))
+            keep, dropped = choose(ring, bad[k * stride : k * stride + schema.stream_capacity])
+            pieces.append(Piece(k, ring, keep))
             dropped_steps += dropped
-        targets, unjoined = _assign(pieces, n_new) if n_new < n_src else ([[p] for p in pieces], 0)
+        targets, unjoined = assign(pieces, n_new) if n_new < n_src else ([[p] for p in pieces], 0)
         cut = 0
         for target_pieces in targets:
-            cut += _cut_oldest(target_pieces, per_stream)
-        tmp = target.parent / f".{target.name}.compact-{os.getpid()}"
-        before = sum(disk_bytes(root).values())
-        episodes = _build(tmp, root, schema, layout, new_capacity, new_layout, stride, targets, progress)
-        check = verify_store(tmp)
-        if not check.ok:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise CorruptStoreError(f"the compacted copy failed verification ({check.problems[0].message}); "
-                                    f"{root} is unchanged")
-        _publish(tmp, target, in_place=dst is None)
+            cut += cut_oldest(target_pieces, per_stream)
+        before = source.nbytes()
+        where = target if to_url else target.parent / f".{target.name}.compact-{os.getpid()}"
+        try:
+            episodes = _build(where, source.reader(), schema, new_capacity, new_layout, stride, targets, progress)
+            check = verify_store(where)
+            if not check.ok:
+                raise CorruptStoreError(f"the compacted copy failed verification ({check.problems[0].message}); "
+                                        f"{src} is unchanged")
+        except BaseException:
+            _discard(where)
+            raise
+        if not to_url:
+            _publish(where, target, in_place=dst is None)
         with ReplayStore.open(target) as result:
             after_transitions = len(result)
+            after_bytes = store_bytes(result)
     finally:
-        for lock in reversed(held):
-            lock.release()
+        source.close()
     return CompactReport(
-        src=str(root), dst=str(target), transitions_before=transitions_before, transitions_after=after_transitions,
+        src=str(src), dst=str(target), transitions_before=transitions_before, transitions_after=after_transitions,
         steps_kept=sum(int(p.keep.size) for p in pieces), episodes_kept=episodes, bytes_before=before,
-        bytes_after=sum(disk_bytes(target).values()), dropped=[p.where() for p in report.problems],
+        bytes_after=after_bytes, dropped=[p.where() for p in report.problems],
         steps_dropped=dropped_steps, steps_cut=cut, streams_before=n_src, streams_after=n_new,
         steps_unjoined=unjoined,
     )
+
+
+def _discard(where: Any) -> None:
+    """Remove an unfinished copy (a temporary directory, or what was written at a DST URL)."""
+    if isinstance(where, Path):
+        shutil.rmtree(where, ignore_errors=True)
+        return
+    from replaystore.storage.objectopen import _clear
+    from replaystore.storage.objects import Bucket
+
+    try:
+        _clear(Bucket(where), overwrite=True, options=None)
+    except Exception as exc:  # noqa: BLE001 - the first error is the one to report
+        print(f"warning: could not remove the unfinished copy at {where} ({exc}); delete it", file=sys.stderr)
 
 
 def _new_layout(schema: Schema, layout: Layout, capacity: int, *, codec: CodecSpec | None, chunk_len: int | None,
@@ -213,159 +213,33 @@ def _new_layout(schema: Schema, layout: Layout, capacity: int, *, codec: CodecSp
     return Layout(shard_len=new_shard, obs_chunk_len=new_chunk, codec=codec or layout.codec)
 
 
-def _load_scalars(root: Path, schema: Schema, layout: Layout, state: State, base_shard: int) -> Ring:
-    """One stream's scalar arrays (its shard ``j`` is the arrays' ``base_shard + j``), with damaged
-    shards left as zeros (verify has named their slots)."""
-    capacity = schema.stream_capacity
-    ring = Ring(capacity, schema.frame_stack, layout.shard_len)
-    ring.added, ring.oldest = state.added, state.oldest
-    codec = numcodecs_codec(layout.codec)
-    n_shards = -(-capacity // layout.shard_len)
-    for name, values in ring.fields.items():
-        out = np.zeros(layout.shard_len, dtype=values.dtype)
-        for shard in range(n_shards):
-            start = shard * layout.shard_len
-            rows = min(layout.shard_len, capacity - start)
-            try:
-                decode_shard((root / shard_key(name, base_shard + shard, 0)).read_bytes(), chunk_len=layout.shard_len,
-                             n_chunks=1, codec=codec, out=out, name=name, shard=base_shard + shard)
-            except (FileNotFoundError, ChunkChecksumError):
-                out[:] = 0
-            values[start : start + rows] = out[:rows]
-    return ring
-
-
-def _damaged_slots(problems: list[Problem], schema: Schema, stride: int, states: list[State]) -> np.ndarray:
-    """The store's slots (all streams) that verify found damaged."""
-    bad = np.zeros(schema.num_streams * stride, dtype=bool)
-    capacity = schema.stream_capacity
-    for p in problems:
-        if p.slots is not None:
-            bad[p.slots[0] : p.slots[1] + 1] = True
-        elif p.live_steps is not None:  # an ep_step break: the step where the structure breaks
-            bad[p.stream * stride + np.arange(p.live_steps[0], p.live_steps[1] + 1) % capacity] = True
-    return bad
-
-
-def _choose(ring: Ring, bad_slots: np.ndarray) -> tuple[np.ndarray, int]:
-    """Live positions to keep, oldest first, and how many live steps were dropped.
-
-    Episodes are split where ``ep_step`` is 0. An episode with a damaged step is dropped whole; a kept
-    episode left without its end (the next one was dropped, or damage faked a boundary) is closed as
-    truncated in ``ring`` itself, and one left with a single step (no move) is dropped too.
-    """
-    positions = np.arange(ring.lo, ring.added, dtype=np.int64)
-    if positions.size == 0:
-        return positions, 0
-    cap = ring.capacity
-    slots = positions % cap
-    starts = ring.ep_step[slots] == 0
-    starts[0] = True
-    episode = np.cumsum(starts) - 1
-    dropped = np.zeros(int(episode[-1]) + 1, dtype=bool)
-    dropped[episode[bad_slots[slots]]] = True
-    ends = np.r_[starts[1:], True]  # the last step of each episode, in order
-    end_pos, end_ep = positions[ends], episode[ends]
-    unended = ~ring.is_last[end_pos % cap] & ~dropped[end_ep]
-    unended[-1] = False  # the newest episode may still be in progress: a writer can continue it
-    lone = unended & (np.bincount(episode)[end_ep] < 2)
-    dropped[end_ep[lone]] = True
-    close = end_pos[unended & ~lone]
-    ring.is_last[close % cap] = True
-    ring.truncated[(close - 1) % cap] = True
-    keep = ~dropped[episode]
-    return positions[keep], int(np.count_nonzero(~keep))
-
-
-def _assign(pieces: list[_Piece], n_new: int) -> tuple[list[list[_Piece]], int]:
-    """Merge: each source stream into one of ``n_new`` new streams, the fullest first into the
-    emptiest, laid end to end in source order. Every piece's episode in progress is closed as
-    truncated, and a piece that does not start its new stream loses its oldest episode if that
-    began before its stream's oldest live step (its first frames are gone, so its steps cannot
-    follow another episode's). Returns the pieces per new stream and the steps so left out."""
-    unjoined = 0
-    for piece in pieces:
-        _close_newest(piece)
-    order = sorted(pieces, key=lambda p: (-p.keep.size, p.stream))
-    targets: list[list[_Piece]] = [[] for _ in range(n_new)]
-    sizes = [0] * n_new
-    for piece in order:
-        j = min(range(n_new), key=lambda t: (sizes[t], t))
-        targets[j].append(piece)
-        sizes[j] += int(piece.keep.size)
-    for group in targets:
-        group.sort(key=lambda p: p.stream)
-        for piece in group[1:]:
-            ring, keep = piece.ring, piece.keep
-            if keep.size and ring.ep_step[keep[0] % ring.capacity] != 0:
-                first_start = np.flatnonzero(ring.ep_step[keep % ring.capacity] == 0)
-                n = int(first_start[0]) if first_start.size else int(keep.size)
-                piece.keep = keep[n:]
-                unjoined += n
-    return targets, unjoined
-
-
-def _close_newest(piece: _Piece) -> None:
-    """Close ``piece``'s newest episode as truncated if it is in progress (drop it if it has no move)."""
-    ring, keep = piece.ring, piece.keep
-    if not keep.size:
-        return
-    cap = ring.capacity
-    last = int(keep[-1])
-    if ring.is_last[last % cap]:
-        return
-    if ring.ep_step[last % cap] == 0 or keep.size < 2:  # one step, no move yet
-        piece.keep = keep[:-1]
-        return
-    ring.is_last[last % cap] = True
-    ring.truncated[(last - 1) % cap] = True
-
-
-def _cut_oldest(pieces: list[_Piece], capacity: int) -> int:
-    """Leave out the oldest steps of a new stream's pieces beyond ``capacity``; returns how many."""
-    excess = sum(int(p.keep.size) for p in pieces) - capacity
-    cut = max(0, excess)
-    for piece in pieces:
-        if excess <= 0:
-            break
-        n = min(excess, int(piece.keep.size))
-        piece.keep = piece.keep[n:]
-        excess -= n
-    return cut
-
-
-def _build(tmp: Path, src_root: Path, schema: Schema, layout: Layout, capacity: int, new_layout: Layout, stride: int,
-           targets: list[list[_Piece]], progress: Progress | None) -> int:
-    """Write the kept steps into a new store at ``tmp`` (new stream ``j`` gets ``targets[j]``, end
-    to end); returns its episode count."""
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    new = ReplayStore.create(tmp, capacity, schema.observation.to_space(), schema.action.to_space(), schema.frame_stack,
-                             layout=new_layout, cache_bytes=0, num_streams=len(targets))
+def _build(where: Any, source: FrameReader, schema: Schema, capacity: int, new_layout: Layout, stride: int,
+           targets: list[list[Piece]], progress: Progress | None) -> int:
+    """Write the kept steps into a new store at ``where`` (a temporary directory, or a DST URL): new
+    stream ``j`` gets ``targets[j]``, end to end; returns its episode count."""
+    if isinstance(where, Path) and where.exists():
+        shutil.rmtree(where)
+    new = ReplayStore.create(where, capacity, schema.observation.to_space(), schema.action.to_space(),
+                             schema.frame_stack, layout=new_layout, cache_bytes=0, num_streams=len(targets))
     try:
-        # Source frames are read by the store's slot (stream k's position p is slot k*stride + p % capacity).
-        source = FrameReader(src_root, schema, layout, cache_bytes=0)
         total = sum(int(p.keep.size) for group in targets for p in group)
         written = [0]
-        try:
-            for j, group in enumerate(targets):
-                slots = np.concatenate([p.stream * stride + p.keep % p.ring.capacity for p in group]
-                                       or [np.zeros(0, dtype=np.int64)])
-                scalars = {name: np.concatenate([p.ring.fields[name][p.keep % p.ring.capacity] for p in group]
-                                                or [np.zeros(0, dtype=dtype)])
-                           for name, dtype in SCALAR_FIELDS.items()}
-                step = new_layout.shard_len
+        for j, group in enumerate(targets):
+            slots = np.concatenate([p.stream * stride + p.keep % p.ring.capacity for p in group]
+                                   or [np.zeros(0, dtype=np.int64)])
+            scalars = {name: np.concatenate([p.ring.fields[name][p.keep % p.ring.capacity] for p in group]
+                                            or [np.zeros(0, dtype=dtype)])
+                       for name, dtype in SCALAR_FIELDS.items()}
+            step = new_layout.shard_len
 
-                def frame_blocks(slots: np.ndarray = slots) -> Iterator[np.ndarray]:
-                    for first in range(0, slots.size, step):
-                        yield source.gather(slots[first : first + step])
-                        written[0] += min(step, slots.size - first)
-                        if progress is not None:
-                            progress("write", written[0], total)
+            def frame_blocks(slots: np.ndarray = slots) -> Iterator[np.ndarray]:
+                for first in range(0, slots.size, step):
+                    yield source.gather(slots[first : first + step])
+                    written[0] += min(step, slots.size - first)
+                    if progress is not None:
+                        progress("write", written[0], total)
 
-                new.load_steps(scalars, frame_blocks(), stream=j)
-        finally:
-            source.close()
+            new.load_steps(scalars, frame_blocks(), stream=j)
         new.flush()
         return new.episodes
     finally:
