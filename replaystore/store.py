@@ -38,51 +38,37 @@ from typing import Any, Self
 
 from replaystore.errors import (
     ConfigError,
-    CorruptStoreError,
-    FormatVersionError,
     StoreClosedError,
-    StoreLockedError,
 )
 from replaystore.format.schema import (
-    ATTR_KEY,
     MAX_CAPACITY,
     MAX_STREAMS,
-    OBJECT_FORMAT_VERSION,
-    SCALAR_FIELDS,
-    STREAMS_DIR,
     Layout,
     Schema,
     State,
     box_from_space,
     default_layout,
     discrete_from_space,
-    from_attrs,
-    slot_count,
-    stream_doc,
     stream_stride,
-    to_attrs,
 )
-from replaystore.format.shards import create_array_metadata, remove_partials
 from replaystore.format.validate import (
-    check_arrays,
-    read_group_doc,
     validate_layout,
 )
 from replaystore.sampling.memory import check_config
 from replaystore.sampling.methods import Sampling
 from replaystore.sampling.priority import Priorities
-from replaystore.storage import objectopen
-from replaystore.storage.commits import owned_keys, read_stream_state, root_state, store_moved, writing_streams
-from replaystore.storage.lock import WriterLock, claim_directory
+from replaystore.storage import localopen, objectopen
+from replaystore.storage.commits import read_stream_state, root_state
+from replaystore.storage.lock import WriterLock
 from replaystore.storage.objects import is_url, local_path
 from replaystore.storage.objectstreams import ObjectStreams
 from replaystore.storage.objectwriter import ObjectWriter
 from replaystore.storage.reader import FrameReader
-from replaystore.storage.refresh import refresh_streams, settle_streams
+from replaystore.storage.refresh import refresh_streams
 from replaystore.storage.ring import Ring
 from replaystore.storage.rings import Rings
 from replaystore.storage.stream import Stream
-from replaystore.storage.writer import Writer, load_scalars, stream_dir, write_group_json
+from replaystore.storage.writer import Writer, load_scalars
 from replaystore.storage.writing import Writing
 
 log = logging.getLogger(__name__)
@@ -207,38 +193,8 @@ class ReplayStore(Writing, Sampling):
                                      memory_budget=memory_budget, decode_threads=decode_threads,
                                      storage_options=storage_options)
 
-        lock = claim_directory(root, overwrite=overwrite)
-        locks = [lock]
-        try:
-            length = slot_count(schema, layout)
-            create_array_metadata(root, "obs", length=length, item_shape=box.shape, dtype=box.dtype,
-                                  chunk_len=layout.obs_chunk_len, shard_len=layout.shard_len, codec=layout.codec)
-            for name, dtype in SCALAR_FIELDS.items():
-                create_array_metadata(root, name, length=length, item_shape=(), dtype=dtype,
-                                      chunk_len=layout.shard_len, shard_len=layout.shard_len, codec=layout.codec)
-            state = State()
-            if n > 1:
-                write_group_json(root / STREAMS_DIR, {"zarr_format": 3, "node_type": "group",
-                                                      "consolidated_metadata": None, "attributes": {}})
-                for k in range(n):
-                    write_group_json(stream_dir(root, k), stream_doc(k, state))
-                    locks.append(WriterLock(stream_dir(root, k), f"stream {k} of {root}"))
-                    locks[-1].acquire()
-            # The group's zarr.json goes last, whole and atomically: until it exists the directory is
-            # not a store, so a reader never sees one half made.
-            doc = {"attributes": {ATTR_KEY: to_attrs(schema, layout, state)}, "zarr_format": 3,
-                   "consolidated_metadata": None, "node_type": "group"}
-            write_group_json(root, doc)
-        except BaseException:
-            for held in locks:
-                held.release()
-            raise
-        if n > 1:
-            lock.release()  # a store of streams is written under its streams' locks
-            locks = locks[1:]
-        log.info("created replay store %s (capacity %d, %d streams, layout %s)", root, capacity, n, layout)
-        return cls(root, schema, layout, [state] * n, doc, writing=list(range(n)), cache_bytes=cache_bytes,
-                   locks=locks, decode_threads=decode_threads, memory_budget=memory_budget)
+        return localopen.create(cls, root, schema, layout, overwrite=overwrite, cache_bytes=cache_bytes,
+                                memory_budget=memory_budget, decode_threads=decode_threads)
 
     @classmethod
     def open(cls, path: str | Path, mode: str = "r", *, streams: Any = None, cache_bytes: int = DEFAULT_CACHE_BYTES,
@@ -262,47 +218,8 @@ class ReplayStore(Writing, Sampling):
             return objectopen.open_(cls, path, mode, streams=streams, cache_bytes=cache_bytes,  # type: ignore[arg-type]
                                     memory_budget=memory_budget, decode_threads=decode_threads,
                                     storage_options=storage_options)
-        root = Path(local_path(path))
-        doc = read_group_doc(root)
-        schema, layout, state = from_attrs(doc.get("attributes"), path=str(root))
-        if doc["attributes"][ATTR_KEY]["format_version"] == OBJECT_FORMAT_VERSION:
-            raise FormatVersionError(f"{root} holds a store written for object storage (format version "
-                                     f"{OBJECT_FORMAT_VERSION}); open it at its s3:// URL")
-        check_arrays(root, schema, layout)
-        writing = writing_streams(schema, mode, streams, root)
-        check_config(schema, layout, root, writable=len(writing), cache_bytes=cache_bytes,
-                     memory_budget=memory_budget, decode_threads=decode_threads)
-        n = schema.num_streams
-        locks: list[WriterLock] = []
-        try:
-            for k in writing:
-                locks.append(WriterLock(root) if n == 1 else WriterLock(stream_dir(root, k), f"stream {k} of {root}"))
-                locks[-1].acquire()
-            for _ in range(100):
-                # (re-)read under the locks: the last writer may just have committed
-                doc = read_group_doc(root)
-                schema, layout, state = from_attrs(doc.get("attributes"), path=str(root))
-                states = [state] if n == 1 else [read_stream_state(root, k) for k in range(n)]
-                if writing:
-                    removed = remove_partials(root, None if n == 1 else owned_keys(schema, layout, writing))
-                    if removed:
-                        log.info("removed %d temporary files left by an interrupted writer in %s", removed, root)
-                try:
-                    store = cls(root, schema, layout, states, doc, writing=writing, cache_bytes=cache_bytes,
-                                locks=locks, decode_threads=decode_threads, memory_budget=memory_budget)
-                except CorruptStoreError:
-                    if not store_moved(root, schema, layout, states, writing):
-                        raise  # nothing moved: the store really is damaged
-                    continue  # torn by a writer overwriting what we read: load again at the new state
-                if settle_streams(store, states):
-                    return store
-                store._finalizer.detach()
-                store.reader.close()
-            raise StoreLockedError(f"{root} is being rewritten faster than it can be read; open it again")
-        except BaseException:
-            for held in locks:
-                held.release()
-            raise
+        return localopen.open_(cls, Path(local_path(path)), mode, streams=streams, cache_bytes=cache_bytes,
+                               memory_budget=memory_budget, decode_threads=decode_threads)
 
     def _read_state(self, k: int) -> State:
         """Stream ``k``'s latest commit on disk."""
