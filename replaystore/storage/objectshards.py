@@ -128,7 +128,7 @@ class ObjectShards(ShardFiles):
 
     def stored_bytes(self) -> int:
         """The bytes of the frame shards this view names (one LIST of the array's objects)."""
-        named = {key for key in self.keys.values() if key is not None}
+        named = {key for key in list(self.keys.values()) if key is not None}  # (a refresh may add keys meanwhile)
         return sum(int(m["size"]) for m in self.bucket.list(f"{NAME}/") if m["path"] in named) if named else 0
 
     def file_bytes(self, shard: int) -> int:

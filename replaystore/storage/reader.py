@@ -25,8 +25,8 @@ caching compressed chunks (bounded by ``cache_bytes``, first in first out) and d
 keeps every read in RAM.
 
 Where the bytes come from (open shard files, their indexes, snapshots for readers in other
-processes) is shardfiles.py; on object storage, objectshards.py (ranged GETs, and whole shard
-objects while the cache has room for them).
+processes) is shardfiles.py; on object storage, objectshards.py (ranged GETs; and on the first
+miss, the whole view read into the cache when it fits, ``_warm_on_first_miss``).
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ storage, their GETs all in flight at once), every chunk's crc32c checked, until 
 
 A payload is admitted only if its shard's generation is still what it was before its bytes were
 read (``ChunkCache.admit``), so a shard that a writer or a ``refresh()`` re-pointed meanwhile stays
-out of the cache, exactly as for a batch's own reads. (A batch that misses the cache of a store on
-object storage reads whole shards too, while the cache has room: ``ObjectShards.read``.)
+out of the cache, exactly as for a batch's own reads. (A store on object storage does this read
+on its first cache miss, when the view fits the cache: ``FrameReader._warm_on_first_miss``.)
 """
 
 from __future__ import annotations
