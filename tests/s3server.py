@@ -77,7 +77,9 @@ class S3Server:
         cmd = [binary, "server", f"-dir={self.dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-s3",
                f"-s3.port={p['s3']}", f"-master.port={p['master']}", f"-volume.port={p['volume']}",
                f"-filer.port={p['filer']}", "-s3.port.iceberg=0", "-s3.port.lance=0",
-               "-master.volumeSizeLimitMB=64", "-volume.max=0"]
+               "-master.volumeSizeLimitMB=64", "-volume.max=0",
+               # a restart on existing data waits one election timeout for its own master (10 s by default)
+               "-master.electionTimeout=1s", "-volume.preStopSeconds=0"]
         log = open(self.log, "ab")  # noqa: SIM115 - the server's lifetime, closed in stop()
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}  # weed would take them as its admin
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=self.dir, start_new_session=True,
@@ -121,7 +123,7 @@ class S3Server:
             return
         os.killpg(proc.pid, signal.SIGINT)
         try:
-            proc.wait(timeout=3)
+            proc.wait(timeout=1)
         except subprocess.TimeoutExpired:  # it takes its time to say goodbye: what it stored is on disk
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=15)

@@ -255,22 +255,49 @@ def test_a_writer_killed_at_random_moments_loses_nothing_committed(s3_url: str) 
     log = Path(os.environ.get("TMPDIR", "/tmp")) / f"commits-{os.getpid()}-{time.time_ns()}.log"
     rng = np.random.default_rng(17)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), CRASH_LEASE_TTL="1")
-    live_kills, rounds = 0, 8
+    live_kills, rounds, batches = 0, 8, 0
+    reader: ReplayStore | None = None  # samples while the child writes: it sees only what was committed
     for i in range(rounds):
         child = subprocess.Popen([sys.executable, str(CHILD), s3_url, str(log), str(i)], env=env,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         ready = select.select([child.stdout], [], [], 60)[0] and child.stdout.readline() == b"writing\n"
         assert ready, child.stderr.read().decode() if child.poll() is not None else "the child never started writing"
-        time.sleep(float(rng.uniform(0.0, 1.0)))
+        reader = reader or ReplayStore.open(s3_url)
+        batches += _sample_committed(reader, time.monotonic() + float(rng.uniform(0.0, 1.0)))
         live_kills += child.poll() is None
         child.send_signal(signal.SIGKILL)
         child.wait()
         logged = [int(x) for x in log.read_text().split()] if log.exists() else [0]
         check_store(s3_url, max(logged, default=0))
     assert live_kills >= rounds - 1, f"only {live_kills} of {rounds} kills landed on a writing child"
+    assert batches >= rounds, f"the reader sampled only {batches} batches while the writer wrote"
+    assert reader is not None
+    reader.close()
     with ReplayStore.open(s3_url) as final:
         assert final.committed.added > final.capacity, "the ring never wrapped during the crash test"
     log.unlink(missing_ok=True)
+
+
+def _sample_committed(reader: ReplayStore, until: float) -> int:
+    """Refresh and sample ``reader`` until ``until``, checking every transition against the crash
+    child's ground truth (its frames and moves are functions of the step); returns the batches."""
+    from crash_child import SHAPE, move
+
+    n, rng = 0, np.random.default_rng(int(until * 1000))
+    while time.monotonic() < until:
+        reader.refresh()
+        if len(reader) < 8:
+            continue
+        ring = reader.ring
+        batch = reader.sample(8, rng=rng)
+        positions = np.arange(ring.lo, ring.added, dtype=np.int64)
+        for i, slot in enumerate(batch.index.tolist()):
+            p = int(positions[positions % ring.capacity == slot][0])
+            np.testing.assert_array_equal(batch.obs[i][-1], frame(p, SHAPE), err_msg=f"step {p}")
+            np.testing.assert_array_equal(batch.next_obs[i][-1], frame(p + 1, SHAPE), err_msg=f"step {p + 1}")
+            assert (int(batch.action[i]), float(batch.reward[i])) == move(p)[:2], f"the move from step {p}"
+        n += 1
+    return n
 
 
 def test_the_server_stopped_in_the_middle_of_writing(tmp_path: Path) -> None:

@@ -163,8 +163,12 @@ def compact_store(src: str | Path, dst: str | Path | None = None, *, capacity: i
             cut += cut_oldest(target_pieces, per_stream)
         before = source.nbytes()
         where = target if to_url else target.parent / f".{target.name}.compact-{os.getpid()}"
-        try:
-            episodes = _build(where, source.reader(), schema, new_capacity, new_layout, stride, targets, progress)
+        if isinstance(where, Path) and where.exists():
+            shutil.rmtree(where)  # this process's own leftover
+        new = ReplayStore.create(where, new_capacity, schema.observation.to_space(), schema.action.to_space(),
+                                 schema.frame_stack, layout=new_layout, cache_bytes=0, num_streams=n_new)
+        try:  # from here on, what is at ``where`` is this run's unfinished copy
+            episodes = _build(new, source.reader(), stride, targets, progress)
             check = verify_store(where)
             if not check.ok:
                 raise CorruptStoreError(f"the compacted copy failed verification ({check.problems[0].message}); "
@@ -213,14 +217,10 @@ def _new_layout(schema: Schema, layout: Layout, capacity: int, *, codec: CodecSp
     return Layout(shard_len=new_shard, obs_chunk_len=new_chunk, codec=codec or layout.codec)
 
 
-def _build(where: Any, source: FrameReader, schema: Schema, capacity: int, new_layout: Layout, stride: int,
-           targets: list[list[Piece]], progress: Progress | None) -> int:
-    """Write the kept steps into a new store at ``where`` (a temporary directory, or a DST URL): new
-    stream ``j`` gets ``targets[j]``, end to end; returns its episode count."""
-    if isinstance(where, Path) and where.exists():
-        shutil.rmtree(where)
-    new = ReplayStore.create(where, capacity, schema.observation.to_space(), schema.action.to_space(),
-                             schema.frame_stack, layout=new_layout, cache_bytes=0, num_streams=len(targets))
+def _build(new: ReplayStore, source: FrameReader, stride: int, targets: list[list[Piece]],
+           progress: Progress | None) -> int:
+    """Write the kept steps into ``new`` (just created, and closed here): new stream ``j`` gets
+    ``targets[j]``, end to end; returns its episode count."""
     try:
         total = sum(int(p.keep.size) for group in targets for p in group)
         written = [0]
@@ -230,7 +230,7 @@ def _build(where: Any, source: FrameReader, schema: Schema, capacity: int, new_l
             scalars = {name: np.concatenate([p.ring.fields[name][p.keep % p.ring.capacity] for p in group]
                                             or [np.zeros(0, dtype=dtype)])
                        for name, dtype in SCALAR_FIELDS.items()}
-            step = new_layout.shard_len
+            step = new.layout.shard_len
 
             def frame_blocks(slots: np.ndarray = slots) -> Iterator[np.ndarray]:
                 for first in range(0, slots.size, step):
