@@ -30,6 +30,9 @@ from replaystore.cli.compact import compact_store
 
 SHAPE = (2, 3)
 
+#: Compactions in one run of the state machine (the rest of its steps add, sample and reopen).
+COMPACTIONS = 2
+
 
 class StoreVersusModel(RuleBasedStateMachine):
     @initialize(
@@ -49,6 +52,7 @@ class StoreVersusModel(RuleBasedStateMachine):
         self.capacity, self.k = capacity, frame_stack
         self.steps: list[dict] = []  # by position
         self.counter = 0
+        self.compactions = 0  # at most COMPACTIONS a run: each rewrites the store (most of a run's time)
 
     def teardown(self) -> None:
         self.store.close()
@@ -106,9 +110,11 @@ class StoreVersusModel(RuleBasedStateMachine):
         self.store.close()
         self.store = ReplayStore.open(self.path, mode="a")
 
+    @precondition(lambda self: self.compactions < COMPACTIONS)
     @rule(chunk_len=st.sampled_from([None, 1, 2, 4]))
     def compact(self, chunk_len: int | None) -> None:
         """Rewrite the store in place; the model's live steps become positions 0.. (oldest first)."""
+        self.compactions += 1
         self.store.close()
         compact_store(self.path, chunk_len=chunk_len)
         self.steps = self.steps[self.lo:]

@@ -71,6 +71,9 @@ class StreamModel:
         ep = self.steps[p]["ep"]
         return np.stack([self.steps[p - min(o, ep)]["obs"] for o in range(self.k - 1, -1, -1)])
 
+#: Compactions in one run of the state machine (the rest of its steps add, sample, reopen, refresh).
+COMPACTIONS = 2
+
 
 class StreamsVersusModel(RuleBasedStateMachine):
     @initialize(
@@ -94,6 +97,7 @@ class StreamsVersusModel(RuleBasedStateMachine):
             model.reset_obs = obs
         self.reader: ReplayStore | None = None
         self.reader_seen: list[int] = [0] * n  # steps of each stream the reader was shown
+        self.compactions = 0  # at most COMPACTIONS a run: each rewrites the store (most of a run's time)
 
     counter = 0
 
@@ -191,9 +195,10 @@ class StreamsVersusModel(RuleBasedStateMachine):
                 self.obs[k] = self.new_frame()
                 model.reset_obs, model.reset_row, model.optional = self.obs[k], False, False
 
-    @precondition(lambda self: self.reader is None)
+    @precondition(lambda self: self.reader is None and self.compactions < COMPACTIONS)
     @rule()
     def compact_in_place(self) -> None:
+        self.compactions += 1
         self.store.close()
         compact_store(self.path)
         for model in self.models:
