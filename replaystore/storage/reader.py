@@ -26,7 +26,7 @@ keeps every read in RAM.
 
 Where the bytes come from (open shard files, their indexes, snapshots for readers in other
 processes) is shardfiles.py; on object storage, objectshards.py (ranged GETs; and on the first
-miss, the whole view read into the cache when it fits, ``_warm_on_first_miss``).
+miss, the whole view read into the cache when it fits, warm.py).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from replaystore.format.schema import Layout, Schema, slot_count
 from replaystore.storage.chunkcache import ChunkCache
 from replaystore.storage.decoders import ChunkDecoder, declared_size
 from replaystore.storage.shardfiles import ChunkRead, ShardFiles
-from replaystore.storage.warm import warm
+from replaystore.storage.warm import warm, warm_on_first_miss
 
 #: Below this many chunks a batch is decoded on the calling thread alone (pool overhead ~20 us).
 MIN_CHUNKS_PER_TASK = 8
@@ -103,7 +103,7 @@ class FrameReader:
             self.files: ShardFiles = ObjectShards(bucket, **where)
         else:
             self.files = ShardFiles(root, **where)
-        #: object storage: held until the first miss has read the view whole (``_warm_on_first_miss``)
+        #: object storage: held until the first miss has read the view whole (``warm_on_first_miss``)
         self._first_miss = threading.Lock() if bucket is not None else None
         self.cache = ChunkCache(n_shards=-(-self.capacity // self.shard_len), chunks_per_shard=self.chunks_per_shard,
                                 cache_bytes=cache_bytes)
@@ -233,7 +233,7 @@ class FrameReader:
             return
         reads = list(todo.values())
         if self._first_miss is not None:
-            self._warm_on_first_miss()
+            warm_on_first_miss(self)
         by_id, generation, per_shard = self.cache.by_id, self.cache.generation, self.chunks_per_shard
         cached = [r for r in reads if (payload := by_id[r.cid]) is not None  # cached since it was planned
                   and generation[r.cid // per_shard] == r.generation and setattr(r, "payload", payload) is None]
@@ -287,24 +287,6 @@ class FrameReader:
                 _scatter(plan.parts, plan.bounds, plan.rows, scratch)
         return plan.parts[0].reshape(*plan.shape, *self.shape) if plan.single else [
             part.reshape(*plan.shape[1:], *self.shape) for part in plan.parts]
-
-    def _warm_on_first_miss(self) -> None:
-        """On object storage, the first read of a chunk the cache misses reads the whole view into
-        the cache first, if it fits (one GET per shard object, all in flight; ``warm_cache``): a
-        request's latency is most of its cost there, so filling the cache miss by miss would take
-        many times as long as reading the store once. Other threads' reads wait for it."""
-        lock = self._first_miss
-        if lock is None:
-            return
-        with lock:
-            if self._first_miss is None:
-                return
-            try:
-                room = self.cache_bytes - self.cache.held
-                if room > 0 and self.files.stored_bytes() <= room:  # type: ignore[attr-defined]
-                    warm(self, range(len(self.cache.generation)))
-            finally:
-                self._first_miss = None
 
     def warm(self, shards: range) -> int:
         """Load the compressed chunks of ``shards`` into the cache (one read per shard, every chunk

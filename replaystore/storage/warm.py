@@ -3,8 +3,8 @@ storage, their GETs all in flight at once), every chunk's crc32c checked, until 
 
 A payload is admitted only if its shard's generation is still what it was before its bytes were
 read (``ChunkCache.admit``), so a shard that a writer or a ``refresh()`` re-pointed meanwhile stays
-out of the cache, exactly as for a batch's own reads. (A store on object storage does this read
-on its first cache miss, when the view fits the cache: ``FrameReader._warm_on_first_miss``.)
+out of the cache, exactly as for a batch's own reads. A store on object storage does this read on
+its first cache miss, when the view fits the cache (``warm_on_first_miss``).
 """
 
 from __future__ import annotations
@@ -74,3 +74,22 @@ def warm(reader: Any, shards: range | list[int]) -> int:
         if full:
             break
     return added
+
+
+def warm_on_first_miss(reader: Any) -> None:
+    """On object storage, the first read of a chunk ``reader``'s cache misses reads the whole view
+    into the cache first, if it fits (``warm``: one GET per shard object, ``GROUP`` in flight): a
+    request's latency is most of its cost there, so filling the cache miss by miss would take many
+    times as long as reading the store once. Other threads' reads wait for it."""
+    lock = reader._first_miss
+    if lock is None:
+        return
+    with lock:
+        if reader._first_miss is None:
+            return
+        try:
+            room = reader.cache_bytes - reader.cache.held
+            if room > 0 and reader.files.stored_bytes() <= room:
+                warm(reader, range(len(reader.cache.generation)))
+        finally:
+            reader._first_miss = None
