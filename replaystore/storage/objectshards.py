@@ -18,8 +18,9 @@ from typing import Any
 
 from replaystore.errors import ChunkChecksumError, StaleViewError
 from replaystore.format.shards import CRC_BYTES, INDEX_ENTRY_BYTES, parse_index
+from replaystore.storage.chunkread import ChunkRead
 from replaystore.storage.objects import Bucket, run
-from replaystore.storage.shardfiles import _EMPTY, _ENTRY, NAME, ChunkRead, ShardFiles
+from replaystore.storage.shardfiles import _EMPTY, _ENTRY, NAME, ShardFiles
 
 
 class ObjectHandle:

@@ -45,8 +45,9 @@ import numpy as np
 
 from replaystore.format.schema import Layout, Schema, slot_count
 from replaystore.storage.chunkcache import ChunkCache
+from replaystore.storage.chunkread import ChunkRead
 from replaystore.storage.decoders import ChunkDecoder, declared_size
-from replaystore.storage.shardfiles import ChunkRead, ShardFiles
+from replaystore.storage.shardfiles import ShardFiles
 from replaystore.storage.warm import warm, warm_on_first_miss
 
 #: Below this many chunks a batch is decoded on the calling thread alone (pool overhead ~20 us).

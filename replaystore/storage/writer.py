@@ -222,6 +222,8 @@ class Writer:
     def _store(self, name: str, shard: int, data: bytes, dirs: set[Path]) -> None:
         """Write the stream's shard ``shard`` of array ``name`` whole (``dirs``: see ``atomic_write``)."""
         path = self.root / shard_key(name, self.base_shard + shard, self._item_ndim if name == "obs" else 0)
+        if name == "obs":  # reads planned on the file in place keep reading it (shardfiles.py)
+            self.reader.files.before_replace(self.base_shard + shard)
         atomic_write(path, data, dirs=dirs)
 
 
