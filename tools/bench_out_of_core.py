@@ -9,11 +9,15 @@ measures batches of 32 four-frame stacks a second, side by side in one run:
   cache fills, are reported apart);
 - ``store.sample`` on 1 and on 2 threads, and the prefetcher (``as_dataset``'s engine: worker
   threads and decode processes) with 2 workers;
-- the acting thread's ``add`` rate into the same store, alone and while 2 threads sample.
+- the acting thread's ``add`` rate into the same store, alone and while 2 threads sample;
+- ``store.sample`` in 1 and in 2 processes, each with its own handle: the same work with no GIL
+  shared, which is what this machine allows two samplers at most;
+- warm again with at most 128 shard files open (the store's budget under ``ulimit -n`` 1024; with
+  a higher limit it keeps all 1,221 open), where a miss on a closed shard opens its file.
 
 Prints a table and the ratios (2 threads / 1 thread, cold / warm, add with samplers / alone), and
-writes tools/out/bench_out_of_core.json. About 8 minutes on 2 cores (the store is built once;
-``--reuse`` skips that).
+writes tools/out/bench_out_of_core.json. About 10 minutes on 2 cores, 4 with ``--reuse`` (the store
+is built once; ``--reuse`` skips that).
 
     python tools/bench_out_of_core.py [--transitions 5000000] [--seconds 10] [--reuse]
 """
@@ -73,14 +77,14 @@ def build(transitions: int, recorded: int) -> float:
     return transitions / (time.perf_counter() - t0)
 
 
-def run_samplers(store, threads: int, seconds: float, settle: float) -> dict[str, float]:
+def run_samplers(store, threads: int, seconds: float, settle: float, seed: int = 0) -> dict[str, float]:
     """``threads`` threads calling ``store.sample`` for ``settle + seconds``: batches/s in the first
     ``settle`` seconds and in the ``seconds`` after them."""
     stop = threading.Event()
     counts = [[] for _ in range(threads)]  # per thread: the time each batch was done
 
     def loop(i: int) -> None:
-        rng = np.random.default_rng(i)
+        rng = np.random.default_rng(seed + i)
         while not stop.is_set():
             store.sample(BATCH, rng=rng)
             counts[i].append(time.perf_counter())
@@ -96,6 +100,30 @@ def run_samplers(store, threads: int, seconds: float, settle: float) -> dict[str
     done = np.concatenate([np.array(c) for c in counts]) - t0
     return {"settling": float(np.count_nonzero(done < settle) / settle) if settle else None,
             "batches_per_s": float(np.count_nonzero((done >= settle) & (done < settle + seconds)) / seconds)}
+
+
+def _sample_in_process(cache: int, seconds: float, settle: float, seed: int, out) -> None:
+    from replaystore import ReplayStore
+
+    store = ReplayStore.open(STORE, cache_bytes=cache)
+    out.put(run_samplers(store, 1, seconds, settle, seed=100 * seed)["batches_per_s"])
+    store.close()
+
+
+def run_processes(cache: int, processes: int, seconds: float, settle: float) -> float:
+    """Batches/s of ``processes`` processes, each sampling its own read-only handle on one thread:
+    the same work as threads without a shared GIL (what the machine allows two samplers)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_sample_in_process, args=(cache, seconds, settle, i, out)) for i in range(processes)]
+    for proc in procs:
+        proc.start()
+    rates = [out.get() for _ in procs]
+    for proc in procs:
+        proc.join()
+    return float(sum(rates))
 
 
 def run_prefetcher(store, workers: int, seconds: float, settle: float) -> dict[str, float]:
@@ -177,9 +205,12 @@ def main() -> None:
 
     results: dict[str, dict] = {}
     for how, threads in (("sample", 1), ("sample", 2), ("prefetcher", 2)):
-        for page_cache in ("cold", "warm"):
-            set_page_cache(STORE, warm=page_cache == "warm")
+        for page_cache in ("cold", "warm", "lazy"):
+            set_page_cache(STORE, warm=page_cache != "cold")
             store = ReplayStore.open(STORE, cache_bytes=cache)
+            if page_cache == "lazy":  # what a process with `ulimit -n` 1024 gets: 128 shard files open at a time
+                store.reader.files.close()
+                store.reader.files.max_open = 128
             settle = args.settle if page_cache == "cold" else 2.0
             run = run_samplers if how == "sample" else run_prefetcher
             r = run(store, threads, args.seconds, settle)
@@ -189,6 +220,10 @@ def main() -> None:
             results[key] = r
             settling = f"  (first {settle:.0f} s: {r['settling']:,.0f})" if page_cache == "cold" else ""
             print(f"{key:22s} {r['batches_per_s']:8,.0f} batches/s  cache hits {r['hit_rate']:.0%}{settling}")
+
+    set_page_cache(STORE, warm=True)
+    procs = {n: run_processes(cache, n, args.seconds, 2.0) for n in (1, 2)}
+    print(f"sample in 1 process {procs[1]:,.0f} batches/s; in 2 processes {procs[2]:,.0f}")
 
     data = record(args.record)
     set_page_cache(STORE, warm=True)
@@ -203,20 +238,24 @@ def main() -> None:
         "cold / warm, 1 thread": b["sample x1 cold"] / b["sample x1 warm"],
         "cold / warm, 2 threads": b["sample x2 cold"] / b["sample x2 warm"],
         "cold / warm, prefetcher": b["prefetcher x2 cold"] / b["prefetcher x2 warm"],
+        "2 threads / 1 thread, 128 files open": b["sample x2 lazy"] / b["sample x1 lazy"],
+        "2 processes / 1 process, warm (no shared GIL)": procs[2] / procs[1],
+        "128 files open / all open, prefetcher": b["prefetcher x2 lazy"] / b["prefetcher x2 warm"],
         "add while 2 threads sample / add alone": adds_sampled / adds_alone,
     }
     print()
-    print("| | 1 thread | 2 threads | prefetcher, 2 workers |")
+    print("| batches/s | 1 thread | 2 threads | prefetcher, 2 workers |")
     print("|---|---|---|---|")
-    for page_cache in ("warm", "cold"):
-        print(f"| page cache {page_cache} | {b[f'sample x1 {page_cache}']:,.0f} | {b[f'sample x2 {page_cache}']:,.0f} | "
+    for page_cache, label in (("warm", "page cache warm"), ("cold", "page cache cold"),
+                              ("lazy", "warm, 128 shard files open (`ulimit -n` 1024)")):
+        print(f"| {label} | {b[f'sample x1 {page_cache}']:,.0f} | {b[f'sample x2 {page_cache}']:,.0f} | "
               f"{b[f'prefetcher x2 {page_cache}']:,.0f} |")
     print()
     for name, value in ratios.items():
         print(f"ratio {name:42s} {value:6.2f}")
     out = {"transitions": args.transitions, "frames_mb": frames_bytes / 2**20, "cache_mb": cache / 2**20,
            "write_transitions_per_s": write_rate, "runs": results, "adds_alone_per_s": adds_alone,
-           "adds_while_sampling_per_s": adds_sampled, "ratios": ratios}
+           "adds_while_sampling_per_s": adds_sampled, "processes_batches_per_s": procs, "ratios": ratios}
     (OUT / "bench_out_of_core.json").write_text(json.dumps(out, indent=2))
 
 
