@@ -4,6 +4,7 @@ states and scalar rings, its frames, its size."""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from replaystore.storage.writer import stream_dir
 from replaystore.store import ReplayStore
 
 
-class Source:
+class Source(ABC):
     """The store being compacted: its schema, its streams' states and rings, its frames."""
 
     schema: Schema
@@ -34,17 +35,21 @@ class Source:
     def hold(self) -> None:
         """Keep writers from changing what is compacted (local: every stream's writer lock)."""
 
+    @abstractmethod
     def verify(self, progress: Callable[[int, int], None] | None) -> Any:
-        raise NotImplementedError
+        """The source verified (``verify_store``'s report)."""
 
+    @abstractmethod
     def ring(self, k: int) -> Ring:
-        raise NotImplementedError
+        """Stream ``k``'s scalars, as of its commit."""
 
+    @abstractmethod
     def reader(self) -> FrameReader:
-        raise NotImplementedError
+        """A frame reader of the source's shards."""
 
+    @abstractmethod
     def nbytes(self) -> int:
-        raise NotImplementedError
+        """The source's bytes on its storage."""
 
     def close(self) -> None:
         pass

@@ -20,6 +20,7 @@ from __future__ import annotations
 import struct
 import threading
 from collections import OrderedDict
+from typing import TYPE_CHECKING
 
 from replaystore.errors import ChunkChecksumError
 from replaystore.format.shards import CRC_BYTES, EMPTY, INDEX_ENTRY_BYTES
@@ -42,24 +43,19 @@ class DeferredReads:
     _indexes: dict[int, tuple[Identity, bytes]]
     _deferred: dict[int, set[ChunkRead]]
 
-    # ShardFiles' own, used here
-    def _open(self, shard: int) -> tuple[int, Identity]:
-        raise NotImplementedError
+    if TYPE_CHECKING:  # ShardFiles' own, used here
 
-    def _close(self, fd: int) -> None:
-        raise NotImplementedError
+        def _open(self, shard: int) -> tuple[int, Identity]: ...
 
-    def _retire(self, handle: ShardHandle) -> None:
-        raise NotImplementedError
+        def _close(self, fd: int) -> None: ...
 
-    def _read_index(self, fd: int, shard: int, identity: Identity) -> bytes:
-        raise NotImplementedError
+        def _retire(self, handle: ShardHandle) -> None: ...
 
-    def _read_open(self, reads: list[ChunkRead]) -> None:
-        raise NotImplementedError
+        def _read_index(self, fd: int, shard: int, identity: Identity) -> bytes: ...
 
-    def read_none(self, reads: list[ChunkRead]) -> None:
-        raise NotImplementedError
+        def _read_open(self, reads: list[ChunkRead]) -> None: ...
+
+        def read_none(self, reads: list[ChunkRead]) -> None: ...
 
     def before_replace(self, shard: int) -> None:
         """The writer of this process is about to rename a new file over ``shard`` (under the
