@@ -49,18 +49,20 @@ def test_actors_on_object_storage_die_and_are_restarted_on_their_streams(tmp_pat
     assert cli_main(["verify", s3_url, "--quiet"]) == 0
     with ReplayStore.open(s3_url) as store:
         assert store.num_streams == 3 and len(store) >= 1000
-        assert all(st.added >= 400 for st in store.stream_states())
+        # every actor acted; a stream may hold fewer than its actor's 400 steps before the crash (what
+        # it had not committed yet died with it), and the run may end before its restart adds more
+        assert all(st.added > 0 for st in store.stream_states())
         truncated = sum(int(r.truncated[: r.n_valid].sum()) for r in store.rings.streams)
         assert truncated >= 1  # the episodes the dead actors left unfinished
 
 
 def test_an_actor_that_keeps_dying_ends_the_run(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    argv = [a if a != "CartPole-v1" else "crashing_env:CrashingCartPole-v0" for a in ACTORS] + ["--actors", "1"]
+    argv = [a if a != "CartPole-v1" else "crashing_env:CrashingCartPole-v0" for a in ACTORS] + ["--actors", "1", "--actor-restarts", "1"]
     env = {"CRASH_AFTER": "5", "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
     done = _run(*argv, "--total-timesteps", "1500", "--run-dir", str(run), env=env)
     assert done.returncode == 1
-    assert "died 4 times; the last: RuntimeError: the environment died at step 6" in done.stderr, done.stderr[-3000:]
+    assert "died 2 times; the last: RuntimeError: the environment died at step 6" in done.stderr, done.stderr[-3000:]
     assert cli_main(["verify", str(run / "replay.zarr"), "--quiet"]) == 0
 
 

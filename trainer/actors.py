@@ -22,8 +22,8 @@ than the learner's weights, and the ratio overshoots its slack by at most ``SYNC
 Actors commit their streams every ``COMMIT_SECONDS``, before they wait for the learner, and when
 they stop; the learner samples what was committed. An actor that dies (its process killed, its environment raising) is replaced by a new one on
 the same streams: reopening them closes the unfinished episode as truncated, and every transition
-the dead actor committed stays. More than ``MAX_RESTARTS`` deaths of one actor end the run with an
-error. ``--ray-address`` joins an existing cluster; without it a local Ray is started and stopped.
+the dead actor committed stays. More than ``--actor-restarts`` (3) deaths of one actor end the run
+with an error. ``--ray-address`` joins an existing cluster; without it a local Ray is started and stopped.
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ SYNC_STEPS = 50
 #: An actor commits its streams at least this often (the learner samples what was committed).
 COMMIT_SECONDS = 2.0
 PUBLISH_SECONDS = 1.0
-MAX_RESTARTS = 3
 #: The compressed-chunk cache of an actor's store handle (actors write; they sample nothing).
 ACTOR_CACHE_BYTES = 8 * 2**20
 
@@ -269,10 +268,10 @@ class ActorPool:
             except (ray.exceptions.RayError, Exception) as exc:  # noqa: BLE001 - any death of the actor
                 self.restarts[i] += 1
                 reason = _reason(exc)
-                if self.restarts[i] > MAX_RESTARTS:
+                if self.restarts[i] > self.args.actor_restarts:
                     raise TrainerError(f"actor {i} died {self.restarts[i]} times; the last: {reason}") from exc
                 self.report.print(f"actor {i} (streams {actor_streams(self.args, i)}) died: {reason}; "
-                                  f"restarting it (restart {self.restarts[i]} of at most {MAX_RESTARTS})")
+                                  f"restarting it (restart {self.restarts[i]} of at most {self.args.actor_restarts})")
                 ray.kill(self.actors[i], no_restart=True)
                 self._start(i)
         return ray.get(self.coordinator.take.remote())

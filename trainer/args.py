@@ -63,6 +63,9 @@ class Args:
     actors: int = dataclasses.field(default=0, metadata={
         "help": "Ray actor processes that act, each stepping --num-envs envs into its own streams of the store, "
                 "while this process learns (0: act in this process)"})
+    actor_restarts: int = dataclasses.field(default=3, metadata={
+        "help": "with --actors: how many times one actor may die and be restarted on its streams before the run "
+                "ends with its error"})
     ray_address: str = dataclasses.field(default="", metadata={
         "help": "with --actors: the address of a running Ray cluster to join (empty: start a local Ray)"})
     progress: bool = dataclasses.field(default=True, metadata={"help": "show a live progress bar"})
@@ -70,7 +73,7 @@ class Args:
 
 #: Flags that ``--resume`` accepts: how long to go on and how to report, not what is learned.
 RESUMABLE = ("total_timesteps", "checkpoint_frequency", "eval_frequency", "eval_episodes", "progress", "sample_threads",
-             "steps_per_call", "ray_address", "lease_ttl")
+             "steps_per_call", "ray_address", "lease_ttl", "actor_restarts")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -155,6 +158,8 @@ def check(args: Args) -> None:
         raise TrainerError(f"--num-envs is {args.num_envs}; it must be between 1 and 1024")
     if not 0 <= args.actors <= 256:
         raise TrainerError(f"--actors is {args.actors}; it must be between 0 and 256")
+    if not 0 <= args.actor_restarts <= 1000:
+        raise TrainerError(f"--actor-restarts is {args.actor_restarts}; it must be between 0 and 1000")
     if args.actors and replay_ratio(args) <= 0:
         raise TrainerError("--actors needs the decoupled learner: give --replay-ratio auto or a number > 0, not 0")
     streams = num_streams(args)
