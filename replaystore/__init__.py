@@ -1,6 +1,7 @@
 """replaystore: a disk-backed, out-of-core experience replay store for deep RL (zarr v3 on disk)."""
 
 from replaystore.errors import (
+    BlockReleasedError,
     ChunkChecksumError,
     ConfigError,
     CorruptStoreError,
@@ -17,11 +18,13 @@ from replaystore.errors import (
 )
 from replaystore.format.schema import FORMAT_VERSION, CodecSpec, Layout
 from replaystore.sampling.assemble import Batch
+from replaystore.sampling.sequences import SequenceBatch
 from replaystore.store import ReplayStore
 
 __all__ = [
     "FORMAT_VERSION",
     "Batch",
+    "BlockReleasedError",
     "ChunkChecksumError",
     "CodecSpec",
     "ConfigError",
@@ -33,6 +36,7 @@ __all__ = [
     "ReplayStore",
     "ReplayStoreError",
     "SampleError",
+    "SequenceBatch",
     "StoreClosedError",
     "StoreExistsError",
     "StoreLockedError",

@@ -54,6 +54,10 @@ class ReadOnlyError(ReplayStoreError, PermissionError):
     """A write was attempted on a store opened with ``mode="r"``."""
 
 
+class BlockReleasedError(ReplayStoreError, RuntimeError):
+    """A block of batches (``store.blocks``) was used after ``release()``."""
+
+
 class StoreClosedError(ReplayStoreError, ValueError):
     """The store was used after ``close()``."""
 

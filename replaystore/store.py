@@ -1,13 +1,13 @@
-"""ReplayStore: the public face. Wiring only: it validates, then hands work to its parts.
+"""ReplayStore: the public face, a thin facade over its parts. It checks arguments, takes its lock, and
+hands the work to the part whose job it is:
 
-    ring      storage/ring.py       per-step scalars in RAM, the live range, the sampleable bitmap
-    writer    storage/writer.py     the frame shard buffer, whole-shard writes, the commit
+    backend   storage/backend.py    where the bytes live: files (storage/local) or objects (storage/objects)
+    rings     storage/rings.py      every stream's per-step scalars in RAM, and what is sampleable
+    view      storage/view.py       the commits read, and following writers in other processes (refresh)
+    writers   storage/stream.py     one per stream written here: moves, episode ends, commits
     reader    storage/reader.py     chunk-aware frame reads with a compressed-chunk cache
-    lock      storage/lock.py       one writer per store (per stream)
-    commits   storage/commits.py    the committed states on disk, the streams a handle writes
-    Sampling  sampling/methods.py   the reading half of this class: sample, priorities, as_dataset
-    sampler   sampling/sampler.py   which positions a batch uses (uniform, or prioritized)
-    memory    sampling/memory.py    the RAM estimate and budget check
+    samplers  sampling/samplers.py  which steps a batch holds (uniform, prioritized, sequences)
+    feeds     feed/                 blocks of batches drawn ahead, for numpy, tf.data and JAX
 
 docs/design.md draws how they fit together.
 
@@ -30,115 +30,91 @@ Example:
 from __future__ import annotations
 
 import logging
-import numbers
 import threading
 import weakref
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Self
 
-from replaystore.errors import (
-    ConfigError,
-    StoreClosedError,
-)
+import numpy as np
+
+from replaystore.errors import ConfigError, ReadOnlyError, StoreClosedError
 from replaystore.format.schema import (
-    MAX_CAPACITY,
-    MAX_STREAMS,
     Layout,
-    Schema,
     State,
-    box_from_space,
-    default_layout,
-    discrete_from_space,
     stream_stride,
 )
 from replaystore.format.validate import (
-    validate_layout,
+    check_action,
+    check_flag,
+    check_obs,
+    check_reward,
+    check_rows,
+    check_streams,
+    new_schema,
 )
-from replaystore.sampling.memory import check_config
-from replaystore.sampling.methods import Sampling
-from replaystore.sampling.priority import Priorities
-from replaystore.storage import localopen, objectopen
-from replaystore.storage.commits import read_stream_state, root_state
-from replaystore.storage.lock import WriterLock
-from replaystore.storage.objects import is_url, local_path
-from replaystore.storage.objectstreams import ObjectStreams
-from replaystore.storage.objectwriter import ObjectWriter
+from replaystore.sampling.assemble import Batch
+from replaystore.sampling.memory import check_budget, check_config, estimate
+from replaystore.sampling.pending import Pending
+from replaystore.sampling.priority import Priorities, check_priorities, check_slots
+from replaystore.sampling.samplers import PrioritizedSampler, Sampler, UniformSampler, check_batch_size
+from replaystore.sampling.sequences import SequenceBatch, SequenceSampler
+from replaystore.storage.backend import Backend, is_url, open_backend
 from replaystore.storage.reader import FrameReader
-from replaystore.storage.refresh import refresh_streams
 from replaystore.storage.ring import Ring
 from replaystore.storage.rings import Rings
-from replaystore.storage.stream import Stream
-from replaystore.storage.writer import Writer, load_scalars
-from replaystore.storage.writing import Writing
+from replaystore.storage.rows import add_rows, check_continues
+from replaystore.storage.rows import autoreset_mode as parse_autoreset
+from replaystore.storage.stream import StreamWriter
+from replaystore.storage.view import View
 
 log = logging.getLogger(__name__)
 
 DEFAULT_CACHE_BYTES = 256 * 2**20
 
 
-class ReplayStore(Writing, Sampling):
+class ReplayStore:
     """A disk-backed replay buffer of steps in a zarr v3 group, in one or more episode streams.
 
     Use ``ReplayStore.create`` or ``ReplayStore.open``; see the module docstring for an example.
     """
 
-    def __init__(self, root: Path, schema: Schema, layout: Layout, states: list[State], group_doc: dict[str, Any], *,
-                 writing: list[int], cache_bytes: int, locks: list[Any], decode_threads: int = 1,
-                 memory_budget: int | None = None, objects: ObjectStreams | None = None) -> None:
-        self.path = root
-        self.objects = objects  # a store on object storage: its commits and leases (storage/objectstreams.py)
+    def __init__(self, backend: Backend, *, writing: list[int], cache_bytes: int, decode_threads: int = 1,
+                 memory_budget: int | None = None) -> None:
+        """Assemble a store over ``backend``, whose metadata is read and whose ``writing`` streams this
+        process has claimed (``create`` and ``open`` do that)."""
+        schema, layout = backend.schema, backend.layout
+        assert schema is not None and layout is not None
+        self.backend = backend
+        self.path: str | Path = backend.where if is_url(backend.where) else Path(backend.where)
         self.schema = schema
         self.layout = layout
+        self.writing = sorted(writing)  # the streams this store writes, in the order add_batch takes them
         self.mode = "a" if writing else "r"
-        self._locks = locks
         self._closed = False
         self._memory_budget = memory_budget
         self._prefetchers: weakref.WeakSet[Any] = weakref.WeakSet()  # live ones: their RAM is the store's too
         # Guards the rings, the writers and the reader's caches: ``add``/``flush`` and the planning half of
-        # ``sample`` hold it; decoding frames does not (see reader.py), so samplers on other threads
+        # sampling hold it; decoding frames does not (see reader.py), so samplers on other threads
         # (``as_dataset``) and the acting thread's ``add`` mostly run side by side.
         self._mutex = threading.RLock()
-        n = schema.num_streams
-        stride = stream_stride(schema, layout)
-        self.rings = Rings(n, schema.stream_capacity, stride, schema.frame_stack, layout.shard_len)
-        self.reader = FrameReader(root, schema, layout, cache_bytes=cache_bytes, decode_threads=decode_threads,
-                                  slots_of=self.rings.slots if n > 1 else None,
-                                  bucket=objects.bucket if objects is not None else None)
-        self.streams = [Stream(k, self.rings.streams[k], states[k], base_shard=k * stride // layout.shard_len)
-                        for k in range(n)]
-        for stream in self.streams:
-            stream.ring.added, stream.ring.oldest = stream.committed.added, stream.committed.oldest
-            self._load_scalars(stream.index)
-            stream.ring.rebuild_valid()
-        self._priorities = Priorities(self.rings)
-        self.writing = sorted(writing)  # the streams this store writes, in the order add_batch takes them
-        self._writers: list[Writer] = []
-        for k in self.writing:
-            stream = self.streams[k]
-            if objects is not None:
-                stream.writer = ObjectWriter(objects, schema, layout, stream.ring, self.reader, stream.committed,
-                                             stream=k, base_shard=stream.base_shard)
-            else:
-                stream.writer = Writer(root, schema, layout, stream.ring, self.reader, group_doc if n == 1 else {},
-                                       stream.committed, stream=k, base_shard=stream.base_shard)
-            self._writers.append(stream.writer)
-        self._writer = self._writers[0] if len(self._writers) == 1 else None
+        self.rings = Rings(schema.num_streams, schema.stream_capacity, stream_stride(schema, layout),
+                           schema.frame_stack, layout.shard_len)
+        self.reader = FrameReader(backend.frames, schema, layout, cache_bytes=cache_bytes,
+                                  decode_threads=decode_threads, slots_of=self.rings.slots)
+        self._view = View(backend, layout, self.rings, self.reader)
+        self._view.load(self.writing)
+        self._writers = [StreamWriter(backend, schema, layout, self.rings, self.reader, self._view.states[k], index=k)
+                         for k in self.writing]
+        self._by_stream = {w.index: w for w in self._writers}
         if self._writers:
             writers = tuple(self._writers)
-            self.reader.live_regions = lambda: [r for w in writers if (r := w.live_region()) is not None]
-        if len(self.writing) < n:
-            self.reader.snapshot()  # read the files of this commit even while other writers move on
+            self.reader.live_regions = lambda: [r for w in writers if (r := w.shards.live_region()) is not None]
+            backend.keep_claims()
+        self._priorities = Priorities(self.rings)  # the prioritized samplers' state
         # Closes what this store holds if it is dropped without close(). It refers to the parts only,
         # never to the store, so it does not keep the store alive (and the parts do not refer to it).
-        self._finalizer = weakref.finalize(self, _release, tuple(self._writers), self.reader, tuple(locks), str(root))
-        if objects is not None and self._writers:
-            objects.keep(self._mutex)  # renews the leases while the writer is idle
-        for k in self.writing:
-            stream = self.streams[k]
-            if stream.episode_in_progress():
-                stream.head_obs = stream.writer.frame_at(stream.ring.added - 1)
-            elif stream.ring.added:  # a vector env that goes on after an episode end sends its reset row next
-                stream.reset_next, stream.reset_optional = stream.writer.frame_at(stream.ring.added - 1), True
+        self._finalizer = weakref.finalize(self, _release, tuple(self._writers), self.reader, backend, str(self.path))
 
     # ---------------------------------------------------------------------------------------------
     # Construction
@@ -165,36 +141,15 @@ class ReplayStore(Writing, Sampling):
             >>> store = ReplayStore.create("/tmp/doc2.zarr", 4096, gym.spaces.Box(0, 255, (84, 84), np.uint8),
             ...                            gym.spaces.Discrete(4), frame_stack=4, overwrite=True)  # doctest: +SKIP
         """
-        url = path if is_url(path) else None
-        root = Path(local_path(path)) if url is None else Path()
-        box = box_from_space(observation_space)
-        discrete = discrete_from_space(action_space)
-        if isinstance(capacity, bool) or not isinstance(capacity, numbers.Integral) or not 2 <= capacity <= MAX_CAPACITY:
-            raise ConfigError(f"capacity is {capacity!r}; it must be an int between 2 and {MAX_CAPACITY} steps")
-        if isinstance(frame_stack, bool) or not isinstance(frame_stack, numbers.Integral) or not 1 <= frame_stack <= 1024:
-            raise ConfigError(f"frame_stack is {frame_stack!r}; it must be an int between 1 and 1024 (4 for Atari)")
-        if (isinstance(num_streams, bool) or not isinstance(num_streams, numbers.Integral)
-                or not 1 <= num_streams <= MAX_STREAMS):
-            raise ConfigError(f"num_streams is {num_streams!r}; it must be an int between 1 and {MAX_STREAMS} "
-                              "(one per environment that writes)")
-        n = int(num_streams)
-        if capacity % n:
-            lower, upper = capacity - capacity % n, capacity - capacity % n + n
-            raise ConfigError(f"capacity {capacity} does not split evenly into {n} streams; use a multiple of {n} "
-                              f"such as {lower} or {upper}")
-        stream_capacity = int(capacity) // n
-        layout = layout or default_layout(box.frame_bytes, stream_capacity)
-        validate_layout(layout, stream_capacity)
-        schema = Schema(box, discrete, int(capacity), int(frame_stack), n)
-        check_config(schema, layout, url or root, writable=n, cache_bytes=cache_bytes,  # type: ignore[arg-type]
-                     memory_budget=memory_budget, decode_threads=decode_threads)
-        if url is not None:
-            return objectopen.create(cls, url, schema, layout, overwrite=overwrite, cache_bytes=cache_bytes,
-                                     memory_budget=memory_budget, decode_threads=decode_threads,
-                                     storage_options=storage_options)
-
-        return localopen.create(cls, root, schema, layout, overwrite=overwrite, cache_bytes=cache_bytes,
-                                memory_budget=memory_budget, decode_threads=decode_threads)
+        schema, layout = new_schema(capacity, observation_space, action_space, frame_stack, num_streams, layout)
+        n = schema.num_streams
+        backend = open_backend(path, storage_options)
+        check_config(schema, layout, backend.where, writable=n, cache_bytes=cache_bytes, memory_budget=memory_budget,
+                     decode_threads=decode_threads)
+        backend.create(schema, layout, overwrite=overwrite)
+        log.info("created replay store %s (capacity %d, %d streams, layout %s)", backend.where, schema.capacity, n,
+                 layout)
+        return cls._assemble(backend, list(range(n)), cache_bytes, decode_threads, memory_budget)
 
     @classmethod
     def open(cls, path: str | Path, mode: str = "r", *, streams: Any = None, cache_bytes: int = DEFAULT_CACHE_BYTES,
@@ -214,33 +169,133 @@ class ReplayStore(Writing, Sampling):
         """
         if mode not in ("r", "a"):
             raise ConfigError(f"mode is {mode!r}; use 'r' to read or 'a' to append")
-        if is_url(path):
-            return objectopen.open_(cls, path, mode, streams=streams, cache_bytes=cache_bytes,  # type: ignore[arg-type]
-                                    memory_budget=memory_budget, decode_threads=decode_threads,
-                                    storage_options=storage_options)
-        return localopen.open_(cls, Path(local_path(path)), mode, streams=streams, cache_bytes=cache_bytes,
-                               memory_budget=memory_budget, decode_threads=decode_threads)
+        backend = open_backend(path, storage_options)
+        schema, layout = backend.read_metadata()
+        writing = check_streams(schema.num_streams, mode, streams, backend.where)
+        check_config(schema, layout, backend.where, writable=len(writing), cache_bytes=cache_bytes,
+                     memory_budget=memory_budget, decode_threads=decode_threads)
+        try:
+            for k in writing:
+                backend.claim(k)
+                backend.collect(k)
+        except BaseException:
+            backend.close()
+            raise
+        return cls._assemble(backend, writing, cache_bytes, decode_threads, memory_budget)
 
-    def _read_state(self, k: int) -> State:
-        """Stream ``k``'s latest commit on disk."""
-        if self.objects is not None:
-            return self.objects.read_state(k)
-        return read_stream_state(self.path, k) if self.schema.num_streams > 1 else root_state(self.path)
+    @classmethod
+    def _assemble(cls, backend: Backend, writing: list[int], cache_bytes: int, decode_threads: int,
+                  memory_budget: int | None) -> ReplayStore:
+        try:
+            return cls(backend, writing=writing, cache_bytes=cache_bytes, decode_threads=decode_threads,
+                       memory_budget=memory_budget)
+        except BaseException:
+            backend.close()
+            raise
 
-    def _load_scalars(self, k: int, shards: Any = None, check: bool = True) -> None:
-        """Read stream ``k``'s scalar shards (default: all) as of the commit last read into its ring."""
-        stream = self.streams[k]
-        if self.objects is None:
-            load_scalars(self.path, self.layout, stream.ring, base_shard=stream.base_shard, shards=shards, check=check)
-            return
-        files, reader = self.reader.files, self.reader
+    def close(self) -> None:
+        """Flush (when writing), release the writer claims and free file handles. Idempotent."""
+        with self._mutex:
+            if self._closed:
+                return
+            try:
+                for writer in self._writers:
+                    writer.flush()
+            finally:
+                self._closed = True
+                self._finalizer.detach()
+                _release((), self.reader, self.backend, str(self.path))
 
-        def point(shard: int, key: str | None) -> None:
-            if files.keys.get(shard, None) != key or shard not in files.keys:  # type: ignore[attr-defined]
-                files.set_key(shard, key)  # type: ignore[attr-defined]
-                reader.invalidate(shard)
+    def __enter__(self) -> Self:
+        return self
 
-        self.objects.load_scalars(k, stream.ring, shards, point, check=check)
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------------------------------------
+    # Writing
+
+    def add(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any) -> None:
+        """Add one transition ``(obs, action, reward, next_obs, terminated, truncated)``.
+
+        ``obs`` must equal the previous transition's ``next_obs`` unless that one ended the episode.
+        Each observation is stored once. Nothing is changed if any argument is rejected. A store
+        of several streams takes ``add`` when exactly one stream is open for writing here
+        (``ReplayStore.open(path, mode="a", streams=[k])``); else use ``add_batch``.
+        """
+        with self._mutex:
+            writer = self._only_writer("add")
+            obs_a = check_obs(self.schema, self.path, obs, "obs")
+            next_a = check_obs(self.schema, self.path, next_obs, "next_obs")
+            act = check_action(self.schema, self.path, action)
+            rew = check_reward(reward)
+            term = check_flag(terminated, "terminated")
+            trunc = check_flag(truncated, "truncated")
+            check_continues(writer, obs_a, "obs", self.path)
+            writer.add(obs_a, act, rew, next_a, term, trunc)
+
+    def add_batch(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any,
+                  info: Mapping[str, Any] | None = None, *, autoreset_mode: Any = "next_step",
+                  env_done: Any = None) -> None:
+        """Add one move to each stream this store writes, from a vector env's step: row ``i`` of
+        every argument goes to stream ``store.writing[i]``, exactly as the vector env returns it::
+
+            next_obs, reward, terminated, truncated, info = envs.step(actions)
+            store.add_batch(obs, actions, reward, next_obs, terminated, truncated)
+            obs = next_obs
+
+        ``autoreset_mode`` (gymnasium's ``envs.metadata["autoreset_mode"]``): ``"next_step"`` (the
+        default; the reset row after an episode end is recognised and skipped), ``"same_step"``
+        (pass ``info``: its ``final_obs`` holds the true last observations) or ``"disabled"`` (you
+        reset ended sub-envs and pass the reset observations as the next ``obs``). ``env_done``
+        (next-step mode): the rows whose sub-env really ended, when that differs from
+        ``terminated | truncated`` (episodes that end at a lost life). docs/streams.md has the details.
+
+        Every row is checked before anything is written; each stream's move is all or nothing, and a
+        ``StoreWriteError`` names the stream it failed on and those that kept their move.
+        """
+        mode = parse_autoreset(autoreset_mode)
+        with self._mutex:
+            self._writable("add")
+            rows = check_rows(self.schema, self.path, len(self._writers), obs, action, reward, next_obs, terminated,
+                              truncated)
+            add_rows(self._writers, self.schema, self.path, rows, mode=mode, env_done=env_done, info=info)
+
+    def end_episode(self) -> bool:
+        """Close the episode in progress in each stream this store writes as truncated (its last
+        observation is kept); returns whether there was one. For a writer that cannot continue the
+        episode, such as a trainer resuming after a crash: the environment's state is gone, so the
+        next ``add`` must start a new episode.
+
+        Example:
+            >>> with ReplayStore.open("/tmp/doc.zarr", mode="a") as store:  # doctest: +SKIP
+            ...     store.end_episode()
+        """
+        with self._mutex:
+            self._writable("end the episode")
+            return any([writer.end_episode() for writer in self._writers])
+
+    def flush(self) -> None:
+        """Make everything added so far durable; readers opened afterwards (or refreshed) see it."""
+        with self._mutex:
+            self._writable("flush")
+            for writer in self._writers:
+                writer.flush()
+
+    def load_steps(self, scalars: Mapping[str, np.ndarray], frame_blocks: Iterable[np.ndarray], *,
+                   stream: int | None = None) -> None:
+        """Fill this new, empty store (or stream ``stream`` of it) with whole steps at positions
+        ``0 .. n-1`` (``compact`` copies a store's live steps this way): ``scalars`` holds every
+        per-step field of ``SCALAR_FIELDS`` for the ``n`` steps, ``frame_blocks`` yields their
+        observations in order, a block at a time. Episodes keep their ``ep_step``, so stacks and
+        n-step returns are what they were; an episode left in progress at the end is continued by
+        the next ``add``. The steps are not validated again: they come from a verified store. Call
+        ``flush`` to commit them.
+        """
+        with self._mutex:
+            writer = self._only_writer("load steps") if stream is None else self._writable_stream(stream)
+            writer.load_steps(scalars, frame_blocks, str(self.path))
+            self._priorities = Priorities(self.rings)
 
     def refresh(self) -> list[int]:
         """Catch up with what writers in other processes committed since this store was opened (or
@@ -256,29 +311,205 @@ class ReplayStore(Writing, Sampling):
         """
         with self._mutex:
             self._check_open()
-            return refresh_streams(self)
-
-    def close(self) -> None:
-        """Flush (when writing), release the writer locks and free file handles. Idempotent."""
-        with self._mutex:
-            if self._closed:
-                return
-            try:
-                for writer in self._writers:
-                    writer.flush()
-            finally:
-                self._closed = True
-                self._finalizer.detach()
-                _release((), self.reader, tuple(self._locks), str(self.path))
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+            moved = []
+            for k in range(self.num_streams):
+                if k in self._by_stream:
+                    continue
+                first = self._view.refresh(k)
+                if first is not None:
+                    self._priorities.adopt(k, first)
+                    moved.append(k)
+            return moved
 
     # ---------------------------------------------------------------------------------------------
-    # Reading
+    # Sampling
+
+    def sample(self, batch_size: int, *, rng: np.random.Generator | None = None, n_step: int = 1,
+               gamma: float = 0.99, prioritized: bool = False, alpha: float = 0.6, beta: float = 0.4) -> Batch:
+        """Sample ``batch_size`` transitions with replacement: uniformly, or by priority.
+
+        ``n_step`` > 1 returns the discounted n-step reward, the observation up to ``n_step`` moves
+        ahead and ``discount = gamma**k`` (0 after a termination). With ``prioritized=True`` a
+        transition is drawn with probability ``p**alpha / sum p**alpha`` and ``weight`` holds its
+        importance weight ``(N P(i))**-beta``, normalised so the largest possible weight is 1; set
+        priorities with ``update_priorities(batch.index, new_priorities)``. Safe to call from
+        several threads and alongside ``add`` (decoding runs outside the store's lock).
+
+        Example:
+            >>> ReplayStore.open("/tmp/doc.zarr").sample(4, rng=np.random.default_rng(1), n_step=3).discount.shape
+            (4,)
+        """
+        sampler = self.sampler(n_step=n_step, gamma=gamma, prioritized=prioritized, alpha=alpha, beta=beta)
+        batch: Batch = self.plan(sampler, check_batch_size(batch_size), rng=rng).finish(self.reader)
+        return batch
+
+    def sample_sequences(self, batch_size: int, length: int, *, rng: np.random.Generator | None = None) -> SequenceBatch:
+        """Sample ``batch_size`` windows of ``length`` consecutive transitions, each inside one episode
+        of one stream, uniformly (with replacement) over every valid window start: for recurrent
+        agents and world models. ``obs`` is ``(batch, length + 1, frame_stack, *obs_shape)`` (the
+        window's observations and the one after its last move), ``action``, ``reward``,
+        ``terminated`` and ``truncated`` are ``(batch, length)``, ``index`` the slot of each window's
+        first step. Episodes shorter than ``length`` moves are never drawn; a store with no window
+        raises ``SampleError``. A draw costs what the window costs, not what the store holds.
+
+        Example:
+            >>> ReplayStore.open("/tmp/doc.zarr").sample_sequences(4, 3, rng=np.random.default_rng(0)).obs.shape
+            (4, 4, 2, 4)
+        """
+        batch: SequenceBatch = self.plan(SequenceSampler(length), check_batch_size(batch_size),
+                                         rng=rng).finish(self.reader)
+        return batch
+
+    def sampler(self, *, n_step: int = 1, gamma: float = 0.99, prioritized: bool = False, alpha: float = 0.6,
+                beta: float = 0.4, sequence_length: int | None = None) -> Sampler:
+        """The sampler these arguments describe (sampling/samplers.py), checked: transitions drawn
+        uniformly or by priority (this store's priorities), or windows of ``sequence_length``."""
+        if sequence_length is not None:
+            return SequenceSampler(sequence_length)
+        if prioritized:
+            return PrioritizedSampler(self._priorities, alpha=alpha, beta=beta, n_step=n_step, gamma=gamma)
+        return UniformSampler(n_step=n_step, gamma=gamma)
+
+    def plan(self, sampler: Sampler, batch_size: int, *, rng: np.random.Generator | None = None, batches: int = 1,
+             out: list[np.ndarray] | None = None) -> Pending:
+        """The locked half of sampling, for callers that decode the frames elsewhere (the
+        prefetcher): ``sampler`` draws ``batches`` batches and plans them (``Sampler.plan``). The
+        returned ``Pending`` is finished with ``pending.finish(store.reader)`` without the lock."""
+        rng = rng if rng is not None else np.random.default_rng()
+        with self._mutex:
+            self._check_open()
+            return sampler.plan(self.rings, self.reader, batch_size, rng, batches=batches, out=out)
+
+    def blocks(self, batch_size: int, *, batches_per_block: int = 8, n_step: int = 1, gamma: float = 0.99,
+               prioritized: bool = False, alpha: float = 0.6, beta: float = 0.4, threads: int = 2, depth: int = 4,
+               seed: int | None = None, processes: bool | None = None, sequence_length: int | None = None) -> Any:
+        """An endless iterator of sampled *blocks*, drawn in the background: each a ``feed.blocks.Block``
+        (a mapping of numpy arrays with the ``Batch`` fields, or with ``sequence_length`` the
+        ``SequenceBatch`` fields) shaped ``(batches_per_block, batch_size, ...)``: row ``i`` is batch
+        ``i``. For any learner, whatever its framework: one that runs ``batches_per_block`` gradient
+        steps per compiled call takes a block at a time. ``threads``, ``depth`` (blocks in flight),
+        ``seed`` and ``processes`` are as for ``as_dataset``; the same seed gives the same blocks as
+        ``as_dataset(..., batches_per_call=batches_per_block)`` cuts into batches.
+
+        ``block.release()`` (or ``with block:``) hands a block's memory back for the next one; a
+        released block's fields raise ``BlockReleasedError``, and an array taken from it keeps its
+        values for as long as it is held (its memory is reused only once nothing refers to it).
+        Returns a ``feed.blocks.BlockIterator``; ``close()`` (or ``with``) stops its workers.
+
+        Example:
+            >>> with ReplayStore.open("/tmp/doc.zarr").blocks(8, batches_per_block=4, seed=0) as it:  # doctest: +SKIP
+            ...     next(it)["obs"].shape
+            (4, 8, 2, 4)
+        """
+        from replaystore.feed.blocks import BlockIterator
+
+        self._check_open()
+        sampler = self.sampler(n_step=n_step, gamma=gamma, prioritized=prioritized, alpha=alpha, beta=beta,
+                               sequence_length=sequence_length)
+        return BlockIterator(self, sampler, batch_size, batches_per_block=batches_per_block, threads=threads,
+                             depth=depth, seed=seed, processes=processes)
+
+    def as_dataset(self, batch_size: int, *, n_step: int = 1, gamma: float = 0.99, prioritized: bool = False,
+                   alpha: float = 0.6, beta: float = 0.4, prefetch: int = 4, threads: int = 2,
+                   batches_per_call: int = 8, seed: int | None = None, device: str | None = "auto",
+                   processes: bool | None = None, blocks: bool = False, sequence_length: int | None = None) -> Any:
+        """An endless ``tf.data.Dataset`` of sampled batches, drawn in the background (imports TensorFlow).
+
+        Each element is a dict with the ``Batch`` fields (with ``sequence_length``, the
+        ``SequenceBatch`` fields; with ``blocks=True``, whole blocks of ``batches_per_call``
+        batches) and a fixed ``element_spec``. ``threads`` workers draw ``batches_per_call`` batches
+        per call ahead of the consumer, ``prefetch`` batches are kept ready; ``processes`` (None:
+        where possible) decodes in child processes instead of on the threads, with the same batches.
+        ``device="auto"`` places batches on the first GPU when there is one. With a ``seed`` and a
+        store that is not being written, the batches are the same every run; it works while this
+        process ``add``s to the store. RAM and speed of each knob: docs/sampling.md.
+
+        Returns a ``tfdata.ReplayDataset``, a ``tf.data.Dataset`` whose ``prefetcher`` owns the
+        workers (``dataset.prefetcher.close()`` stops them; so does the end of this process).
+
+        Example:
+            >>> ds = ReplayStore.open("/tmp/doc.zarr").as_dataset(8, seed=0)  # doctest: +SKIP
+            >>> next(iter(ds))["obs"].shape  # doctest: +SKIP
+            TensorShape([8, 2, 4])
+        """
+        from replaystore.feed.tfdata import as_dataset
+
+        self._check_open()
+        sampler = self.sampler(n_step=n_step, gamma=gamma, prioritized=prioritized, alpha=alpha, beta=beta,
+                               sequence_length=sequence_length)
+        return as_dataset(self, sampler, batch_size, prefetch=prefetch, threads=threads,
+                          batches_per_call=batches_per_call, seed=seed, device=device, processes=processes,
+                          blocks=blocks)
+
+    def jax_blocks(self, batch_size: int, *, batches_per_block: int = 32, device: Any = None, depth: int = 2,
+                   **kwargs: Any) -> Any:
+        """``blocks`` already on a JAX device: a feeder thread puts each block on ``device`` (default:
+        JAX's first device, a GPU where there is one) with ``jax.device_put`` while the learner
+        trains on the one before, ``depth`` blocks ahead. Each item is a dict of ``jax.Array``
+        shaped ``(batches_per_block, batch_size, ...)``, ready for a compiled call that runs a
+        block's gradient steps (``lax.scan``); ``index`` stays a numpy array (it is for
+        ``update_priorities``). Host memory is not reused before its copy is done.
+        Other arguments as for ``blocks``. Returns a ``feed.jaxfeed.DeviceBlocks``; ``close()`` (or
+        ``with``) stops it. Needs JAX (``pip install 'replaystore[jax]'``).
+        """
+        from replaystore.feed.jaxfeed import DeviceBlocks
+
+        self._check_open()
+        names = ("n_step", "gamma", "prioritized", "alpha", "beta", "sequence_length")
+        sampler = self.sampler(**{name: kwargs.pop(name) for name in names if name in kwargs})
+        return DeviceBlocks(self, sampler, batch_size, device=device, depth=depth, batches_per_block=batches_per_block,
+                            **kwargs)
+
+    def update_priorities(self, index: Any, priority: Any) -> None:
+        """Set the priorities of the transitions at ``index`` (``batch.index``) to ``priority``.
+
+        Priorities must be finite and >= 0 (typically ``|td_error| + eps``); they are clipped below to
+        1e-6 so no transition is starved. A writer saves them with its next flush, so a reopened store
+        samples with them; a read-only store keeps them in RAM only.
+        """
+        idx, prio = check_priorities(index, priority, self.rings.size)
+        if idx.size == 0:
+            return
+        with self._mutex:
+            self._check_open()
+            self._priorities.update(idx, prio)
+
+    def priorities(self, index: Any) -> np.ndarray:
+        """The current priorities (before ``alpha``) of the slots in ``index``, as float32."""
+        idx = check_slots(index, self.rings.size)
+        with self._mutex:
+            return self.rings.priority[idx].copy()
+
+    def warm_cache(self) -> int:
+        """Read the store's compressed frame chunks into the cache now, shard by shard (up to
+        ``cache_bytes``), so sampling never waits on a disk read; returns the bytes loaded. A 1M-frame
+        Atari store is ~65 MB and loads in about a second."""
+        with self._mutex:
+            self._check_open()
+            return self.reader.warm(range(-(-self.rings.size // self.layout.shard_len)))
+
+    def memory_estimate(self) -> dict[str, int]:
+        """Bytes of RAM each part of this store can use, its live prefetchers' (``as_dataset``) blocks
+        and decode processes included (sampling/memory.py); ``sum(...values())`` for the total."""
+        parts = estimate(self.schema, self.layout, writable=len(self.writing),
+                         cache_bytes=self.reader.cache_bytes, decode_threads=self.reader.decode_threads)
+        for prefetcher in list(self._prefetchers):
+            for name, nbytes in prefetcher.memory.items():
+                parts[name] = parts.get(name, 0) + nbytes
+        return parts
+
+    def admit_prefetcher(self, prefetcher: Any) -> None:
+        """Count a new prefetcher's RAM (``prefetcher.memory``) as this store's: refused with
+        ``ConfigError`` when the total would exceed the store's memory budget (or the memory this
+        process may use), before the prefetcher starts anything."""
+        parts = self.memory_estimate()
+        for name, nbytes in prefetcher.memory.items():
+            parts[name] = parts.get(name, 0) + nbytes
+        check_budget(parts, self._memory_budget, path=str(self.path), adding=prefetcher.memory)
+        self._prefetchers.add(prefetcher)
+
+    # ---------------------------------------------------------------------------------------------
+    # What it holds
 
     def __len__(self) -> int:
         """Transitions that ``sample`` can return, over every stream (at most ``capacity``)."""
@@ -296,8 +527,13 @@ class ReplayStore(Writing, Sampling):
         return self.schema.num_streams
 
     @property
+    def writers(self) -> list[StreamWriter]:
+        """The writer of each stream written here (storage/stream.py), in ``writing`` order."""
+        return list(self._writers)
+
+    @property
     def committed(self) -> State:
-        """The state last committed to disk (what a reader opened now would see). For a store of
+        """The state last committed to storage (what a reader opened now would see). For a store of
         streams: ``added`` and ``episodes`` summed over them (each one's: ``stream_states()``)."""
         states = self.stream_states()
         if len(states) == 1:
@@ -308,7 +544,8 @@ class ReplayStore(Writing, Sampling):
 
     def stream_states(self) -> list[State]:
         """Each stream's committed state, as this store knows it (``refresh`` reads others' anew)."""
-        return [s.writer.committed if s.writer is not None else s.committed for s in self.streams]
+        return [self._by_stream[k].committed if k in self._by_stream else self._view.states[k]
+                for k in range(self.num_streams)]
 
     @property
     def capacity(self) -> int:
@@ -326,15 +563,17 @@ class ReplayStore(Writing, Sampling):
     @property
     def episodes(self) -> int:
         """Episodes ever started in this store (as committed, or as written by this writer)."""
-        return sum(s.writer.episodes if s.writer is not None else s.committed.episodes for s in self.streams)
+        return sum(self._by_stream[k].episodes if k in self._by_stream else state.episodes
+                   for k, state in enumerate(self._view.states))
 
     @property
     def episode_in_progress(self) -> bool:
         """True when the last step added awaits its move (the next ``add`` must continue from it);
         for several streams, that of the one ``add`` writes (or of any, read-only)."""
-        if len(self.writing) == 1:
-            return self.streams[self.writing[0]].episode_in_progress()
-        return any(s.episode_in_progress() for s in self.streams)
+        if len(self._writers) == 1:
+            return self._writers[0].episode_in_progress()
+        return any(ring.added > 0 and not bool(ring.is_last[(ring.added - 1) % ring.capacity])
+                   for ring in self.rings.streams)
 
     @property
     def observation_space(self) -> Any:
@@ -344,20 +583,49 @@ class ReplayStore(Writing, Sampling):
     def action_space(self) -> Any:
         return self.schema.action.to_space()
 
+    @property
+    def cache_hit_rate(self) -> float:
+        """Fraction of stored chunk lookups served from the compressed-chunk cache."""
+        return self.reader.hit_rate
+
+    @property
+    def cache_bytes_held(self) -> int:
+        """Compressed chunk bytes held in RAM by the cache (at most ``cache_bytes``)."""
+        return self.reader.bytes_held
+
     def __repr__(self) -> str:
         streams = f", streams={self.num_streams}" if self.num_streams > 1 else ""
         return (f"ReplayStore({str(self.path)!r}, mode={self.mode!r}, transitions={len(self)}, "
                 f"capacity={self.capacity}{streams})")
 
     # ---------------------------------------------------------------------------------------------
-    # Validation
 
     def _check_open(self) -> None:
         if self._closed:
             raise StoreClosedError(f"{self.path} was closed; open it again with ReplayStore.open")
 
+    def _writable(self, what: str) -> None:
+        self._check_open()
+        if not self._writers:
+            raise ReadOnlyError(f"cannot {what}: {self.path} is open read-only; open it with mode='a' to append")
 
-def _release(writers: tuple[Writer, ...], reader: FrameReader, locks: tuple[WriterLock, ...], path: str) -> None:
+    def _writable_stream(self, k: int) -> StreamWriter:
+        self._writable("write")
+        if k not in self._by_stream:
+            raise ConfigError(f"stream {k} of {self.path} is not open for writing here; it writes {self.writing}")
+        return self._by_stream[k]
+
+    def _only_writer(self, what: str) -> StreamWriter:
+        """The one stream ``add`` writes (raises unless exactly one is open for writing)."""
+        self._writable(what)
+        if len(self._writers) > 1:
+            raise ConfigError(
+                f"cannot {what}: {self.path} is open for writing {len(self.writing)} streams ({self.writing}); use "
+                "add_batch with one row per stream, or open one stream: ReplayStore.open(path, mode='a', streams=[k])")
+        return self._writers[0]
+
+
+def _release(writers: tuple[StreamWriter, ...], reader: FrameReader, backend: Backend, path: str) -> None:
     """Close a store's parts: what ``close`` does, and what a store dropped without ``close`` gets
     when it is garbage-collected (a writer's last steps are flushed, like a file's buffer)."""
     try:
@@ -369,5 +637,4 @@ def _release(writers: tuple[Writer, ...], reader: FrameReader, locks: tuple[Writ
                             "reopens at its last commit", path, exc)
     finally:
         reader.close()
-        for lock in locks:
-            lock.release()
+        backend.close()

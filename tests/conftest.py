@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from replaystore import Layout, ReplayStore
-from replaystore.storage.lock import LOCK_NAME
+from replaystore.storage.local.lock import LOCK_NAME
 
 OBS_SHAPE = (3, 4)
 

@@ -38,7 +38,8 @@ def filled(store_path: Path) -> ReplayStore:
 
 def draw(store: ReplayStore, processes: bool, blocks: int = 6, **kwargs) -> list[dict[str, np.ndarray]]:
     """The first ``blocks`` blocks of a seeded prefetcher, copied."""
-    p = Prefetcher(store, 8, batches_per_block=3, threads=2, depth=3, seed=11, processes=processes, **kwargs)
+    p = Prefetcher(store, store.sampler(**kwargs), 8, batches_per_block=3, threads=2, depth=3, seed=11,
+                   processes=processes)
     try:
         assert (p.processes is not None) == processes
         return [{name: value.copy() for name, value in p.next_block().items()} for _ in range(blocks)]
@@ -107,7 +108,7 @@ def test_a_chunk_that_does_not_decode_is_named(filled: ReplayStore) -> None:
 
 def test_a_worker_that_dies_is_replaced_by_the_threads(filled: ReplayStore, caplog: pytest.LogCaptureFixture) -> None:
     expected = draw(filled, False, blocks=12)
-    p = Prefetcher(filled, 8, batches_per_block=3, threads=2, depth=3, seed=11, processes=True)
+    p = Prefetcher(filled, filled.sampler(), 8, batches_per_block=3, threads=2, depth=3, seed=11, processes=True)
     got = [{name: value.copy() for name, value in p.next_block().items()} for _ in range(2)]
     with caplog.at_level(logging.WARNING, logger="replaystore.feed.decodeprocs"):
         for pid in p.processes.pids():
@@ -122,7 +123,7 @@ def test_a_worker_that_dies_is_replaced_by_the_threads(filled: ReplayStore, capl
 def test_ctrl_c_is_left_to_the_parent(filled: ReplayStore) -> None:
     """SIGINT (Ctrl-C reaches the whole process group) does not stop the workers: the trainer
     checkpoints on it and goes on sampling until it closes the dataset."""
-    p = Prefetcher(filled, 8, batches_per_block=3, threads=2, depth=3, seed=11, processes=True)
+    p = Prefetcher(filled, filled.sampler(), 8, batches_per_block=3, threads=2, depth=3, seed=11, processes=True)
     p.next_block()
     for pid in p.processes.pids():
         assert os.getpgid(pid) == pid  # a group of its own: a terminal's Ctrl-C does not reach it
@@ -141,7 +142,7 @@ def test_blocks_a_consumer_keeps_are_not_reused(filled: ReplayStore) -> None:
     """With every shared block held, further blocks are made in private memory and decoded on the
     threads; nothing held is overwritten."""
     expected = draw(filled, False, blocks=3 + BLOCKS_IN_USE + 5)
-    p = Prefetcher(filled, 8, batches_per_block=3, threads=2, depth=3, seed=11, processes=True)
+    p = Prefetcher(filled, filled.sampler(), 8, batches_per_block=3, threads=2, depth=3, seed=11, processes=True)
     held = [p.next_block() for _ in range(3 + BLOCKS_IN_USE + 5)]
     assert p.blocks_made > 0
     assert_same(held, expected)
@@ -149,7 +150,7 @@ def test_blocks_a_consumer_keeps_are_not_reused(filled: ReplayStore) -> None:
 
 
 def test_close_ends_the_workers(filled: ReplayStore) -> None:
-    p = Prefetcher(filled, 8, batches_per_block=3, threads=2, depth=3, seed=1, processes=True)
+    p = Prefetcher(filled, filled.sampler(), 8, batches_per_block=3, threads=2, depth=3, seed=1, processes=True)
     p.next_block()
     procs = list(p.processes._procs)
     p.close()
@@ -159,11 +160,11 @@ def test_close_ends_the_workers(filled: ReplayStore) -> None:
 def test_queued_requests_are_answered_in_order(filled: ReplayStore) -> None:
     """One worker, two threads sending to it: its second request waits in its pipe, and each reply
     wakes the thread whose block it answers."""
-    p = Prefetcher(filled, 8, batches_per_block=3, threads=1, depth=4, seed=11, processes=True)
+    p = Prefetcher(filled, filled.sampler(), 8, batches_per_block=3, threads=1, depth=4, seed=11, processes=True)
     assert len(p.processes.pids()) == 1
     got = [{name: value.copy() for name, value in p.next_block().items()} for _ in range(12)]
     p.close()
-    q = Prefetcher(filled, 8, batches_per_block=3, threads=1, depth=4, seed=11, processes=False)
+    q = Prefetcher(filled, filled.sampler(), 8, batches_per_block=3, threads=1, depth=4, seed=11, processes=False)
     expected = [{name: value.copy() for name, value in q.next_block().items()} for _ in range(12)]
     q.close()
     assert_same(got, expected)
@@ -171,7 +172,7 @@ def test_queued_requests_are_answered_in_order(filled: ReplayStore) -> None:
 
 def test_workers_end_when_the_prefetcher_is_dropped(filled: ReplayStore) -> None:
     """The reply threads do not keep the workers alive: dropping an unclosed prefetcher ends them."""
-    p = Prefetcher(filled, 8, batches_per_block=3, threads=2, depth=3, seed=1, processes=True)
+    p = Prefetcher(filled, filled.sampler(), 8, batches_per_block=3, threads=2, depth=3, seed=1, processes=True)
     p.next_block()
     procs = list(p.processes._procs)
     p._pool.shutdown(wait=True)  # its threads are idle; what is left to drop is the prefetcher itself
@@ -206,7 +207,7 @@ def test_a_worker_that_misbehaves_is_killed_and_the_threads_take_over(
     monkeypatch.setattr(decodeprocs, "REPLY_TIMEOUT", 1.0)
     expected = draw(filled, False, blocks=6)
     with caplog.at_level(logging.WARNING, logger="replaystore.feed.decodeprocs"):
-        p = Prefetcher(filled, 8, batches_per_block=3, threads=2, depth=3, seed=11, processes=True)
+        p = Prefetcher(filled, filled.sampler(), 8, batches_per_block=3, threads=2, depth=3, seed=11, processes=True)
         procs = list(p.processes._procs)
         got = [{name: value.copy() for name, value in p.next_block().items()} for _ in range(6)]
         started = time.monotonic()
@@ -223,7 +224,7 @@ def test_a_hung_worker_does_not_hang_close(filled: ReplayStore, tmp_path: Path,
     worker.write_text(HANGS)
     monkeypatch.setattr(decodeprocs, "WORKER", worker)
     monkeypatch.setattr(decodeprocs, "CLOSE_TIMEOUT", 1.0)
-    p = Prefetcher(filled, 8, batches_per_block=3, threads=2, depth=3, seed=11, processes=True)
+    p = Prefetcher(filled, filled.sampler(), 8, batches_per_block=3, threads=2, depth=3, seed=11, processes=True)
     procs = list(p.processes._procs)
     p._inflight.append(p._pool.submit(p._draw, 0))  # a block sent to a worker that will never answer
     time.sleep(0.5)
@@ -236,7 +237,7 @@ def test_a_hung_worker_does_not_hang_close(filled: ReplayStore, tmp_path: Path,
 def test_where_processes_cannot_run(filled: ReplayStore, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(decodeprocs, "LIBZSTD", None)
     with pytest.raises(SampleError, match="no libzstd shared library.*processes=False"):
-        Prefetcher(filled, 8, processes=True)
-    p = Prefetcher(filled, 8, processes=None)  # where available: here, threads
+        Prefetcher(filled, filled.sampler(), 8, processes=True)
+    p = Prefetcher(filled, filled.sampler(), 8, processes=None)  # where available: here, threads
     assert p.processes is None
     p.close()

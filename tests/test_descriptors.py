@@ -134,8 +134,7 @@ def test_a_block_across_more_shards_than_open_files_holds_no_more_descriptors(tm
     for seed in range(6):
         k, n = 8, 32
         out = (np.empty((k, n, 2, *OBS_SHAPE), np.uint8), np.empty((k, n, 2, *OBS_SHAPE), np.uint8))
-        pending = reader.plan_sample(n, rng=np.random.default_rng(seed), n_step=1, gamma=0.99, prioritized=False,
-                                     alpha=0.6, beta=0.4, out=out, batches=k)
+        pending = reader.plan(reader.sampler(), n, rng=np.random.default_rng(seed), out=list(out), batches=k)
         assert files.open_files <= 4 and open_fds() <= before + 4
         assert any(r.handle is None for plan in pending.plans for _, r in plan.reads), "meant to defer reads"
         batch = pending.finish(reader.reader)
@@ -156,8 +155,7 @@ def test_a_deferred_read_keeps_the_file_it_was_planned_on_when_the_writer_rewrit
     for seed in range(4):
         files.close()
         files.max_open = 0  # every read deferred
-        pending = store.plan_sample(16, rng=np.random.default_rng(seed), n_step=1, gamma=0.99, prioritized=False,
-                                    alpha=0.6, beta=0.4)
+        pending = store.plan(store.sampler(), 16, rng=np.random.default_rng(seed))
         assert files._deferred, "meant to defer reads"
         _add(store, step, 128)  # a whole lap: every shard file replaced
         batch = pending.finish(store.reader)
@@ -176,8 +174,7 @@ def test_a_deferred_read_of_a_file_another_writer_replaced_reads_that_files_own_
     files = reader.reader.files
     files.close()
     files.max_open = 0
-    pending = reader.plan_sample(16, rng=np.random.default_rng(0), n_step=1, gamma=0.99, prioritized=False,
-                                 alpha=0.6, beta=0.4)
+    pending = reader.plan(reader.sampler(), 16, rng=np.random.default_rng(0))
     _add(writer, step, 128)
     writer.flush()
     batch = pending.finish(reader.reader)

@@ -93,6 +93,14 @@ def _edit_attrs(path: Path, edit) -> None:
     (path / "zarr.json").write_text(json.dumps(doc))
 
 
+def _edit_state(path: Path, edit, stream: int = 0) -> None:
+    """Edit stream ``stream``'s commit (``streams/<k>/zarr.json``)."""
+    f = path / "streams" / str(stream) / "zarr.json"
+    doc = json.loads(f.read_text())
+    edit(doc["attributes"]["replaystore_stream"]["state"])
+    f.write_text(json.dumps(doc))
+
+
 def test_newer_format_version_is_refused(filled: ReplayStore, store_path: Path) -> None:
     filled.close()
     _edit_attrs(store_path, lambda a: a.__setitem__("format_version", 99))
@@ -105,18 +113,18 @@ def test_newer_format_version_is_refused(filled: ReplayStore, store_path: Path) 
 @pytest.mark.parametrize(
     "edit",
     [
-        lambda a: a["state"].__setitem__("added", "many"),
-        lambda a: a["state"].__setitem__("added", -3),
-        lambda a: a["schema"].__setitem__("capacity", 10**30),
-        lambda a: a["schema"]["observation_space"].__setitem__("shape", [3, "x"]),
-        lambda a: a.pop("layout"),
-        lambda a: a["layout"].__setitem__("shard_len", 7),
+        lambda p: _edit_state(p, lambda st: st.__setitem__("added", "many")),
+        lambda p: _edit_state(p, lambda st: st.__setitem__("added", -3)),
+        lambda p: _edit_attrs(p, lambda a: a["schema"].__setitem__("capacity", 10**30)),
+        lambda p: _edit_attrs(p, lambda a: a["schema"]["observation_space"].__setitem__("shape", [3, "x"])),
+        lambda p: _edit_attrs(p, lambda a: a.pop("layout")),
+        lambda p: _edit_attrs(p, lambda a: a["layout"].__setitem__("shard_len", 7)),
     ],
     ids=["added-str", "added-negative", "capacity-absurd", "shape-bad", "no-layout", "shard-misfit"],
 )
 def test_hostile_metadata_gets_a_clear_error(filled: ReplayStore, store_path: Path, edit) -> None:
     filled.close()
-    _edit_attrs(store_path, edit)
+    edit(store_path)
     with pytest.raises(CorruptStoreError):
         ReplayStore.open(store_path)
 

@@ -19,7 +19,7 @@ from conftest import OBS_SHAPE, fill, frame, make_store, snapshot
 from replaystore import Layout, ReplayStore, StoreWriteError
 from replaystore.cli.verify import verify_store
 from replaystore.errors import LockUnavailableError
-from replaystore.storage import lock as lock_module
+from replaystore.storage.local import lock as lock_module
 
 
 def open_fds() -> int:
@@ -28,12 +28,13 @@ def open_fds() -> int:
 
 def ram_state(store: ReplayStore) -> dict[str, object]:
     """Everything in RAM that ``add`` may change, copied."""
-    ring, writer = store.ring, store._writer
+    ring, (stream,) = store.ring, store.writers
+    writer = stream.shards
     return {**{name: values.copy() for name, values in ring.fields.items()}, "valid": ring.valid.copy(),
             "counters": (ring.added, ring.oldest, ring.n_valid, sorted(ring.dirty_shards)),
             "buffer": writer.buffer.copy(), "region": (writer.region, writer.region_dirty, writer.episodes),
             "committed": store.committed,
-            "head": None if store.streams[0].head_obs is None else store.streams[0].head_obs.copy()}
+            "head": None if stream.head_obs is None else stream.head_obs.copy()}
 
 
 def assert_same_ram(a: dict[str, object], b: dict[str, object]) -> None:
@@ -245,7 +246,7 @@ def test_the_memory_estimate_counts_prefetchers_and_the_budget_refuses_one_that_
     plain = ReplayStore.open(path)
     base = plain.memory_estimate()
     assert {"sampling_buffers", "shard_indexes", "chunk_cache"} <= base.keys()
-    p = Prefetcher(plain, 8, batches_per_block=4, threads=1, depth=2, seed=0, processes=False)
+    p = Prefetcher(plain, plain.sampler(), 8, batches_per_block=4, threads=1, depth=2, seed=0, processes=False)
     with_prefetcher = plain.memory_estimate()
     assert with_prefetcher["prefetch_blocks"] == p.memory["prefetch_blocks"] > 0
     p.close()
@@ -257,7 +258,7 @@ def test_the_memory_estimate_counts_prefetchers_and_the_budget_refuses_one_that_
     budget = sum(base.values()) + 4096
     tight = ReplayStore.open(path, memory_budget=budget)
     with pytest.raises(ConfigError, match="prefetch blocks.*lower batches_per_call"):
-        Prefetcher(tight, 8, batches_per_block=512, threads=1, depth=2, seed=0, processes=False)
+        Prefetcher(tight, tight.sampler(), 8, batches_per_block=512, threads=1, depth=2, seed=0, processes=False)
     assert "prefetch_blocks" not in tight.memory_estimate()
     tight.close()
 

@@ -22,7 +22,7 @@ from conftest import fill, frame, small_spaces
 from replaystore import InvalidTransitionError, Layout, ReplayStore, StoreExistsError, StoreLockedError
 from replaystore.cli import main as cli_main
 from replaystore.errors import LeaseLostError, StaleViewError, StoreWriteError
-from replaystore.storage.objects import Bucket
+from replaystore.storage.objects.bucket import Bucket
 
 FIELDS = ("obs", "action", "reward", "next_obs", "terminated", "truncated", "discount", "index")
 
@@ -160,7 +160,7 @@ def test_compact_to_and_from_urls(s3_url: str, tmp_path: Path, capsys: pytest.Ca
         assert result.num_streams == 1 and result.capacity == 48 and len(result) == truth.transitions_after
     with pytest.raises(ConfigError, match="cannot replace a store on object storage in place"):
         compact_store(s3_url)
-    with pytest.raises(StoreExistsError, match="already holds objects"):
+    with pytest.raises(StoreExistsError, match="already exists"):
         compact_store(local, s3_url)
     assert _objects(s3_url) == before
 
@@ -207,7 +207,7 @@ def test_a_dead_writers_lease_is_taken_over_only_after_it_expires(s3_url: str, t
     time.sleep(3)  # idle longer than its lease: the keeper renews it
     with pytest.raises(StoreLockedError):
         ReplayStore.open(s3_url, mode="a")
-    idle.objects.close()  # the keeper stops: the lease runs out, and another writer takes the stream
+    idle.backend.streams.close()  # the keeper stops: the lease runs out, and another writer takes the stream
     time.sleep(3)
     other = ReplayStore.open(s3_url, mode="a", storage_options={"lease_ttl": 2})
     fill(other, 20)

@@ -172,7 +172,7 @@ class StreamsVersusModel(RuleBasedStateMachine):
 
     def committed(self) -> list[int]:
         """Steps of each stream the writer has committed (it also commits by itself at shard ends)."""
-        return [s.writer.committed.added for s in self.store.streams]
+        return [s.added for s in self.store.stream_states()]
 
     def reopened(self) -> None:
         self.store = ReplayStore.open(self.path, mode="a")

@@ -16,7 +16,7 @@ from replaystore import InvalidTransitionError, Layout, ReplayStore
 from replaystore.cli.main import main as cli_main
 from replaystore.cli.verify import verify_store
 from replaystore.errors import ConfigError
-from replaystore.sampling.assemble import assemble
+from replaystore.sampling.assemble import prepare
 from replaystore.storage.rings import SHIFT
 
 FRAME_STACK = 4
@@ -67,7 +67,7 @@ def run_vector(store: ReplayStore, envs, seed: int, rngs: list[np.random.Generat
 
 def stream_transitions(store: ReplayStore, k: int, positions: list[int]):
     g = (np.int64(k) << SHIFT) | np.asarray(positions, dtype=np.int64)
-    return assemble(store.rings, store.reader, g)
+    return prepare(store.rings, store.reader, g).finish(store.reader)
 
 
 def test_vector_env_streams_equal_single_envs_on_atari(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from replaystore.cli.compact import compact_store
 from replaystore.cli.main import main as cli_main
 from replaystore.cli.verify import verify_store
 from replaystore.errors import ConfigError
-from replaystore.sampling.assemble import assemble
+from replaystore.sampling.assemble import prepare
 from replaystore.storage.rings import SHIFT
 
 FIELDS = ("obs", "next_obs", "action", "reward", "terminated", "truncated")
@@ -55,7 +55,7 @@ def per_stream(path: Path) -> list[dict[str, np.ndarray]]:
         for k, ring in enumerate(store.rings.streams):
             positions = np.arange(ring.lo, ring.added, dtype=np.int64)
             positions = positions[ring.valid[positions % ring.capacity]]
-            batch = assemble(store.rings, store.reader, (np.int64(k) << SHIFT) | positions)
+            batch = prepare(store.rings, store.reader, (np.int64(k) << SHIFT) | positions).finish(store.reader)
             rows = {name: np.array(getattr(batch, name)) for name in FIELDS}
             rows["priority"] = ring.priority[positions % ring.capacity].copy()
             out.append(rows)

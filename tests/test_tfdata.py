@@ -75,8 +75,8 @@ def test_batches_share_the_prefetched_memory(filled: ReplayStore) -> None:
     ds = filled.as_dataset(16, seed=3, threads=1, batches_per_call=4, prefetch=4)  # 16 * 3 * 3 * 4 = 9 * 64 bytes
     it = iter(ds)
     held = [next(it) for _ in range(6)]  # from two blocks
-    for owner in ds.prefetcher._blocks:
-        owner[...] = 255
+    for piece in ds.prefetcher.pool.memory:
+        np.frombuffer(piece, np.uint8)[...] = 255
     for batch in held:
         assert (batch["obs"].numpy() == 255).all() and (batch["next_obs"].numpy() == 255).all()
     ds.prefetcher.close()

@@ -83,7 +83,7 @@ def prefetch(store, seconds: float) -> list[tuple[float, int]]:
     from replaystore.feed.prefetch import Prefetcher
 
     t0 = time.perf_counter()
-    p = Prefetcher(store, BATCH, batches_per_block=32, threads=2, depth=4, seed=0)
+    p = Prefetcher(store, store.sampler(), BATCH, batches_per_block=32, threads=2, depth=4, seed=0)
     done = []
     try:
         while time.perf_counter() - t0 < seconds:

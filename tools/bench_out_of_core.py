@@ -129,7 +129,7 @@ def run_processes(cache: int, processes: int, seconds: float, settle: float) -> 
 def run_prefetcher(store, workers: int, seconds: float, settle: float) -> dict[str, float]:
     from replaystore.feed.prefetch import Prefetcher
 
-    p = Prefetcher(store, BATCH, batches_per_block=32, threads=workers, depth=2 * workers, seed=0)
+    p = Prefetcher(store, store.sampler(), BATCH, batches_per_block=32, threads=workers, depth=2 * workers, seed=0)
     t0 = time.perf_counter()
     done = []
     try:

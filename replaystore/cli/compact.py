@@ -11,10 +11,12 @@ How it works, and why it is safe:
    by slot, frames are read a new shard at a time and written as whole shards. Positions are
    renumbered from 0 but each step keeps its ``ep_step``, so every stack, n-step return and priority
    is what it was: sampling the result is equivalent. The new store is verified before it is used.
-3. Publish it. To a new DST: one ``rename``. In place: ``renameat2(RENAME_EXCHANGE)`` on Linux
-   (``renamex_np(RENAME_SWAP)`` on macOS) swaps the two directories in one atomic step, then the old one is deleted. A crash at any moment leaves either
+3. Publish it (``Backend.publish``). Locally, to a new DST: one ``rename``; in place:
+   ``renameat2(RENAME_EXCHANGE)`` on Linux (``renamex_np(RENAME_SWAP)`` on macOS) swaps the two
+   directories in one atomic step, then the old one is deleted. A crash at any moment leaves either
    the old store or the new one at the path, never neither (tests/test_compact.py kills it at
-   random moments); a leftover temporary directory is removed by the next compact.
+   random moments); a leftover temporary directory is removed by the next compact. On object
+   storage the copy is built at its new URL directly (a store there is never replaced in place).
 
 A store of streams (docs/streams.md) is compacted stream by stream, under every stream's writer
 lock. By default each stream ``k`` becomes stream ``k`` of the result, its episode in progress kept
@@ -28,20 +30,15 @@ episode before it). The report counts those steps (``steps_unjoined``).
 
 from __future__ import annotations
 
-import ctypes
-import errno
-import os
-import shutil
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from replaystore.cli.compactplan import Piece, assign, choose, cut_oldest, damaged_slots
-from replaystore.cli.compactsource import LocalSource, ObjectSource, Source, store_bytes
+from replaystore.cli.compactsource import Source
 from replaystore.cli.verify import verify_store
 from replaystore.errors import (
     ConfigError,
@@ -56,17 +53,12 @@ from replaystore.format.schema import (
     default_layout,
     stream_stride,
 )
-from replaystore.format.shards import (
-    fsync_dir,
-)
 from replaystore.format.validate import validate_layout
+from replaystore.storage.backend import Backend, open_backend
 from replaystore.storage.reader import FrameReader
 from replaystore.store import ReplayStore
 
 Progress = Callable[[str, int, int], None]
-RENAME_EXCHANGE = 2
-RENAME_SWAP = 2  # macOS's renamex_np flag
-AT_FDCWD = -100
 
 
 @dataclass
@@ -102,23 +94,22 @@ def compact_store(src: str | Path, dst: str | Path | None = None, *, capacity: i
         >>> compact_store("runs/quickstart/replay.zarr", capacity=50_000).transitions_after  # doctest: +SKIP
         49998
     """
-    from replaystore.storage.objects import is_url
+    source = Source(src)
+    try:
+        return _compact(source, src, dst, capacity=capacity, codec=codec, chunk_len=chunk_len, shard_len=shard_len,
+                        num_streams=num_streams, drop_damaged=drop_damaged, progress=progress)
+    finally:
+        source.close()
 
-    if dst is None and is_url(src):
-        raise ConfigError(f"{src} is a URL, and compact cannot replace a store on object storage in place (object "
-                          f"storage has no atomic rename); compact it to a new URL or prefix: replaystore compact {src} "
-                          "s3://BUCKET/NEW/replay.zarr")
-    source: Source = ObjectSource(str(src)) if is_url(src) else LocalSource(Path(src))
+
+def _compact(source: Source, src: str | Path, dst: str | Path | None, *, capacity: int | None,
+             codec: CodecSpec | None, chunk_len: int | None, shard_len: int | None, num_streams: int | None,
+             drop_damaged: bool, progress: Progress | None) -> CompactReport:
     schema, layout = source.schema, source.layout
-    to_url = is_url(dst)
-    target: Any = str(dst) if to_url else (source.root if dst is None else Path(dst))
-    if to_url:
-        from replaystore.storage.objects import Bucket
-
-        if Bucket(str(dst)).exists():
-            raise StoreExistsError(f"{dst} already holds objects; choose a new URL or prefix for DST")
-    elif dst is not None and target.exists():
-        raise StoreExistsError(f"{target} already exists; choose a new DST, or leave DST out to compact {src} in place")
+    target = source.backend if dst is None else open_backend(dst)
+    if dst is not None and target.exists():
+        raise StoreExistsError(f"{target.where} already exists; choose a new DST, or leave DST out to compact {src} "
+                               "in place")
     n_src = schema.num_streams
     n_new = n_src if num_streams is None else num_streams
     if isinstance(n_new, bool) or not isinstance(n_new, int) or not 1 <= n_new <= n_src:
@@ -134,57 +125,51 @@ def compact_store(src: str | Path, dst: str | Path | None = None, *, capacity: i
     per_stream = new_capacity // n_new
     new_layout = _new_layout(schema, layout, per_stream, codec=codec, chunk_len=chunk_len, shard_len=shard_len)
     validate_layout(new_layout, per_stream)
-    try:
-        source.hold()
-        if not to_url:
-            _remove_leftovers(target)
-        report = source.verify(None if progress is None else lambda d, t: progress("verify", d, t))
-        fatal = [p for p in report.problems if p.array == "metadata"]
-        if fatal:
-            raise CorruptStoreError(f"{src} cannot be compacted: {fatal[0].message}")
-        if report.problems and not drop_damaged:
-            raise CorruptStoreError(
-                f"{src} has {len(report.problems)} damaged chunk(s), first: {report.problems[0].message.split(';')[0]}; "
-                "run `replaystore compact --drop-damaged` to drop the episodes they hold"
-            )
-        stride = stream_stride(schema, layout)
-        bad = damaged_slots(report.problems, schema, stride, source.states)
-        pieces: list[Piece] = []
-        transitions_before = dropped_steps = 0
-        for k in range(n_src):
-            ring = source.ring(k)
-            transitions_before += ring.n_valid
-            keep, dropped = choose(ring, bad[k * stride : k * stride + schema.stream_capacity])
-            pieces.append(Piece(k, ring, keep))
-            dropped_steps += dropped
-        targets, unjoined = assign(pieces, n_new) if n_new < n_src else ([[p] for p in pieces], 0)
-        cut = 0
-        for target_pieces in targets:
-            cut += cut_oldest(target_pieces, per_stream)
-        before = source.nbytes()
-        where = target if to_url else target.parent / f".{target.name}.compact-{os.getpid()}"
-        if isinstance(where, Path) and where.exists():
-            shutil.rmtree(where)  # this process's own leftover
-        new = ReplayStore.create(where, new_capacity, schema.observation.to_space(), schema.action.to_space(),
-                                 schema.frame_stack, layout=new_layout, cache_bytes=0, num_streams=n_new)
-        try:  # from here on, what is at ``where`` is this run's unfinished copy
-            episodes = _build(new, source.reader(), stride, targets, progress)
-            check = verify_store(where)
-            if not check.ok:
-                raise CorruptStoreError(f"the compacted copy failed verification ({check.problems[0].message}); "
-                                        f"{src} is unchanged")
-        except BaseException:
-            _discard(where)
-            raise
-        if not to_url:
-            _publish(where, target, in_place=dst is None)
-        with ReplayStore.open(target) as result:
-            after_transitions = len(result)
-            after_bytes = store_bytes(result)
-    finally:
-        source.close()
+    source.hold()
+    staged = target.staging()
+    report = source.verify(None if progress is None else lambda d, t: progress("verify", d, t))
+    fatal = [p for p in report.problems if p.array == "metadata"]
+    if fatal:
+        raise CorruptStoreError(f"{src} cannot be compacted: {fatal[0].message}")
+    if report.problems and not drop_damaged:
+        raise CorruptStoreError(
+            f"{src} has {len(report.problems)} damaged chunk(s), first: {report.problems[0].message.split(';')[0]}; "
+            "run `replaystore compact --drop-damaged` to drop the episodes they hold"
+        )
+    stride = stream_stride(schema, layout)
+    bad = damaged_slots(report.problems, schema, stride, source.states)
+    pieces: list[Piece] = []
+    transitions_before = dropped_steps = 0
+    for k in range(n_src):
+        ring = source.ring(k)
+        transitions_before += ring.n_valid
+        keep, dropped = choose(ring, bad[k * stride : k * stride + schema.stream_capacity])
+        pieces.append(Piece(k, ring, keep))
+        dropped_steps += dropped
+    targets, unjoined = assign(pieces, n_new) if n_new < n_src else ([[p] for p in pieces], 0)
+    cut = 0
+    for target_pieces in targets:
+        cut += cut_oldest(target_pieces, per_stream)
+    before = source.nbytes()
+    if staged.exists():
+        staged.destroy()  # this process's own leftover
+    new = ReplayStore.create(staged.where, new_capacity, schema.observation.to_space(), schema.action.to_space(),
+                             schema.frame_stack, layout=new_layout, cache_bytes=0, num_streams=n_new)
+    try:  # from here on, what is at ``staged`` is this run's unfinished copy
+        episodes = _build(new, source.reader(), stride, targets, progress)
+        check = verify_store(staged.where)
+        if not check.ok:
+            raise CorruptStoreError(f"the compacted copy failed verification ({check.problems[0].message}); "
+                                    f"{src} is unchanged")
+    except BaseException:
+        _discard(staged)
+        raise
+    target.publish(staged)
+    with ReplayStore.open(target.where) as result:
+        after_transitions = len(result)
+        after_bytes = sum(result.backend.stored_bytes().values())
     return CompactReport(
-        src=str(src), dst=str(target), transitions_before=transitions_before, transitions_after=after_transitions,
+        src=str(src), dst=target.where, transitions_before=transitions_before, transitions_after=after_transitions,
         steps_kept=sum(int(p.keep.size) for p in pieces), episodes_kept=episodes, bytes_before=before,
         bytes_after=after_bytes, dropped=[p.where() for p in report.problems],
         steps_dropped=dropped_steps, steps_cut=cut, streams_before=n_src, streams_after=n_new,
@@ -192,18 +177,12 @@ def compact_store(src: str | Path, dst: str | Path | None = None, *, capacity: i
     )
 
 
-def _discard(where: Any) -> None:
-    """Remove an unfinished copy (a temporary directory, or what was written at a DST URL)."""
-    if isinstance(where, Path):
-        shutil.rmtree(where, ignore_errors=True)
-        return
-    from replaystore.storage.objectopen import _clear
-    from replaystore.storage.objects import Bucket
-
+def _discard(staged: Backend) -> None:
+    """Remove an unfinished copy."""
     try:
-        _clear(Bucket(where), overwrite=True, options=None)
+        staged.destroy()
     except Exception as exc:  # noqa: BLE001 - the first error is the one to report
-        print(f"warning: could not remove the unfinished copy at {where} ({exc}); delete it", file=sys.stderr)
+        print(f"warning: could not remove the unfinished copy at {staged.where} ({exc}); delete it", file=sys.stderr)
 
 
 def _new_layout(schema: Schema, layout: Layout, capacity: int, *, codec: CodecSpec | None, chunk_len: int | None,
@@ -244,30 +223,3 @@ def _build(new: ReplayStore, source: FrameReader, stride: int, targets: list[lis
         return new.episodes
     finally:
         new.close()
-
-
-def _publish(tmp: Path, target: Path, *, in_place: bool) -> None:
-    if not in_place:
-        os.rename(tmp, target)
-        fsync_dir(target.parent)
-        return
-    libc = ctypes.CDLL(None, use_errno=True)
-    if sys.platform == "darwin":  # macOS: renamex_np(RENAME_SWAP) swaps two paths atomically
-        fn = getattr(libc, "renamex_np", None)
-        rc = -1 if fn is None else fn(os.fsencode(tmp), os.fsencode(target), RENAME_SWAP)
-    else:  # Linux: renameat2(RENAME_EXCHANGE)
-        fn = getattr(libc, "renameat2", None)
-        rc = -1 if fn is None else fn(AT_FDCWD, os.fsencode(tmp), AT_FDCWD, os.fsencode(target), RENAME_EXCHANGE)
-    if rc != 0:
-        err = errno.ENOSYS if fn is None else ctypes.get_errno()
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise OSError(err, f"cannot swap {target} for its compacted copy atomically on this filesystem "
-                           f"({os.strerror(err)}); compact to a new DST instead: replaystore compact {target} NEW_PATH")
-    fsync_dir(target.parent)
-    shutil.rmtree(tmp, ignore_errors=True)  # now the old store
-
-
-def _remove_leftovers(target: Path) -> None:
-    """Temporary directories of compactions that crashed (an unfinished copy, or a swapped-out original)."""
-    for p in target.parent.glob(f".{target.name}.compact-*"):
-        shutil.rmtree(p, ignore_errors=True)

@@ -33,13 +33,11 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from rich.progress import Progress
-
+    from replaystore.cli.progress import Progress
     from replaystore.cli.verify import verify_store
 
-    with Progress(transient=True, disable=args.quiet or not sys.stderr.isatty()) as bar:
-        task = bar.add_task("verifying shards", total=None)
-        report = verify_store(args.path, progress=lambda done, total: bar.update(task, completed=done, total=total))
+    with Progress(quiet=args.quiet) as bar:
+        report = verify_store(args.path, progress=lambda done, total: bar.update("verifying shards", done, total))
     for p in report.problems:
         print(f"DAMAGED {p.where()}: {p.message}")
     status = "OK" if report.ok else f"{len(report.problems)} problem(s)"
@@ -48,22 +46,18 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _compact(args: argparse.Namespace) -> int:
-    from rich.progress import Progress
-
     from replaystore.cli.compact import compact_store
+    from replaystore.cli.progress import Progress
     from replaystore.format.schema import CodecSpec
 
     codec = None
     if args.codec is not None or args.level is not None:
         name, _, cname = (args.codec or "zstd").partition(":")
         codec = CodecSpec(name=name, level=3 if args.level is None else args.level, cname=cname or "zstd")
-    with Progress(transient=True, disable=args.quiet or not sys.stderr.isatty()) as bar:
-        tasks: dict[str, int] = {}
+    with Progress(quiet=args.quiet) as bar:
 
         def progress(phase: str, done: int, total: int) -> None:
-            if phase not in tasks:
-                tasks[phase] = bar.add_task({"verify": "verifying", "write": "writing"}[phase], total=total)
-            bar.update(tasks[phase], completed=done, total=total)
+            bar.update({"verify": "verifying shards", "write": "writing steps"}[phase], done, total)
 
         r = compact_store(args.src, args.dst, capacity=args.capacity, codec=codec, chunk_len=args.chunk_len,
                           shard_len=args.shard_len, num_streams=args.streams, drop_damaged=args.drop_damaged,

@@ -24,7 +24,7 @@ def plot_store(path: str | Path, out: str | Path, *, samples: int = SAMPLES, see
     try:
         from matplotlib.figure import Figure
     except ImportError as exc:
-        raise ConfigError("inspect --plot needs matplotlib: pip install matplotlib") from exc
+        raise ConfigError("inspect --plot needs matplotlib: pip install 'replaystore[plot]'") from exc
     out = Path(out)
     with ReplayStore.open(path) as store:
         eps = [episodes(store, j) for j in range(store.num_streams)]

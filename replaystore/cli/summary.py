@@ -11,19 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from replaystore.format.schema import FORMAT_VERSION, OBJECT_FORMAT_VERSION
-from replaystore.storage.objects import is_url
 from replaystore.store import ReplayStore
-
-
-def disk_bytes(path: Path) -> dict[str, int]:
-    """Bytes on disk per top-level entry of a store directory."""
-    sizes: dict[str, int] = {}
-    for p in path.rglob("*"):
-        if p.is_file():
-            top = p.relative_to(path).parts[0]
-            sizes[top] = sizes.get(top, 0) + p.stat().st_size
-    return sizes
 
 
 def episodes(store: ReplayStore, stream: int = 0) -> dict[str, np.ndarray]:
@@ -77,24 +65,6 @@ def episode_stats(store: ReplayStore) -> dict[str, Any]:
     return out
 
 
-def object_bytes(objects: Any) -> dict[str, int]:
-    """Bytes of the objects each array's current commit names, on object storage (superseded
-    generations not yet collected are not counted)."""
-    named = {key for k in objects.latest for key in _named(objects, k)}
-    sizes: dict[str, int] = {}
-    for meta in objects.bucket.list(None):
-        name = meta["path"].split("/", 1)[0]
-        if meta["path"] in named or meta["path"].endswith("zarr.json"):
-            sizes[name] = sizes.get(name, 0) + int(meta["size"])
-    return sizes
-
-
-def _named(objects: Any, k: int) -> list[str]:
-    doc = objects.latest[k]
-    return [key for name, gens in doc.objects.items() for j, g in enumerate(gens)
-            if (key := objects.key(name, k, j, g)) is not None]
-
-
 def inspect_store(path: str | Path) -> dict[str, Any]:
     """A JSON-ready summary of the store at ``path``.
 
@@ -102,20 +72,18 @@ def inspect_store(path: str | Path) -> dict[str, Any]:
         >>> inspect_store("runs/quickstart/replay.zarr")["transitions"]  # doctest: +SKIP
         5000
     """
-    root = path if is_url(path) else Path(path)
-    store = ReplayStore.open(root)
+    store = ReplayStore.open(path)
     try:
         schema, layout, state = store.schema, store.layout, store.committed
-        sizes = disk_bytes(root) if store.objects is None else object_bytes(store.objects)
+        sizes = store.backend.stored_bytes()
         frame_bytes = schema.observation.frame_bytes
         obs_disk = sizes.get("obs", 0)
         states = store.stream_states()
         frames_written = sum(min(st.added, schema.stream_capacity) for st in states)
         rings = store.rings.streams
         return {
-            "path": str(root),
-            "format_version": (OBJECT_FORMAT_VERSION if store.objects is not None
-                               else 1 if schema.num_streams == 1 else FORMAT_VERSION),
+            "path": str(store.path),
+            "format_version": store.backend.format_version,
             "schema": {
                 "observation_space": dataclasses.asdict(schema.observation) | {"shape": list(schema.observation.shape)},
                 "action_space": dataclasses.asdict(schema.action),

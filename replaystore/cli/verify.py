@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from replaystore.errors import ChunkChecksumError, ReplayStoreError
-from replaystore.format.schema import SCALAR_FIELDS, Layout, Schema, State, from_attrs, stream_stride
+from replaystore.errors import ChunkChecksumError, CorruptStoreError, ReplayStoreError
+from replaystore.format.schema import SCALAR_FIELDS, Layout, Schema, State, stream_stride
 from replaystore.format.shards import (
     CRC_BYTES,
     EMPTY,
@@ -23,11 +23,8 @@ from replaystore.format.shards import (
     decode_chunk,
     numcodecs_codec,
     parse_index,
-    shard_key,
 )
-from replaystore.format.validate import check_arrays, read_group_doc
-from replaystore.storage.commits import read_stream_state
-from replaystore.storage.objects import is_url
+from replaystore.storage.backend import Backend, open_backend
 
 
 @dataclass
@@ -55,68 +52,38 @@ class Problem:
 class Report:
     chunks_checked: int = 0
     problems: list[Problem] = field(default_factory=list)
+    states: list[State] | None = None  # each stream's commit, as checked
 
     @property
     def ok(self) -> bool:
         return not self.problems
 
 
-def verify_store(path: str | Path, *, progress: Callable[[int, int], None] | None = None) -> Report:
-    """Check every chunk of the store at ``path`` (every stream of it); ``progress(done, total)`` is
-    called per shard."""
+def verify_store(path: str | Path | Backend, *, progress: Callable[[int, int], None] | None = None) -> Report:
+    """Check every chunk of the store at ``path`` (every stream of it; ``path`` may be a backend whose
+    metadata is read); ``progress(done, total)`` is called per shard. The report's ``states`` are the
+    commits checked."""
     report = Report()
-    if is_url(path):
-        return _verify(report, *_object_source(str(path), report), progress)
-    root = Path(path)
-    doc = read_group_doc(root)
-    schema, layout, state = from_attrs(doc.get("attributes"), path=str(root))
+    backend = path if isinstance(path, Backend) else open_backend(path)
+    schema, layout = backend.read_metadata(check_arrays=False)
     try:
-        check_arrays(root, schema, layout)
-        states = [state] if schema.num_streams == 1 else [read_stream_state(root, k) for k in range(schema.num_streams)]
+        backend.check_arrays()
+        states = [backend.read_state(k) for k in range(schema.num_streams)]
     except ReplayStoreError as exc:
         report.problems.append(Problem("metadata", None, None, None, None, str(exc)))
         return report
+    report.states = states
 
     def load(name: str, shard: int, k: int, local: int, ndim: int) -> bytes | None:
-        try:
-            return (root / shard_key(name, shard, ndim)).read_bytes()
-        except FileNotFoundError:
-            return None
+        return backend.read_shards([(name, k, local)])[0]
 
     return _verify(report, schema, layout, states, load, progress)
 
 
-def _object_source(url: str, report: Report) -> tuple[Schema, Layout, list[State] | None, Callable[..., bytes | None]]:
-    """The schema, the streams' states and a shard loader of the store at ``url`` (object storage)."""
-    from replaystore.storage.objectopen import read_root
-    from replaystore.storage.objects import Bucket
-    from replaystore.storage.objectstreams import ObjectStreams
-
-    bucket = Bucket(url)
-    _, schema, layout = read_root(bucket)
-    objects = ObjectStreams(bucket, schema, layout)
-    try:
-        names = ("obs", *SCALAR_FIELDS)
-        check_arrays(Path(url), schema, layout, read=dict(zip(names, bucket.get_many([f"{n}/zarr.json" for n in names]))).get)
-        states = [objects.read_state(k) for k in range(schema.num_streams)]
-    except ReplayStoreError as exc:
-        report.problems.append(Problem("metadata", None, None, None, None, str(exc)))
-        states = None
-
-    def load(name: str, shard: int, k: int, local: int, ndim: int) -> bytes | None:
-        key = objects.key(name, k, local, objects.latest[k].objects[name][local])
-        got = bucket.get(key) if key is not None else None
-        return got[0] if got is not None else None
-
-    return schema, layout, states, load
-
-
-def _verify(report: Report, schema: Schema, layout: Layout, states: list[State] | None,
+def _verify(report: Report, schema: Schema, layout: Layout, states: list[State],
             load: Callable[[str, int, int, int, int], bytes | None],
             progress: Callable[[int, int], None] | None) -> Report:
     """Check every chunk ``load(array, shard, stream, stream's shard, frame ndim)`` gives."""
-    if states is None:
-        return report
     capacity = schema.stream_capacity  # each stream's ring
     stride = stream_stride(schema, layout)
     per_stream = -(-capacity // layout.shard_len)  # shards a stream uses
@@ -149,7 +116,11 @@ def _verify(report: Report, schema: Schema, layout: Layout, states: list[State] 
                 end = k * stride + capacity  # the stream's slots end here
                 rows = min(layout.shard_len, end - first)
                 slot_range = (first, first + rows - 1)
-                got = load(name, shard, k, local, len(shape))
+                try:
+                    got = load(name, shard, k, local, len(shape))
+                except CorruptStoreError as exc:  # named by the commit, but gone
+                    report.problems.append(Problem(name, shard, None, slot_range, live_range(*slot_range), str(exc), k))
+                    continue
                 if got is None:
                     held = live_range(*slot_range)
                     if held is not None:

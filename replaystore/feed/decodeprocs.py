@@ -10,9 +10,9 @@ How:
 
 - The frame blocks live in one memfd (``os.memfd_create``) mapped shared by this process and every
   worker (``decodeworker.py``, started by path with ``python -P``, so it imports neither replaystore
-  nor TensorFlow, and given the memfd as an inherited descriptor). Each block is its own numpy array
-  over the mapping, so a block's reference count still says whether a consumer holds any of its
-  batches, and the prefetcher recycles blocks as before. Pages are only backed once written.
+  nor TensorFlow, and given the memfd as an inherited descriptor). The prefetcher hands the blocks
+  out and takes them back through a ``MemoryPool`` (storage/pool.py), as it does private memory.
+  Pages are only backed once written.
 - Planning stays here, under the store's lock (it reads the ring and the writer's RAM buffer, and
   copies the buffer's frames into the block). A planned block goes to the least loaded worker as
   one request on its stdin: the chunks' compressed bytes, where each gathered frame comes from and
@@ -102,10 +102,9 @@ class DecodeProcesses:
         try:
             os.ftruncate(fd, size)
             mapping = mmap.mmap(fd, size)
-            # one array per block straight over the mapping: views of a block keep *it* as their base
-            self._blocks = [np.frombuffer(mapping, np.uint8, count=block_nbytes, offset=i * block_nbytes)
-                            for i in range(blocks)]
-            self._base = self._blocks[0].ctypes.data
+            whole = memoryview(mapping)
+            self.memory = [whole[i * block_nbytes : (i + 1) * block_nbytes] for i in range(blocks)]
+            self._base = np.frombuffer(mapping, np.uint8, count=1).ctypes.data
             self._procs: list[subprocess.Popen] = []
             for _ in range(processes):
                 self._procs.append(subprocess.Popen(
@@ -121,12 +120,6 @@ class DecodeProcesses:
         self._finalizer = weakref.finalize(self, self._workers.stop)
         self._frame_nbytes = int(np.prod(reader.shape, dtype=np.int64)) * reader.dtype.itemsize
 
-    def take_blocks(self) -> list[np.ndarray]:
-        """The shared blocks, handed over once: their owner's references must be the only ones left,
-        so that a block's reference count says whether anyone still uses it."""
-        blocks, self._blocks = self._blocks, []
-        return blocks
-
     def pids(self) -> list[int]:
         """The workers' process ids."""
         return [proc.pid for proc in self._procs]
@@ -136,11 +129,12 @@ class DecodeProcesses:
         """Workers still running."""
         return self._workers.alive
 
-    def fill(self, plans: list[Plan], pair: tuple[np.ndarray, np.ndarray]) -> int:
-        """Have a worker decode ``plans`` (one block's, planned into ``pair``, two arrays in one of
-        ``blocks``). Returns how many of them are done: ``len(plans)``, or the first the caller must
-        finish itself (the reader then names a bad chunk, or decodes it), or 0 if no worker is left."""
-        head, blob = self._request(plans, pair)
+    def fill(self, plans: list[Plan], frames: list[np.ndarray]) -> int:
+        """Have a worker decode ``plans`` (one block's, planned into ``frames``, arrays in one of the
+        ``memory`` pieces, each ``(len(plans), ...)``). Returns how many of them are done:
+        ``len(plans)``, or the first the caller must finish itself (the reader then names a bad
+        chunk, or decodes it), or 0 if no worker is left."""
+        head, blob = self._request(plans, frames)
         worker = self._workers.take()
         if worker is None:
             return 0
@@ -177,7 +171,7 @@ class DecodeProcesses:
         """Stop the workers (the blocks stay valid while anything refers to them)."""
         self._finalizer()
 
-    def _request(self, plans: list[Plan], pair: tuple[np.ndarray, np.ndarray]) -> tuple[bytes, bytes]:
+    def _request(self, plans: list[Plan], frames: list[np.ndarray]) -> tuple[bytes, bytes]:
         """One block's request (decodeworker's format): everything but the payloads, and the payloads."""
         payloads = list(chain.from_iterable(plan.payloads for plan in plans))
         if None in payloads:
@@ -191,14 +185,16 @@ class DecodeProcesses:
         dest = np.concatenate([plan.rows for plan in plans]).astype("<i8", copy=False)
         per_batch = np.array([[len(plan.payloads) for plan in plans], [plan.rows.size for plan in plans],
                               [plan.as_one for plan in plans]], dtype="<i8")
-        head = {"obs_at": pair[0].ctypes.data - self._base, "next_at": pair[1].ctypes.data - self._base,
-                "k": len(plans), "rows": pair[0][0].size * pair[0].itemsize // self._frame_nbytes,
+        offsets = np.array([[array[i].ctypes.data - self._base for array in frames] for i in range(len(plans))],
+                           dtype="<i8")
+        head = {"k": len(plans), "parts": len(frames),
+                "rows": frames[0][0].size * frames[0].itemsize // self._frame_nbytes,
                 "frame_nbytes": self._frame_nbytes, "chunk_nbytes": chunk_len * self._frame_nbytes,
                 "chunks": lengths.size, "gathered": source.size, "blob_nbytes": len(blob)}
         assert FRAME == 3  # MAGIC, sequence number, length: written by ``fill``
         header = np.array([head[name] for name in HEADER], dtype="<i8")
-        return b"".join([header.tobytes(), per_batch.tobytes(), lengths.tobytes(), source.tobytes(),
-                         dest.tobytes()]), blob
+        return b"".join([header.tobytes(), per_batch.tobytes(), offsets.tobytes(), lengths.tobytes(),
+                         source.tobytes(), dest.tobytes()]), blob
 
 
 class _Worker:

@@ -12,13 +12,14 @@ interpreter's lock (decodeprocs.py says more).
 Protocol, on stdin / stdout, all integers int64 little-endian. A request is one block, framed:
 ``MAGIC``, its sequence number, and the byte length of what follows, then
 
-- ``HEADER`` fields: ``obs`` and ``next_obs`` byte offsets of the block in the memfd, ``k``
-  batches, ``rows`` frames per part (``obs[i]`` holds ``rows`` frames, as does ``next_obs[i]``),
-  ``frame_nbytes``, ``chunk_nbytes``, the total number of chunks, of gathered rows, and blob bytes;
+- ``HEADER`` fields: ``k`` batches, ``parts`` per batch (a batch's frames may go to several arrays:
+  ``obs[i]`` and ``next_obs[i]`` for transitions), ``rows`` frames per part, ``frame_nbytes``,
+  ``chunk_nbytes``, the total number of chunks, of gathered rows, and blob bytes;
 - per batch: its chunk count, its gathered-row count, whether its payloads may be decoded joined;
+- per batch and part: the part's byte offset in the memfd;
 - per chunk: its payload's byte length, or -1 for an empty chunk (fill value: zeros);
 - per gathered row: its frame in the batch's decoded chunks (``chunk * chunk_len + offset``), then
-  its destination row among ``obs[i]`` and ``next_obs[i]`` laid end to end;
+  its destination row among the batch's parts laid end to end;
 - the payloads, back to back.
 
 The reply is two int64: the request's sequence number, then -1 when every batch was written, else
@@ -36,15 +37,13 @@ import signal
 if __name__ == "__main__":  # first thing, before the imports: the parent decides when this stops
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
-import ctypes
-import ctypes.util
 import mmap
 import sys
 from typing import Any
 
 import numpy as np
 
-HEADER = ("obs_at", "next_at", "k", "rows", "frame_nbytes", "chunk_nbytes", "chunks", "gathered", "blob_nbytes")
+HEADER = ("k", "parts", "rows", "frame_nbytes", "chunk_nbytes", "chunks", "gathered", "blob_nbytes")
 OK = -1
 MAGIC = 0x31515245444F4352  # b"RCODERQ1", little-endian
 FRAME = 3  # int64s before a request's body: MAGIC, sequence number, body bytes
@@ -56,25 +55,18 @@ class BadRequest(Exception):
 
 
 def load_libzstd() -> Any:
-    """The system's libzstd through ctypes, or None: ``ZSTD_decompressDCtx`` writes a chunk straight
-    into the decode area (no intermediate bytes object and copy), with the GIL released by ctypes."""
-    name = ctypes.util.find_library("zstd")
-    if name is None:
+    """storage/libzstd.py's ``load_libzstd``, loaded by its path (this process imports nothing of
+    replaystore, whose package would import zarr and more)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "storage" / "libzstd.py"
+    spec = importlib.util.spec_from_file_location("replaystore_libzstd", path)
+    if spec is None or spec.loader is None:
         return None
-    try:
-        lib = ctypes.CDLL(name)
-        lib.ZSTD_createDCtx.restype = ctypes.c_void_p
-        lib.ZSTD_freeDCtx.argtypes = [ctypes.c_void_p]
-        lib.ZSTD_decompressDCtx.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p,
-                                            ctypes.c_size_t]
-        lib.ZSTD_decompressDCtx.restype = ctypes.c_size_t
-        lib.ZSTD_getFrameContentSize.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
-        lib.ZSTD_getFrameContentSize.restype = ctypes.c_ulonglong
-        lib.ZSTD_findFrameCompressedSize.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
-        lib.ZSTD_findFrameCompressedSize.restype = ctypes.c_size_t
-    except (OSError, AttributeError):
-        return None
-    return lib
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.load_libzstd()
 
 
 class BlockDecoder:
@@ -89,8 +81,8 @@ class BlockDecoder:
 
     def fill(self, head: dict[str, int], arrays: list[np.ndarray], blob: bytes | memoryview) -> int:
         """Decode and gather every batch of one request; ``OK`` or the first batch that failed."""
-        chunk_counts, row_counts, joined, lengths, source, dest = arrays
-        rows, frame, chunk = head["rows"], head["frame_nbytes"], head["chunk_nbytes"]
+        chunk_counts, row_counts, joined, offsets, lengths, source, dest = arrays
+        n_parts, rows, frame, chunk = head["parts"], head["rows"], head["frame_nbytes"], head["chunk_nbytes"]
         part = rows * frame
         view = memoryview(blob)
         c0 = r0 = b0 = 0
@@ -101,18 +93,19 @@ class BlockDecoder:
             if not self._decode(view[b0 : b0 + nbytes], mine, chunk, bool(joined[i])):
                 return i
             frames = self.area[: n * chunk].reshape(-1, frame)
-            obs = self.memory[head["obs_at"] + i * part : head["obs_at"] + (i + 1) * part].reshape(rows, frame)
-            nxt = self.memory[head["next_at"] + i * part : head["next_at"] + (i + 1) * part].reshape(rows, frame)
+            parts = [self.memory[at : at + part].reshape(rows, frame)
+                     for at in offsets[i * n_parts : (i + 1) * n_parts].tolist()]
             src, dst = source[r0 : r0 + m], dest[r0 : r0 + m]
-            if m == 2 * rows:  # every row from chunks, in order: gather straight into place
-                np.take(frames, src[:rows], axis=0, out=obs, mode="clip")
-                np.take(frames, src[rows:], axis=0, out=nxt, mode="clip")
+            if m == n_parts * rows:  # every row from chunks, in order: gather straight into place
+                for p, out in enumerate(parts):
+                    np.take(frames, src[p * rows : (p + 1) * rows], axis=0, out=out, mode="clip")
             elif m:
                 scratch = self._scratch(m * frame).reshape(m, frame)
                 np.take(frames, src, axis=0, out=scratch, mode="clip")
-                low = dst < rows
-                obs[dst[low]] = scratch[low]
-                nxt[dst[~low] - rows] = scratch[~low]
+                which = dst // rows
+                for p, out in enumerate(parts):
+                    mask = which == p
+                    out[dst[mask] - p * rows] = scratch[mask]
             c0, r0, b0 = c0 + n, r0 + m, b0 + nbytes
         return OK
 
@@ -157,7 +150,7 @@ def read_request(stream: Any, memory_nbytes: int) -> tuple[int, dict[str, int], 
         return None
     head = dict(zip(HEADER, np.frombuffer(body[: 8 * len(HEADER)], "<i8").tolist(), strict=True))
     k, chunks, gathered = head["k"], head["chunks"], head["gathered"]
-    sizes = [k, k, k, chunks, gathered, gathered]
+    sizes = [k, k, k, k * head["parts"], chunks, gathered, gathered]
     if min(sizes) < 0 or min(head.values()) < 0 or 8 * (len(HEADER) + sum(sizes)) + head["blob_nbytes"] != length:
         raise BadRequest("sizes that do not add up to the frame")
     flat = np.frombuffer(body, "<i8", count=len(HEADER) + sum(sizes))[len(HEADER):]
@@ -165,12 +158,12 @@ def read_request(stream: Any, memory_nbytes: int) -> tuple[int, dict[str, int], 
     for size in sizes:
         arrays.append(flat[at : at + size])
         at += size
-    chunk_counts, row_counts, _, lengths, _, dest = arrays
+    chunk_counts, row_counts, _, offsets, lengths, _, dest = arrays
     part = head["rows"] * head["frame_nbytes"]
     if (int(chunk_counts.sum()) != chunks or int(row_counts.sum()) != gathered
             or int(lengths[lengths > 0].sum()) != head["blob_nbytes"]
-            or max(head["obs_at"], head["next_at"]) + k * part > memory_nbytes
-            or (dest.size and (int(dest.min()) < 0 or int(dest.max()) >= 2 * head["rows"]))):
+            or (offsets.size and (int(offsets.min()) < 0 or int(offsets.max()) + part > memory_nbytes))
+            or (dest.size and (int(dest.min()) < 0 or int(dest.max()) >= head["parts"] * head["rows"]))):
         raise BadRequest("a request that points outside its block")
     return seq, head, arrays, memoryview(body)[8 * (len(HEADER) + sum(sizes)):]
 

@@ -6,12 +6,12 @@ the ``Prefetcher`` (numpy, blocks.py) and calls ``jax.device_put`` on each while
 on the one before, ``depth`` blocks ahead. ``device_put`` releases the GIL while it copies, so the
 feeder runs beside the learner's Python.
 
-Memory: the feeder waits until a block's copy is done (``block_until_ready``) before it lets go of
-the numpy block, so the prefetcher never reuses host memory a transfer still reads. On the CPU
-backend ``device_put`` may use the numpy memory as the device array's own (no copy); the device
-array then holds a reference to it, and the prefetcher reuses that memory only once the learner has
-dropped the block (prefetch.py recycles by reference count). Either way a block's values never
-change under the learner.
+Memory: the feeder releases each numpy block once its arrays are taken, and lets go of the arrays
+only after their copy is done (``block_until_ready``), so the prefetcher never reuses host memory a
+transfer still reads. On the CPU backend ``device_put`` may use the numpy memory as the device
+array's own (no copy); the device array then holds the numpy array, and its memory is reused only
+once the learner has dropped it (storage/pool.py). Either way a block's values never change under
+the learner.
 
 Errors in the feeder (a closed store, a device out of memory) are raised by the next ``next()``.
 The module imports JAX only when a feeder is made (``import replaystore`` does not).
@@ -21,14 +21,12 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import TYPE_CHECKING, Any, Self
+from typing import Any, Self
 
 from replaystore.errors import ConfigError, SampleError
 from replaystore.feed.blocks import BlockIterator
-from replaystore.feed.prefetch import BLOCKS_IN_USE
-
-if TYPE_CHECKING:
-    from replaystore.store import ReplayStore
+from replaystore.feed.prefetch import BLOCKS_IN_USE, Source
+from replaystore.sampling.samplers import Sampler
 
 _STOP = object()
 
@@ -39,7 +37,7 @@ class DeviceBlocks:
     ``store.update_priorities``); ``close()`` (or leaving a ``with`` block) stops the feeder and the
     prefetcher's workers."""
 
-    def __init__(self, store: ReplayStore, batch_size: int, *, device: Any = None, depth: int = 2,
+    def __init__(self, source: Source, sampler: Sampler, batch_size: int, *, device: Any = None, depth: int = 2,
                  **block_kwargs: Any) -> None:
         try:
             import jax
@@ -50,7 +48,7 @@ class DeviceBlocks:
         self._jax = jax
         self.device = jax.devices()[0] if device is None else device
         # The blocks in the queue and the one being put are held too, besides the learner's.
-        self.blocks = BlockIterator(store, batch_size, held=BLOCKS_IN_USE + depth + 1, **block_kwargs)
+        self.blocks = BlockIterator(source, sampler, batch_size, held=BLOCKS_IN_USE + depth + 1, **block_kwargs)
         self.prefetcher = self.blocks.prefetcher
         self.depth = depth
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
@@ -62,11 +60,12 @@ class DeviceBlocks:
         jax = self._jax
         try:
             while not self._stop.is_set():
-                block = next(self.blocks)
-                index = block.pop("index")  # host bookkeeping (update_priorities): stays a numpy array
-                on_device = jax.block_until_ready(jax.device_put(block, self.device))
+                with next(self.blocks) as block:
+                    host = dict(block)
+                index = host.pop("index")  # host bookkeeping (update_priorities): stays a numpy array
+                on_device = jax.block_until_ready(jax.device_put(host, self.device))
                 on_device["index"] = index
-                del block  # the copy is done: the prefetcher may reuse the memory (unless the device array aliases it)
+                del host  # the copy is done: the memory is reused once no array (a device alias) holds it
                 while not self._stop.is_set():
                     try:
                         self._queue.put(on_device, timeout=0.1)

@@ -12,20 +12,20 @@ available), and the block is cut into batches inside TensorFlow without copying:
   starts on a 64-byte boundary, with no graph function run per batch;
 - no ``tf.data`` prefetch stage: the workers already keep ``prefetch`` batches ready, so the
   consumer's own thread takes a block and slices it, with no hand-over between threads;
-- blocks are recycled once no tensor refers to them (the tensors hold the arrays handed over);
+- blocks are released as soon as their arrays are handed over, and their memory is recycled once no
+  tensor refers to it (the tensors hold the arrays; storage/pool.py);
 - a Python loop's ``next()`` goes through ``BatchIterator``, which skips the stock iterator's
   per-element Python work (re-checking shapes the graph already fixed) that holds the GIL the
   workers need.
 
 docs/design.md ("Feeding a learner") shows the flow, docs/benchmarks.md the figures. Each element is a
-dict with the fields of ``Batch``; ``index`` and ``weight`` ride along so a learner can call
-``store.update_priorities(batch["index"], new_priorities)``.
+dict with the fields of the sampler's batches (``Batch``, or ``SequenceBatch``); ``index`` and
+``weight`` ride along so a learner can call ``store.update_priorities(batch["index"], priorities)``.
 """
 
 from __future__ import annotations
 
 import operator
-from typing import TYPE_CHECKING
 
 import numpy as np
 import tensorflow as tf
@@ -34,48 +34,39 @@ from tensorflow.python.eager import context
 from tensorflow.python.ops import gen_dataset_ops
 
 from replaystore.errors import SampleError
-from replaystore.feed.prefetch import FIELDS, Prefetcher
-
-if TYPE_CHECKING:
-    from replaystore.store import ReplayStore
-
-_DTYPES = {
-    "action": tf.int64, "reward": tf.float32, "terminated": tf.bool, "truncated": tf.bool,
-    "discount": tf.float32, "index": tf.int64, "weight": tf.float32,
-}
+from replaystore.feed.prefetch import Prefetcher, Source
+from replaystore.format.schema import Schema
+from replaystore.sampling.samplers import Sampler
 
 
-def element_spec(store: ReplayStore, batch_size: int, batches: int | None = None) -> dict[str, tf.TensorSpec]:
-    """The ``element_spec`` of ``store.as_dataset(batch_size)``; with ``batches``, that of whole
-    blocks of that many batches (``as_dataset(..., batches_per_call=batches, blocks=True)``)."""
-    lead = (batch_size,) if batches is None else (batches, batch_size)
-    stack = (*lead, store.frame_stack, *store.schema.observation.shape)
-    frame_dtype = tf.as_dtype(np.dtype(store.schema.observation.dtype))
-    spec = {"obs": tf.TensorSpec(stack, frame_dtype, name="obs"), "next_obs": tf.TensorSpec(stack, frame_dtype, name="next_obs")}
-    spec.update({name: tf.TensorSpec(lead, dtype, name=name) for name, dtype in _DTYPES.items()})
-    return spec
+def element_spec(sampler: Sampler, schema: Schema, batch_size: int,
+                 batches: int | None = None) -> dict[str, tf.TensorSpec]:
+    """The ``element_spec`` of ``as_dataset(batch_size)`` with ``sampler`` over a store of ``schema``;
+    with ``batches``, that of whole blocks of that many batches (``blocks=True``)."""
+    lead = () if batches is None else (batches,)
+    return {name: tf.TensorSpec((*lead, *shape), tf.as_dtype(dtype), name=name)
+            for name, (shape, dtype) in sampler.spec(batch_size, schema).items()}
 
 
-def as_dataset(store: ReplayStore, batch_size: int, *, n_step: int = 1, gamma: float = 0.99, prioritized: bool = False,
-               alpha: float = 0.6, beta: float = 0.4, prefetch: int = 4, threads: int = 2, batches_per_call: int = 8,
-               seed: int | None = None, device: str | None = "auto", processes: bool | None = None,
-               blocks: bool = False) -> tf.data.Dataset:
+def as_dataset(source: Source, sampler: Sampler, batch_size: int, *, prefetch: int = 4, threads: int = 2,
+               batches_per_call: int = 8, seed: int | None = None, device: str | None = "auto",
+               processes: bool | None = None, blocks: bool = False) -> tf.data.Dataset:
     """See ``ReplayStore.as_dataset``."""
     if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
         raise SampleError(f"prefetch is {prefetch!r}; it must be a positive int (batches kept ready)")
-    prefetcher = Prefetcher(store, batch_size, batches_per_block=batches_per_call, threads=threads,
-                            depth=max(2, -(-prefetch // batches_per_call) + threads), seed=seed, n_step=n_step,
-                            gamma=gamma, prioritized=prioritized, alpha=alpha, beta=beta, processes=processes)
-    block_spec = element_spec(store, batch_size, batches_per_call)
-    out_types = [block_spec[name].dtype for name in FIELDS]
+    prefetcher = Prefetcher(source, sampler, batch_size, batches_per_block=batches_per_call, threads=threads,
+                            depth=max(2, -(-prefetch // batches_per_call) + threads), seed=seed, processes=processes)
+    block_spec = element_spec(sampler, source.schema, batch_size, batches_per_call)
+    names = list(block_spec)
+    out_types = [block_spec[name].dtype for name in names]
 
     def fetch() -> list[np.ndarray]:
-        block = prefetcher.next_block()
-        return [block[name] for name in FIELDS]
+        with prefetcher.next_block() as block:  # released once handed over: TensorFlow holds the arrays
+            return [block[name] for name in names]
 
     def to_block(_: tf.Tensor) -> dict[str, tf.Tensor]:
         values = tf.numpy_function(fetch, [], out_types, stateful=True, name="replaystore_sample")
-        return {name: tf.ensure_shape(value, block_spec[name].shape) for name, value in zip(FIELDS, values)}
+        return {name: tf.ensure_shape(value, block_spec[name].shape) for name, value in zip(names, values)}
 
     # A plain (sequential) map: the consumer's own thread calls ``fetch`` once per block, and the
     # slices of a block are taken on that same thread; no per-batch function and no hand-over

@@ -2,16 +2,18 @@
 
 The group's ``zarr.json`` carries one attribute, ``replaystore``::
 
-    {"format_version": 1,
-     "schema":  {"observation_space": {...}, "action_space": {...}, "capacity": N, "frame_stack": k},
-     "layout":  {"shard_len": 4096, "obs_chunk_len": 8, "codec": {"name": "zstd", "level": 3}},
-     "state":   {"added": ..., "oldest": ..., "episode_in_progress": ..., "episodes": ..., ...}}
+    {"format_version": 2,
+     "schema":  {"observation_space": {...}, "action_space": {...}, "capacity": N, "frame_stack": k,
+                 "num_streams": M},
+     "layout":  {"shard_len": 4096, "obs_chunk_len": 8, "codec": {"name": "zstd", "level": 3}}}
 
-``state`` is the commit: it is rewritten (atomically) only after the shard bytes it describes are on
-disk. A store of several episode streams (format version 2) has ``schema.num_streams`` and no
-``state`` here: each stream commits its own, in ``streams/<k>/zarr.json`` (``stream_doc``), so
-writers of different streams never rewrite the same file. Everything read back from disk is validated here, so a hostile or truncated ``zarr.json``
-becomes a ``CorruptStoreError`` naming the bad key rather than a crash deep inside numpy.
+Each stream commits its own state in ``streams/<k>/zarr.json`` (``stream_doc``), so writers of
+different streams never rewrite the same file; a store of one stream is a store of streams with one.
+Version 1 (written by earlier replaystores for one stream) kept that one commit as ``"state"`` here,
+with no ``num_streams``; it is still read and appended to (storage/local). Version 3 is a store on
+object storage (storage/objects). Everything read back from disk is validated here, so a hostile or
+truncated ``zarr.json`` becomes a ``CorruptStoreError`` naming the bad key rather than a crash deep
+inside numpy.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ import numpy as np
 
 from replaystore.errors import ConfigError, CorruptStoreError, FormatVersionError
 
-FORMAT_VERSION = 2  # 1: one stream (still written for one stream); 2: streams
+FORMAT_VERSION = 3  # the newest format version written (and the highest read): see the versions below
+ROOT_STATE_VERSION = 1  # one stream, its commit in the root zarr.json (read and appended to, no longer created)
+LOCAL_FORMAT_VERSION = 2  # a store on a file system: a commit per stream under streams/<k>/
 OBJECT_FORMAT_VERSION = 3  # a store on object storage: streams with generation-keyed shard objects
 ATTR_KEY = "replaystore"
 STREAM_ATTR_KEY = "replaystore_stream"
@@ -209,21 +213,21 @@ def slot_count(schema: Schema, layout: Layout) -> int:
     return stream_stride(schema, layout) * schema.num_streams
 
 
-def to_attrs(schema: Schema, layout: Layout, state: State | None, *, objects: bool = False) -> dict[str, Any]:
-    """The ``replaystore`` attribute for a group's ``zarr.json`` (``state`` None for a store of
-    streams: each stream's state is in its own ``stream_doc``; ``objects``: a store on object
-    storage, format version 3, whose streams' states are always their own objects)."""
+def to_attrs(schema: Schema, layout: Layout, version: int) -> dict[str, Any]:
+    """The ``replaystore`` attribute of a new store's root ``zarr.json`` (format ``version`` 2 or 3;
+    each stream's state is in its own ``stream_doc``)."""
     obs = dataclasses.asdict(schema.observation)
     obs["shape"] = list(obs["shape"])
     obs["low"] = _compact_bound(np.asarray(_parse_bound(obs["low"])))
     obs["high"] = _compact_bound(np.asarray(_parse_bound(obs["high"])))
-    attrs: dict[str, Any] = {
-        "format_version": OBJECT_FORMAT_VERSION if objects else 1 if schema.num_streams == 1 else FORMAT_VERSION,
+    return {
+        "format_version": version,
         "schema": {
             "observation_space": {"type": "Box", **obs},
             "action_space": {"type": "Discrete", **dataclasses.asdict(schema.action)},
             "capacity": schema.capacity,
             "frame_stack": schema.frame_stack,
+            "num_streams": schema.num_streams,
         },
         "layout": {
             "shard_len": layout.shard_len,
@@ -231,17 +235,23 @@ def to_attrs(schema: Schema, layout: Layout, state: State | None, *, objects: bo
             "codec": dataclasses.asdict(layout.codec),
         },
     }
-    if schema.num_streams == 1 and not objects:
-        attrs["state"] = dataclasses.asdict(state or State())
-    else:
-        attrs["schema"]["num_streams"] = schema.num_streams
-    return attrs
+
+
+def group_doc(attributes: dict[str, Any]) -> dict[str, Any]:
+    """A zarr v3 group document with these attributes."""
+    return {"zarr_format": 3, "node_type": "group", "consolidated_metadata": None, "attributes": attributes}
+
+
+def with_root_state(doc: dict[str, Any], state: State) -> dict[str, Any]:
+    """A format version 1 root document with its (one stream's) commit replaced by ``state``."""
+    attrs = dict(doc.get("attributes") or {})
+    attrs[ATTR_KEY] = dict(attrs[ATTR_KEY], state=dataclasses.asdict(state))
+    return dict(doc, attributes=attrs)
 
 
 def stream_doc(stream: int, state: State) -> dict[str, Any]:
     """``streams/<k>/zarr.json`` of a store of streams: a zarr group whose attribute is the stream's commit."""
-    return {"zarr_format": 3, "node_type": "group", "consolidated_metadata": None,
-            "attributes": {STREAM_ATTR_KEY: {"stream": stream, "state": dataclasses.asdict(state)}}}
+    return group_doc({STREAM_ATTR_KEY: {"stream": stream, "state": dataclasses.asdict(state)}})
 
 
 def stream_state_from_doc(doc: Any, *, stream: int, path: str) -> State:
@@ -273,8 +283,9 @@ def _get_int(d: Any, key: str, where: str, lo: int, hi: int) -> int:
     return int(value)
 
 
-def from_attrs(attrs: Any, *, path: str) -> tuple[Schema, Layout, State]:
-    """Validate and parse the ``replaystore`` attribute read from ``path``."""
+def from_attrs(attrs: Any, *, path: str) -> tuple[Schema, Layout, int]:
+    """Validate and parse the ``replaystore`` attribute read from ``path``: the schema, the layout
+    and the format version."""
     where = f"{path}/zarr.json attributes"
     if not isinstance(attrs, dict) or ATTR_KEY not in attrs:
         raise CorruptStoreError(f"{path} is a zarr group but not a replay store (no '{ATTR_KEY}' attribute)")
@@ -307,7 +318,7 @@ def from_attrs(attrs: Any, *, path: str) -> tuple[Schema, Layout, State]:
     )
     capacity = _get_int(s, "capacity", f"{where}.schema", 2, MAX_CAPACITY)
     frame_stack = _get_int(s, "frame_stack", f"{where}.schema", 1, 1024)
-    num_streams = 1 if version == 1 else _get_int(s, "num_streams", f"{where}.schema", 1, MAX_STREAMS)
+    num_streams = 1 if version == ROOT_STATE_VERSION else _get_int(s, "num_streams", f"{where}.schema", 1, MAX_STREAMS)
     if capacity % num_streams or capacity // num_streams < 2:
         raise CorruptStoreError(f"{where}.schema.capacity {capacity} does not split into {num_streams} streams")
     if box.frame_bytes * capacity > 2**50:
@@ -327,9 +338,15 @@ def from_attrs(attrs: Any, *, path: str) -> tuple[Schema, Layout, State]:
     )
     if layout.shard_len % layout.obs_chunk_len or layout.shard_len > capacity // num_streams:
         raise CorruptStoreError(f"{where}.layout {layout} does not fit capacity {capacity}")
-    schema = Schema(box, discrete, capacity, frame_stack, num_streams)
-    state = _parse_state(_get(root, "state", dict, where), f"{where}.state") if version == 1 else State()
-    return schema, layout, state
+    if version == ROOT_STATE_VERSION:
+        root_state(attrs, path=path)  # checked now: the store's one commit
+    return Schema(box, discrete, capacity, frame_stack, num_streams), layout, version
+
+
+def root_state(attrs: Any, *, path: str) -> State:
+    """The commit of a format version 1 store, from its root ``zarr.json`` attributes read from ``path``."""
+    where = f"{path}/zarr.json attributes"
+    return _parse_state(_get(_get(attrs, ATTR_KEY, dict, where), "state", dict, where), f"{where}.state")
 
 
 def _parse_state(st: Any, where: str) -> State:

@@ -8,16 +8,13 @@ directly (docs/benchmarks.md, "Layout"). So this module writes the exact bytes z
 them back. The array metadata itself is created by zarr, so any zarr v3 reader opens the arrays;
 the tests read every field back with plain ``zarr.open_group``.
 
-Files are written whole, to a temporary name, fsynced, and renamed into place, so a shard on disk
-is always either the old or the new one, never a torn mix.
+Pure functions of bytes: where they are stored, and how a write becomes durable, is the storage
+backends' business (storage/local, storage/objects).
 """
 
 from __future__ import annotations
 
-import errno
-import os
-import uuid
-from pathlib import Path
+import struct
 from typing import Any
 
 import google_crc32c
@@ -26,13 +23,15 @@ import numpy as np
 import zarr
 from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
 
-from replaystore.errors import ChunkChecksumError, ConfigError, StoreWriteError
-from replaystore.format.schema import CodecSpec
+from replaystore.errors import ChunkChecksumError, ConfigError
+from replaystore.format.schema import SCALAR_FIELDS, CodecSpec, Layout, Schema, slot_count
 
 EMPTY = np.uint64(2**64 - 1)
 INDEX_ENTRY_BYTES = 16
 CRC_BYTES = 4
-PARTIAL_SUFFIX = ".partial"
+#: one index entry: a chunk's (offset, nbytes), ``EMPTY_OFFSET`` for a chunk never written
+INDEX_ENTRY = struct.Struct("<QQ")
+EMPTY_OFFSET = int(EMPTY)
 
 
 def crc32c(buf: bytes | memoryview) -> bytes:
@@ -70,20 +69,13 @@ def validate_codec(codec: CodecSpec) -> None:
             raise ConfigError(f"blosc level is {codec.level}, outside 0..9")
 
 
-def create_array_metadata(
-    root: Path,
-    name: str,
-    *,
-    length: int,
-    item_shape: tuple[int, ...],
-    dtype: str,
-    chunk_len: int,
-    shard_len: int,
-    codec: CodecSpec,
-) -> None:
-    """Write ``root/name/zarr.json`` for a sharded array of ``length`` steps (no data)."""
-    zarr.create_array(  # stored at root/name itself, so zarr writes no group zarr.json (store.py writes it last)
-        str(root / name),
+def array_metadata(*, length: int, item_shape: tuple[int, ...], dtype: str, chunk_len: int, shard_len: int,
+                   codec: CodecSpec) -> bytes:
+    """The ``zarr.json`` of a sharded array of ``length`` steps, as zarr writes it (made by zarr in
+    memory, so any zarr v3 reader opens the arrays; each backend stores it at ``NAME/zarr.json``)."""
+    made: dict[str, Any] = {}
+    zarr.create_array(
+        zarr.storage.MemoryStore(store_dict=made),
         shape=(length, *item_shape),
         dtype=dtype,
         chunks=(chunk_len, *item_shape),
@@ -93,6 +85,20 @@ def create_array_metadata(
         dimension_names=("step", *[f"dim_{i}" for i in range(len(item_shape))]),
         overwrite=True,
     )
+    return bytes(made["zarr.json"].to_bytes())
+
+
+def store_arrays(schema: Schema, layout: Layout) -> dict[str, bytes]:
+    """Each array's ``zarr.json`` for a new store: the frames (``obs``), then every scalar field, all
+    over the same slots (every stream's, laid end to end)."""
+    length = slot_count(schema, layout)
+    box = schema.observation
+    out = {"obs": array_metadata(length=length, item_shape=box.shape, dtype=box.dtype, chunk_len=layout.obs_chunk_len,
+                                 shard_len=layout.shard_len, codec=layout.codec)}
+    for name, dtype in SCALAR_FIELDS.items():
+        out[name] = array_metadata(length=length, item_shape=(), dtype=dtype, chunk_len=layout.shard_len,
+                                   shard_len=layout.shard_len, codec=layout.codec)
+    return out
 
 
 def shard_key(name: str, shard: int, item_ndim: int) -> str:
@@ -193,100 +199,3 @@ def decode_shard(raw: bytes, *, chunk_len: int, n_chunks: int, codec: Any, out: 
         payload = check_chunk(mv[int(off) : int(off) + int(nbytes)], name=name, shard=shard, chunk=c,
                               first_step=shard * n_chunks * chunk_len + c * chunk_len, steps=chunk_len)
         decode_chunk(payload, codec, rows, name=name, shard=shard, chunk=c)
-
-
-def atomic_write(path: Path, data: bytes, *, sync: bool = True, dirs: set[Path] | None = None) -> None:
-    """Write ``data`` to ``path`` via a fsynced temporary file and a rename; ENOSPC gets a clear error.
-
-    The rename is durable once ``path``'s directory is fsynced: with ``dirs``, that directory (and
-    the parent of any directory made for it) is added there for the caller to sync once for many
-    files (``fsync_dirs``); without, it is synced here."""
-    tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}{PARTIAL_SUFFIX}")
-    try:
-        made = _make_parents(path.parent)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
-            if sync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        if sync:
-            todo = {path.parent, *(d.parent for d in made)}
-            if dirs is None:
-                fsync_dirs(todo)
-            else:
-                dirs.update(todo)
-    except OSError as exc:
-        try:
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass
-        if exc.errno == errno.ENOSPC:
-            raise StoreWriteError(
-                errno.ENOSPC,
-                f"disk full while writing {path} ({len(data)} bytes); free space and call flush() again — "
-                "the store on disk is still at its last commit",
-            ) from exc
-        raise StoreWriteError(exc.errno or errno.EIO, f"could not write {path}: {exc}; the store on disk is still at its last commit") from exc
-
-
-def fsync_dir(path: Path) -> None:
-    """fsync a directory so renames inside it survive a power cut. Errors are raised as
-    ``StoreWriteError``, except where the filesystem cannot sync directories at all (EINVAL,
-    ENOTSUP: nothing more can be done there)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError as exc:
-        raise StoreWriteError(exc.errno or errno.EIO, f"could not open {path} to make its files durable: {exc}") from exc
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EBADF):
-            raise StoreWriteError(exc.errno or errno.EIO, f"could not make the files in {path} durable (fsync: "
-                                  f"{exc.strerror}); the store on disk is still at its last commit") from exc
-    finally:
-        os.close(fd)
-
-
-def fsync_dirs(dirs: set[Path]) -> None:
-    """``fsync_dir`` each of ``dirs``, deepest first (a new directory before the one holding it)."""
-    for d in sorted(dirs, key=lambda d: len(d.parts), reverse=True):
-        fsync_dir(d)
-
-
-def _make_parents(directory: Path) -> list[Path]:
-    """Make ``directory`` and its missing parents; returns those it made (their parents need a sync)."""
-    missing = []
-    d = directory
-    while not d.exists():
-        missing.append(d)
-        if d.parent == d:
-            break
-        d = d.parent
-    for d in reversed(missing):
-        try:
-            d.mkdir()
-        except FileExistsError:
-            pass
-    return missing
-
-
-def remove_partials(root: Path, owned: set[str] | None = None) -> int:
-    """Delete temporary files a killed writer left behind; returns how many. With ``owned`` (keys
-    relative to ``root``, such as ``obs/c/3/0/0``), only the temporary files of those keys: other
-    streams' writers may be writing theirs right now."""
-    count = 0
-    for p in root.rglob(f"*{PARTIAL_SUFFIX}"):
-        if owned is not None and str(p.relative_to(root).with_name(p.name.rsplit(".", 2)[0])) not in owned:
-            continue
-        try:
-            p.unlink()
-            count += 1
-        except OSError:
-            pass
-    return count

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,35 +19,33 @@ from replaystore.errors import (
     ConfigError,
     CorruptStoreError,
     InvalidTransitionError,
-    StoreNotFoundError,
 )
-from replaystore.format.schema import SCALAR_FIELDS, Layout, Schema, slot_count
+from replaystore.format.schema import (
+    MAX_CAPACITY,
+    MAX_STREAMS,
+    SCALAR_FIELDS,
+    Layout,
+    Schema,
+    box_from_space,
+    default_layout,
+    discrete_from_space,
+    slot_count,
+)
 from replaystore.format.shards import validate_codec
 
 
-def is_store_dir(path: Path) -> bool:
+def parse_group_doc(raw: bytes, where: str) -> dict[str, Any]:
+    """A store's root ``zarr.json`` (read from ``where``) parsed and checked to be a zarr v3 group."""
     try:
-        doc = json.loads((path / "zarr.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(doc, dict) and doc.get("node_type") == "group"
-
-
-def read_group_doc(path: Path) -> dict[str, Any]:
-    if not path.exists():
-        raise StoreNotFoundError(f"{path} does not exist; create a store with ReplayStore.create({str(path)!r}, ...)")
-    if not (path / "zarr.json").is_file():
-        raise StoreNotFoundError(f"{path} is not a replay store (no zarr.json); check the path or create one with ReplayStore.create")
-    try:
-        doc = json.loads((path / "zarr.json").read_bytes())
-    except (OSError, ValueError) as exc:
-        raise CorruptStoreError(f"{path}/zarr.json is not valid JSON ({exc}); the store's metadata is damaged") from exc
+        doc = json.loads(raw)
+    except ValueError as exc:
+        raise CorruptStoreError(f"{where}/zarr.json is not valid JSON ({exc}); the store's metadata is damaged") from exc
     if not isinstance(doc, dict) or doc.get("zarr_format") != 3 or doc.get("node_type") != "group":
-        raise CorruptStoreError(f"{path}/zarr.json is not a zarr v3 group; this is not a replay store")
+        raise CorruptStoreError(f"{where}/zarr.json is not a zarr v3 group; this is not a replay store")
     return doc
 
 
-def check_obs(schema: Schema, path: Path, value: Any, name: str) -> np.ndarray:
+def check_obs(schema: Schema, path: str | Path, value: Any, name: str) -> np.ndarray:
     arr = np.asarray(value)
     spec = schema.observation
     if arr.shape != spec.shape:
@@ -62,7 +62,7 @@ def check_obs(schema: Schema, path: Path, value: Any, name: str) -> np.ndarray:
         arr = arr.astype(np.dtype(spec.dtype))
     return arr
 
-def check_action(schema: Schema, path: Path, action: Any) -> int:
+def check_action(schema: Schema, path: str | Path, action: Any) -> int:
     spec = schema.action
     a = np.asarray(action)
     if a.shape != () or a.dtype.kind not in "iub":
@@ -92,6 +92,45 @@ def check_flag(flag: Any, name: str) -> bool:
     return bool(f)
 
 
+def new_schema(capacity: Any, observation_space: Any, action_space: Any, frame_stack: Any, num_streams: Any,
+               layout: Layout | None) -> tuple[Schema, Layout]:
+    """The schema and layout of a new store, every argument of ``ReplayStore.create`` checked."""
+    box = box_from_space(observation_space)
+    discrete = discrete_from_space(action_space)
+    if isinstance(capacity, bool) or not isinstance(capacity, numbers.Integral) or not 2 <= capacity <= MAX_CAPACITY:
+        raise ConfigError(f"capacity is {capacity!r}; it must be an int between 2 and {MAX_CAPACITY} steps")
+    if isinstance(frame_stack, bool) or not isinstance(frame_stack, numbers.Integral) or not 1 <= frame_stack <= 1024:
+        raise ConfigError(f"frame_stack is {frame_stack!r}; it must be an int between 1 and 1024 (4 for Atari)")
+    if (isinstance(num_streams, bool) or not isinstance(num_streams, numbers.Integral)
+            or not 1 <= num_streams <= MAX_STREAMS):
+        raise ConfigError(f"num_streams is {num_streams!r}; it must be an int between 1 and {MAX_STREAMS} "
+                          "(one per environment that writes)")
+    n = int(num_streams)
+    if capacity % n:
+        lower, upper = capacity - capacity % n, capacity - capacity % n + n
+        raise ConfigError(f"capacity {capacity} does not split evenly into {n} streams; use a multiple of {n} "
+                          f"such as {lower} or {upper}")
+    layout = layout or default_layout(box.frame_bytes, int(capacity) // n)
+    validate_layout(layout, int(capacity) // n)
+    return Schema(box, discrete, int(capacity), int(frame_stack), n), layout
+
+
+def check_streams(n: int, mode: str, streams: Any, where: str) -> list[int]:
+    """The streams ``ReplayStore.open`` writes, checked: all for mode "a" by default, none for mode "r"."""
+    if streams is None:
+        return list(range(n)) if mode == "a" else []
+    if mode != "a":
+        raise ConfigError("streams= names the streams to write; pass mode='a' with it")
+    picked = [streams] if isinstance(streams, numbers.Integral) else list(streams)
+    for k in picked:
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 0 <= k < n:
+            raise ConfigError(f"streams holds {k!r}, but {where} has streams 0..{n - 1}; pass stream indexes in "
+                              "that range")
+    if not picked or len(set(picked)) != len(picked):
+        raise ConfigError(f"streams is {streams!r}; name each stream to write once, at least one")
+    return sorted(int(k) for k in picked)
+
+
 def validate_layout(layout: Layout, capacity: int) -> None:
     validate_codec(layout.codec)
     if layout.obs_chunk_len < 1 or layout.shard_len < 1 or layout.shard_len % layout.obs_chunk_len:
@@ -106,15 +145,15 @@ def validate_layout(layout: Layout, capacity: int) -> None:
         )
 
 
-def check_arrays(root: Path, schema: Schema, layout: Layout, read: Any = None) -> None:
+def check_arrays(where: str, schema: Schema, layout: Layout, read: Callable[[str], bytes | None]) -> None:
     """The arrays' own zarr.json must describe the layout the group attributes claim (``read(name)``:
-    that document's bytes from elsewhere than ``root/name/zarr.json``, None if missing)."""
+    the bytes of array ``name``'s zarr.json, None if it is missing)."""
     expected = {"obs": (schema.observation.shape, schema.observation.dtype, layout.obs_chunk_len)}
     expected.update({name: ((), dtype, layout.shard_len) for name, dtype in SCALAR_FIELDS.items()})
     for name, (shape, dtype, chunk_len) in expected.items():
-        path = root / name / "zarr.json"
+        path = f"{where}/{name}/zarr.json"
         try:
-            raw = path.read_bytes() if read is None else read(name)
+            raw = read(name)
             if raw is None:
                 raise FileNotFoundError(str(path))
             meta = json.loads(raw)
@@ -132,7 +171,7 @@ def check_arrays(root: Path, schema: Schema, layout: Layout, read: Any = None) -
             )
 
 
-def check_rows(schema: Schema, path: Path, n: int, obs: Any, action: Any, reward: Any, next_obs: Any,
+def check_rows(schema: Schema, path: str | Path, n: int, obs: Any, action: Any, reward: Any, next_obs: Any,
                terminated: Any, truncated: Any) -> tuple[np.ndarray, list[int], list[float], np.ndarray, list[bool],
                                                         list[bool]]:
     """``add_batch``'s arguments checked whole: each with a leading axis of ``n`` (one row per
@@ -177,7 +216,7 @@ def check_rows(schema: Schema, path: Path, n: int, obs: Any, action: Any, reward
     return obs_a, actions, rewards, next_a, flags[0], flags[1]
 
 
-def check_obs_rows(spec: Any, path: Path, arr: np.ndarray, name: str) -> np.ndarray:
+def check_obs_rows(spec: Any, path: str | Path, arr: np.ndarray, name: str) -> np.ndarray:
     """Observation rows in the store's dtype (a safe cast), else an error naming the field."""
     if arr.dtype != np.dtype(spec.dtype):
         if not np.can_cast(arr.dtype, np.dtype(spec.dtype), casting="safe"):

@@ -15,12 +15,15 @@ on its own (one batch's chunks stay in cache between decoding and gathering; K b
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from replaystore.sampling.sampler import n_step_span
-from replaystore.storage.reader import FrameReader, Plan
+from replaystore.sampling.draws import n_step_span
+from replaystore.sampling.pending import Pending
+from replaystore.storage.reader import FrameReader
 from replaystore.storage.rings import Rings
 
 
@@ -46,34 +49,9 @@ class Batch:
         return int(self.index.shape[0])
 
 
-@dataclass(frozen=True)
-class Pending:
-    """A batch whose scalars are read and whose frames are planned but not yet decoded."""
-
-    batch: Batch  # obs/next_obs are empty placeholders
-    plans: list[Plan]  # one per batch
-    frame_stack: int
-    out: tuple[np.ndarray, np.ndarray] | None  # the caller's (batches, n, ...) obs and next_obs arrays, if given
-
-    def finish(self, reader: FrameReader) -> Batch:
-        """Decode the frames. Given an ``out``, the fields hold all K batches (``obs`` and
-        ``next_obs`` are the ``(K, n, ...)`` arrays of ``out``, the others ``(K * n,)``)."""
-        reader.fetch(self.plans)  # chunks missing from the cache, read for all the batches at once
-        frames = [reader.finish(plan) for plan in self.plans]
-        if self.out is None:
-            return replace(self.batch, obs=frames[0][0], next_obs=frames[0][1])
-        return replace(self.batch, obs=self.out[0], next_obs=self.out[1])
-
-
-def assemble(ring: Rings, reader: FrameReader, positions: np.ndarray, *, n_step: int = 1, gamma: float = 0.99,
-             weight: np.ndarray | None = None) -> Batch:
-    """Build the batch for sampleable ``positions`` (as drawn by the sampler), in one go."""
-    return prepare(ring, reader, positions, n_step=n_step, gamma=gamma, weight=weight).finish(reader)
-
-
 def prepare(ring: Rings, reader: FrameReader, positions: np.ndarray, *, n_step: int = 1, gamma: float = 0.99,
-            weight: np.ndarray | None = None, out: tuple[np.ndarray, np.ndarray] | None = None,
-            batches: int = 1) -> Pending:
+            weight: np.ndarray | None = None, out: list[np.ndarray] | None = None, batches: int = 1,
+            result: Callable[..., Any] = Batch) -> Pending:
     """Read everything ``batches`` batches need from the ring and plan their frame reads.
 
     ``positions`` holds the batches one after another. ``out`` (optional with one batch, required
@@ -106,16 +84,13 @@ def prepare(ring: Rings, reader: FrameReader, positions: np.ndarray, *, n_step: 
     if batches > 1 and out is None:
         raise ValueError("prepare(..., batches > 1) needs an out array for the frames")
     outs: list = [None] if out is None else [[out[0][i], out[1][i]] for i in range(batches)]
-    empty = np.empty((0,), dtype=reader.dtype)
-    batch = Batch(
-        obs=empty,
-        action=ring.action[slots].astype(np.int64),
-        reward=reward,
-        next_obs=empty,
-        terminated=terminated,
-        truncated=truncated,
-        discount=discount,
-        index=slots,
-        weight=np.ones(positions.size, dtype=np.float32) if weight is None else weight.astype(np.float32),
-    )
-    return Pending(batch, reader.plan_many(both, outs), ring.frame_stack, out)
+    fields = {
+        "action": ring.action[slots].astype(np.int64),
+        "reward": reward,
+        "terminated": terminated,
+        "truncated": truncated,
+        "discount": discount,
+        "index": slots,
+        "weight": np.ones(positions.size, dtype=np.float32) if weight is None else weight.astype(np.float32),
+    }
+    return Pending(fields, reader.plan_many(both, outs), ("obs", "next_obs"), out, result)

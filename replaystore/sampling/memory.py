@@ -82,18 +82,19 @@ def estimate(schema: Schema, layout: Layout, *, writable: bool | int, cache_byte
     }
 
 
-def prefetch_estimate(schema: Schema, layout: Layout, *, batch_size: int, batches_per_block: int, threads: int,
-                      blocks: int, processes: bool, chunk_payload_bytes: int) -> dict[str, int]:
-    """Bytes of RAM a prefetcher over a store of ``schema`` holds: its frame blocks (shared with the
-    decode processes when there are any, so counted once) and each decode process's own memory.
+def prefetch_estimate(schema: Schema, layout: Layout, *, block_nbytes: int, batches_per_block: int,
+                      frames_per_batch: int, threads: int, blocks: int, processes: bool,
+                      chunk_payload_bytes: int) -> dict[str, int]:
+    """Bytes of RAM a prefetcher over a store of ``schema`` holds: its ``blocks`` frame blocks of
+    ``block_nbytes`` (shared with the decode processes when there are any, so counted once) and each
+    decode process's own memory. ``frames_per_batch`` frames each batch gathers (every frame field's);
     ``chunk_payload_bytes`` is the mean compressed size of a frame chunk (for a request's bytes)."""
     frame = schema.observation.frame_bytes
-    block = 2 * batches_per_block * batch_size * schema.frame_stack * frame
-    chunks_per_batch = 2 * batch_size * schema.frame_stack  # at most: every frame in a chunk of its own
+    chunks_per_batch = frames_per_batch  # at most: every frame in a chunk of its own
     per_process = (DECODE_PROCESS_BASE + chunks_per_batch * layout.obs_chunk_len * frame
                    + batches_per_block * chunks_per_batch * chunk_payload_bytes)
     return {
-        "prefetch_blocks": blocks * block,
+        "prefetch_blocks": blocks * block_nbytes,
         "decode_processes": threads * per_process if processes else 0,
     }
 
@@ -147,7 +148,7 @@ def check_budget(parts: dict[str, int], budget: int | None, *, path: str, adding
     )
 
 
-def check_config(schema: Schema, layout: Layout, root: Path, *, writable: bool | int, cache_bytes: Any,
+def check_config(schema: Schema, layout: Layout, root: str | Path, *, writable: bool | int, cache_bytes: Any,
                   memory_budget: Any, decode_threads: Any) -> None:
     """Validate the RAM knobs of ``create``/``open``, then refuse a configuration over ``memory_budget``."""
     for name, value, low in (("cache_bytes", cache_bytes, 0), ("decode_threads", decode_threads, 1)):

@@ -20,12 +20,39 @@ plus the one before them that gained its successor). ``sync`` recomputes exactly
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
+from replaystore.errors import SampleError
 from replaystore.storage.rings import Rings
 
 #: Priorities are clipped below to this, so every transition keeps a non-zero chance to be replayed.
 MIN_PRIORITY = 1e-6
+
+
+def check_priorities(index: Any, priority: Any, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """``update_priorities``' arguments checked: int64 slots below ``size`` and float64 priorities >= 0."""
+    idx = np.asarray(index)
+    prio = np.asarray(priority)
+    if idx.ndim != 1 or idx.dtype.kind not in "iu":
+        raise SampleError(f"index must be a 1-D integer array such as batch.index, got {idx.dtype} of shape {idx.shape}")
+    if prio.shape != idx.shape or prio.dtype.kind not in "iuf":
+        raise SampleError(f"priority must be a numeric array of shape {idx.shape} (one per index), got {prio.dtype} "
+                          f"of shape {prio.shape}")
+    if idx.size and (idx.min() < 0 or idx.max() >= size):
+        raise SampleError(f"index holds slots outside 0..{size - 1}; pass batch.index from this store")
+    if prio.size and not (np.all(np.isfinite(prio)) and prio.min() >= 0):
+        raise SampleError("priorities must be finite and >= 0 (use |td_error| + a small epsilon)")
+    return idx.astype(np.int64), prio.astype(np.float64)
+
+
+def check_slots(index: Any, size: int) -> np.ndarray:
+    """``index`` checked to hold slots of the store (``0 .. size - 1``), such as ``batch.index``."""
+    idx = np.asarray(index)
+    if idx.dtype.kind not in "iu" or (idx.size and (idx.min() < 0 or idx.max() >= size)):
+        raise SampleError(f"index must hold integer slots in 0..{size - 1}, such as batch.index from this store")
+    return idx
 
 
 class SumTree:
@@ -96,16 +123,26 @@ class SumTree:
 
 
 class Priorities:
-    """The sum tree kept in step with the streams' priorities and sampleable bitmaps."""
+    """The prioritized sampler's state: the sum tree, kept in step with the streams' priorities (the
+    ``priority`` field every writer saves with the store) and sampleable bitmaps, and the largest
+    priority seen, which new transitions are written with (``rings.new_priority``)."""
 
     def __init__(self, rings: Rings) -> None:
         self.rings = rings
         self.tree: SumTree | None = None
         self.alpha = 0.0
-        self.max_priority = 1.0
         goods = [self.adopt(k) for k in range(rings.num_streams)]
         self.max_priority = max((g for g in goods if g is not None), default=1.0)
         self._seen = [(r.lo, r.added) for r in rings.streams]
+
+    @property
+    def max_priority(self) -> float:
+        """The largest priority seen (1.0 in a new store): what a new transition gets."""
+        return self.rings.new_priority
+
+    @max_priority.setter
+    def max_priority(self, value: float) -> None:
+        self.rings.new_priority = value
 
     def adopt(self, k: int, start: int | None = None) -> float | None:
         """Check stream ``k``'s priorities read from disk (from position ``start`` on; default: its

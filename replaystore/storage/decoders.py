@@ -2,24 +2,21 @@
 per-chunk overhead.
 
 A zstd chunk that zarr (and numcodecs) wrote is a standard zstd frame that records its content size.
-``numcodecs.Zstd.decode`` sets up a fresh decompression context for every call, which costs more than
-decoding an 8-frame chunk; a reused ``zstandard.ZstdDecompressor`` skips that and releases the GIL
-while it works. Contexts are not thread-safe, so each thread keeps its own.
-
-Where the system has libzstd (``ctypes.util.find_library("zstd")``, e.g. Debian's libzstd1), a
-batch's chunks are decoded by ``ZSTD_decompressDCtx`` through ctypes straight into the decode area:
+Where the system has libzstd (``ctypes.util.find_library("zstd")``, e.g. Debian's libzstd1; libzstd.py),
+a batch's chunks are decoded by ``ZSTD_decompressDCtx`` through ctypes straight into the decode area,
+with a decompression context reused per thread (contexts are not thread-safe):
 no bytes object per chunk and no copy out of it. And since libzstd decodes concatenated frames back
 to back, the batch's payloads are joined and decoded by *one* call, which releases the GIL once per
 batch instead of once per chunk: that is what lets a second sampling thread help (docs/benchmarks.md,
 "Decoding chunks"). Only payloads whose zstd header declares exactly one chunk's size are joined
 (``declares_chunk``; zarr, numcodecs and replaystore always write it), and zstd checks every frame's
 decoded size against its header, so one bad frame cannot shift the others; if the joined call fails
-the chunks are decoded one by one to name the bad one. Without libzstd the ``zstandard`` path is
-used, chunk by chunk; both paths are tested.
+the chunks are decoded one by one to name the bad one. Without libzstd, numcodecs (zarr's own codec
+library, which also encodes every chunk) decodes chunk by chunk; both paths are tested.
 
-Blosc chunks are decoded by numcodecs (blosc keeps its own contexts). Either way the result is
-written into a caller-owned, reused buffer, and a chunk that does not decode (or decodes to the
-wrong size) raises ``ChunkChecksumError`` naming it.
+Blosc chunks are decoded by numcodecs. Either way the result is written into a caller-owned, reused
+buffer of exactly one chunk, and a chunk that does not decode, or whose frame declares any other
+size, raises ``ChunkChecksumError`` naming it.
 """
 
 from __future__ import annotations
@@ -28,12 +25,11 @@ import threading
 from typing import Any
 
 import numpy as np
-import zstandard
 
 from replaystore.errors import ChunkChecksumError
-from replaystore.feed.decodeworker import load_libzstd
 from replaystore.format.schema import CodecSpec
 from replaystore.format.shards import numcodecs_codec
+from replaystore.storage.libzstd import load_libzstd
 
 LIBZSTD = load_libzstd()
 
@@ -55,18 +51,16 @@ class ChunkDecoder:
     def __init__(self, codec: CodecSpec) -> None:
         self.spec = codec
         self._local = threading.local()
-        self._numcodecs = None if codec.name == "zstd" else numcodecs_codec(codec)
+        self._zstd = codec.name == "zstd"
+        self._numcodecs = numcodecs_codec(codec)
+        self._libzstd = LIBZSTD is not None and self._zstd
 
     def decode(self, payload: Any, out: np.ndarray, *, name: str, shard: int, chunk: int) -> None:
         try:
-            if self._numcodecs is not None:
-                self._numcodecs.decode(payload, out=out)
-                return
-            raw = self._context().decompress(payload)
-            if len(raw) != out.nbytes:
-                raise ValueError(f"decoded to {len(raw)} bytes, expected {out.nbytes}")
-            out.reshape(-1).view(np.uint8)[:] = np.frombuffer(raw, dtype=np.uint8)
-        except Exception as exc:  # zstd/numcodecs raise ZstdError, RuntimeError or ValueError for bad frames
+            if self._zstd and (size := declared_size(payload)) is not None and size != out.nbytes:
+                raise ValueError(f"its frame declares {size} bytes, a chunk has {out.nbytes}")
+            self._numcodecs.decode(payload, out=out.reshape(-1).view(np.uint8))
+        except Exception as exc:  # numcodecs raises RuntimeError or ValueError for bad frames
             raise ChunkChecksumError(
                 f"chunk {chunk} of shard {shard} of '{name}' passed its checksum but does not decompress ({exc}); "
                 "the store is damaged: run `replaystore verify`",
@@ -86,13 +80,9 @@ class ChunkDecoder:
         frame cannot shift its neighbours; on any failure the chunks are decoded one by one, which
         names the bad one.
         """
-        if self._numcodecs is not None:
-            for i in range(start, stop):
-                self._decode_one(ids[i], payloads[i], area[i], name, chunks_per_shard)
-            return
         flat = area.reshape(area.shape[0], -1).view(np.uint8)
         nbytes = flat.shape[1]
-        if LIBZSTD is not None and flat.flags.c_contiguous:
+        if self._libzstd and flat.flags.c_contiguous:
             dctx = self._dctx()
             base = flat.ctypes.data
             decompress_into = LIBZSTD.ZSTD_decompressDCtx
@@ -108,25 +98,13 @@ class ChunkDecoder:
                 elif decompress_into(dctx, base + i * nbytes, nbytes, payload, len(payload)) != nbytes:
                     self._decode_one(ids[i], payload, area[i], name, chunks_per_shard)  # raises, naming the chunk
             return
-        decompress = self._context().decompress
         for i in range(start, stop):
-            payload = payloads[i]
-            try:
-                raw = decompress(payload) if payload is not None else None
-                if raw is not None and len(raw) != nbytes:
-                    raise ValueError(f"decoded to {len(raw)} bytes, expected {nbytes}")
-            except Exception:
-                self._decode_one(ids[i], payload, area[i], name, chunks_per_shard)  # raises, naming the chunk
-                raise
-            if raw is None:
-                flat[i] = 0
-            else:
-                flat[i] = np.frombuffer(raw, dtype=np.uint8)
+            self._decode_one(ids[i], payloads[i], area[i], name, chunks_per_shard)
 
     @property
     def joinable(self) -> bool:
         """Whether ``decode_many`` can decode joined payloads in one call (zstd through libzstd)."""
-        return LIBZSTD is not None and self._numcodecs is None
+        return self._libzstd
 
     def declares_chunk(self, payload: bytes, nbytes: int) -> bool:
         """Whether ``payload`` is a zstd frame whose header declares ``nbytes`` of content, so that it
@@ -149,12 +127,6 @@ class ChunkDecoder:
         if ctx is None:
             ctx = self._local.dctx = _DCtx()
         return ctx.ptr
-
-    def _context(self) -> zstandard.ZstdDecompressor:
-        ctx = getattr(self._local, "ctx", None)
-        if ctx is None:
-            ctx = self._local.ctx = zstandard.ZstdDecompressor()
-        return ctx
 
 
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"

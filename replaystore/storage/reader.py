@@ -24,30 +24,28 @@ Why compressed bytes and not decoded chunks: a decoded-chunk LRU barely helps un
 caching compressed chunks (bounded by ``cache_bytes``, first in first out) and decoding on demand
 keeps every read in RAM.
 
-Where the bytes come from (open shard files, their indexes, snapshots for readers in other
-processes) is shardfiles.py; on object storage, objectshards.py (ranged GETs; and on the first
-miss, the whole view read into the cache when it fits, warm.py).
+Where the bytes come from is the backend's ``FrameShards`` (storage/backend.py): open shard files
+and their indexes on a file system (local/files.py), ranged GETs on object storage
+(objects/shards.py; there, the first miss reads the whole view into the cache when it fits, warm.py).
 """
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import accumulate
 from operator import itemgetter
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from replaystore.format.schema import Layout, Schema, slot_count
+from replaystore.format.schema import Layout, Schema
+from replaystore.storage.backend import FrameShards
 from replaystore.storage.chunkcache import ChunkCache
 from replaystore.storage.chunkread import ChunkRead
 from replaystore.storage.decoders import ChunkDecoder, declared_size
-from replaystore.storage.shardfiles import ShardFiles
+from replaystore.storage.pool import MemoryPool
 from replaystore.storage.warm import warm, warm_on_first_miss
 
 #: Below this many chunks a batch is decoded on the calling thread alone (pool overhead ~20 us).
@@ -79,15 +77,15 @@ class Plan:
 class FrameReader:
     """Reads frames by position from the ``obs`` array's shards, with a compressed-chunk cache."""
 
-    def __init__(self, root: Path, schema: Schema, layout: Layout, *, cache_bytes: int,
+    def __init__(self, files: FrameShards, schema: Schema, layout: Layout, *, cache_bytes: int,
                  live_regions: LiveRegions | None = None, decode_threads: int = 1,
-                 slots_of: Callable[[np.ndarray], np.ndarray] | None = None, bucket: Any = None) -> None:
-        """``slots_of`` maps the positions given to ``plan`` to slots of the arrays (default:
-        ``positions % capacity``, one stream; a store of streams passes ``Rings.slots``).
-        ``bucket``: the store's ``objects.Bucket`` when it is on object storage (objectshards.py)."""
-        self.root = root
-        self.capacity = slot_count(schema, layout)
-        self.slots_of = slots_of if slots_of is not None else self._one_stream_slots
+                 slots_of: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
+        """``files``: where the chunks' bytes come from (the backend's). ``slots_of`` maps the
+        positions given to ``plan`` to slots of the arrays (the store passes ``Rings.slots``; by
+        default positions are slots)."""
+        self.files = files
+        self.capacity = files.capacity
+        self.slots_of = slots_of if slots_of is not None else _identity
         self.shape = schema.observation.shape
         self.dtype = np.dtype(schema.observation.dtype)
         self.chunk_len = layout.obs_chunk_len
@@ -97,20 +95,14 @@ class FrameReader:
         self.cache_bytes = cache_bytes
         self.live_regions = live_regions
         self.decode_threads = max(1, int(decode_threads))
-        where = dict(ndim=len(self.shape), capacity=self.capacity, shard_len=self.shard_len, chunk_len=self.chunk_len)
-        if bucket is not None:
-            from replaystore.storage.objectshards import ObjectShards
-
-            self.files: ShardFiles = ObjectShards(bucket, **where)
-        else:
-            self.files = ShardFiles(root, **where)
-        #: object storage: held until the first miss has read the view whole (``warm_on_first_miss``)
-        self._first_miss = threading.Lock() if bucket is not None else None
+        #: held until the first miss has read the view whole, where that pays (``warm_on_first_miss``)
+        self.first_miss: threading.Lock | None = threading.Lock() if files.warm_on_first_miss else None
         self.cache = ChunkCache(n_shards=-(-self.capacity // self.shard_len), chunks_per_shard=self.chunks_per_shard,
                                 cache_bytes=cache_bytes)
-        self._odd: set[int] = set()  # chunk ids seen whose payload cannot be decoded joined (see ChunkDecoder)
-        self._chunk_nbytes = self.chunk_len * int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
-        self._joinable = self.decoder.joinable
+        self.odd: set[int] = set()  # chunk ids seen whose payload cannot be decoded joined (see ChunkDecoder)
+        self.frame_nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        self.chunk_nbytes = self.chunk_len * self.frame_nbytes
+        self.joinable = self.decoder.joinable
         self._local = threading.local()  # per-thread decode area
         self._pool: ThreadPoolExecutor | None = None
         self.hits = 0
@@ -118,9 +110,6 @@ class FrameReader:
 
     # ---------------------------------------------------------------------------------------------
     # Public
-
-    def _one_stream_slots(self, positions: np.ndarray) -> np.ndarray:
-        return positions % self.capacity
 
     @property
     def bytes_held(self) -> int:
@@ -142,7 +131,7 @@ class FrameReader:
         sizes = [size for shard in range(min(8, len(self.cache.generation))) if (size := self.files.file_bytes(shard))]
         if sizes:
             return max(1, sum(sizes) // (len(sizes) * self.chunks_per_shard))
-        return self._chunk_nbytes
+        return self.chunk_nbytes
 
     def gather(self, positions: np.ndarray) -> np.ndarray:
         """Frames at ``positions`` (any shape of int64 positions) as ``(*positions.shape, *obs_shape)``.
@@ -212,8 +201,8 @@ class FrameReader:
             self.misses += len(misses)
             wanted = list(dict.fromkeys(ids[i] for i in misses))
             located = dict(zip(wanted, self.files.locate(wanted, self.cache.generation)))
-        joinable = self._joinable and not misses and None not in found and (
-            not self._odd or self._odd.isdisjoint(ids))
+        joinable = self.joinable and not misses and None not in found and (
+            not self.odd or self.odd.isdisjoint(ids))
         cuts = list(accumulate(counts, initial=0))
         plans = []
         for i in range(k):
@@ -221,7 +210,7 @@ class FrameReader:
             mine_ids, mine = ids[a:b], found[a:b]
             reads = [(j, r) for j, cid in enumerate(mine_ids)
                      if mine[j] is None and (r := located.get(cid)) is not None] if located else []
-            as_one = not reads and (joinable or (self._joinable and None not in mine and self._odd.isdisjoint(mine_ids)))
+            as_one = not reads and (joinable or (self.joinable and None not in mine and self.odd.isdisjoint(mine_ids)))
             plans.append(Plan(parts[i], bounds[i], rows[i], which[cuts[i]:cuts[i + 1]], offset[cuts[i]:cuts[i + 1]],
                               mine_ids, mine, shape, as_one, single=not isinstance(outs[i], list), reads=reads))
         return plans
@@ -233,16 +222,16 @@ class FrameReader:
         if not todo:
             return
         reads = list(todo.values())
-        if self._first_miss is not None:
+        if self.first_miss is not None:
             warm_on_first_miss(self)
         by_id, generation, per_shard = self.cache.by_id, self.cache.generation, self.chunks_per_shard
         cached = [r for r in reads if (payload := by_id[r.cid]) is not None  # cached since it was planned
                   and generation[r.cid // per_shard] == r.generation and setattr(r, "payload", payload) is None]
         if cached:  # (the payload read before the generation: one of a newer file never passes)
-            self.files.read_none(cached)
+            self.files.release(cached)
         self.files.read(reads)
-        if self._joinable:
-            size, odd = self._chunk_nbytes, self._odd
+        if self.joinable:
+            size, odd = self.chunk_nbytes, self.odd
             for r in reads:
                 if declared_size(r.payload) != size:
                     odd.add(r.cid)
@@ -251,7 +240,7 @@ class FrameReader:
             for j, r in plan.reads:
                 plan.payloads[j] = r.payload
             plan.reads = []
-            plan.as_one = self._joinable and None not in plan.payloads and self._odd.isdisjoint(plan.ids)
+            plan.as_one = self.joinable and None not in plan.payloads and self.odd.isdisjoint(plan.ids)
 
     def finish(self, plan: Plan) -> np.ndarray | list[np.ndarray]:
         """Phase 2 (no lock needed): decode the planned chunks and gather the frames. Returns the
@@ -294,17 +283,17 @@ class FrameReader:
         checked; warm.py), stopping when the cache is full; returns the bytes added."""
         return warm(self, shards)
 
-    def snapshot(self) -> bool:
-        """Keep every shard file open from now on (``ShardFiles.snapshot``)."""
-        return self.files.snapshot()
+    def keep(self) -> bool:
+        """Keep the frame shards of this view readable from now on (``FrameShards.keep``)."""
+        return self.files.keep()
 
     def invalidate(self, shard: int) -> None:
         """Forget everything cached about ``shard`` (the writer just rewrote it)."""
-        self.files.drop(shard)
+        self.files.forget(shard)
         first = shard * self.chunks_per_shard
         self.cache.invalidate(shard)  # chunks of the old file being read now stay out of the cache
-        if self._odd:
-            self._odd.difference_update(range(first, first + self.chunks_per_shard))
+        if self.odd:
+            self.odd.difference_update(range(first, first + self.chunks_per_shard))
 
     def close(self) -> None:
         if self._pool is not None:
@@ -329,24 +318,14 @@ class FrameReader:
         return area
 
     def _output(self, n: int) -> np.ndarray:
-        """A ``(n, *obs_shape)`` array for a batch's frames, recycled once no batch uses it any more.
-
-        A fresh 1-2 MB block per batch costs more in page faults than decoding the batch whenever the
-        previous batch is still alive (a prefetch queue, a training step). So each thread keeps a few blocks and hands one out again only when nothing refers to
-        it (its reference count shows only the pool's own references).
-        """
+        """A ``(n, *obs_shape)`` array for a batch's frames, from this thread's pool of recycled
+        memory (pool.py: handed out again only once no array of it is left), since a fresh 1-2 MB
+        block per batch costs more in page faults than decoding the batch."""
         pool = getattr(self._local, "outputs", None)
         if pool is None:
-            pool = self._local.outputs = []
-        for i in range(len(pool)):
-            if sys.getrefcount(pool[i]) == 2 and pool[i].shape[0] >= n:  # the list's reference and the call's
-                return pool[i][:n]
-        block = np.empty((max(n, 256), *self.shape), dtype=self.dtype)
-        if len(pool) < OUTPUT_POOL:
-            pool.append(block)
-        else:  # every pooled block is in use: replace the smallest, the caller's batches keep theirs
-            pool[int(np.argmin([b.shape[0] for b in pool]))] = block
-        return block[:n]
+            pool = self._local.outputs = MemoryPool(OUTPUT_POOL)
+        root, _ = pool.take(max(n, 256) * self.frame_nbytes)
+        return root[: n * self.frame_nbytes].view(self.dtype).reshape(n, *self.shape)
 
     def _check_out(self, out: np.ndarray | list[np.ndarray], shape: tuple[int, ...]) -> list[np.ndarray]:
         """``plan``'s ``out`` as flat ``(n_i, *obs_shape)`` parts (views: nothing is copied)."""
@@ -372,10 +351,9 @@ class FrameReader:
         self.decoder.decode_many(plan.ids, plan.payloads, area, start, stop, name="obs",
                                  chunks_per_shard=self.chunks_per_shard, as_one=plan.as_one)
 
-    def _admit(self, cid: int, payload: bytes | None) -> None:
-        """Note a chunk whose payload cannot be decoded joined with others (see ``Plan.as_one``)."""
-        if payload is not None and self._joinable and not self.decoder.declares_chunk(payload, self._chunk_nbytes):
-            self._odd.add(cid)
+
+def _identity(positions: np.ndarray) -> np.ndarray:
+    return positions
 
 
 def _scatter(parts: list[np.ndarray], bounds: list[int], rows: np.ndarray, values: np.ndarray) -> None:

@@ -40,6 +40,14 @@ def name_fields(obj: Ring | Rings) -> None:
 class Ring:
     """Per-slot scalars of ``capacity`` steps, the live range and the sampleable bitmap."""
 
+    action: np.ndarray
+    reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    is_last: np.ndarray
+    ep_step: np.ndarray
+    priority: np.ndarray
+
     def __init__(self, capacity: int, frame_stack: int, shard_len: int, *,
                  fields: dict[str, np.ndarray] | None = None, valid: np.ndarray | None = None) -> None:
         """``fields`` and ``valid``: arrays of ``capacity`` to use (a stream's views of a store's

@@ -28,6 +28,14 @@ MASK = (1 << SHIFT) - 1
 class Rings:
     """The store's scalar arrays (``size`` slots) and one ``Ring`` view per stream."""
 
+    action: np.ndarray
+    reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    is_last: np.ndarray
+    ep_step: np.ndarray
+    priority: np.ndarray
+
     def __init__(self, num_streams: int, stream_capacity: int, stride: int, frame_stack: int, shard_len: int) -> None:
         self.num_streams = num_streams
         self.stream_capacity = stream_capacity
@@ -37,6 +45,9 @@ class Rings:
         self.shard_len = shard_len
         self.fields: dict[str, np.ndarray] = {name: np.zeros(self.size, dtype=dtype) for name, dtype in SCALAR_FIELDS.items()}
         self.valid = np.zeros(self.size, dtype=bool)
+        #: the priority a new transition is written with (the prioritized sampler raises it to the
+        #: largest priority it has seen, so a new transition is drawn at least as often as any other)
+        self.new_priority = 1.0
         self.streams: list[Ring] = []
         for k in range(num_streams):
             region = slice(k * stride, k * stride + stream_capacity)

@@ -9,16 +9,18 @@ its first cache miss, when the view fits the cache (``warm_on_first_miss``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import google_crc32c
 
-from replaystore.format.shards import CRC_BYTES, EMPTY
+from replaystore.format.shards import CRC_BYTES, EMPTY_OFFSET
 from replaystore.storage.decoders import declared_size
+
+if TYPE_CHECKING:
+    from replaystore.storage.reader import FrameReader
 
 #: Shards read at once (on object storage: GETs in flight; ~16 MB of a 1M-step Atari store).
 GROUP = 64
-_EMPTY = int(EMPTY)
 crc = google_crc32c.value
 
 
@@ -31,12 +33,12 @@ class _Loaded:
         self.cid, self.generation, self.payload = cid, generation, payload
 
 
-def warm(reader: Any, shards: range | list[int]) -> int:
+def warm(reader: FrameReader, shards: range | list[int]) -> int:
     """Read ``shards`` of ``reader`` (a ``FrameReader``) whole into its cache, ``GROUP`` at a time,
     until the cache is full; returns the compressed bytes added."""
     cache, per_shard, files = reader.cache, reader.chunks_per_shard, reader.files
-    size, odd = reader._chunk_nbytes, reader._odd  # chunks that cannot be decoded joined (reader.py)
-    joinable = reader._joinable
+    size, odd = reader.chunk_nbytes, reader.odd  # chunks that cannot be decoded joined (reader.py)
+    joinable = reader.joinable
     shards = list(shards)
     added = 0
     for at in range(0, len(shards), GROUP):
@@ -53,7 +55,7 @@ def warm(reader: Any, shards: range | list[int]) -> int:
             raw, index = got
             for chunk, (off, nbytes) in enumerate(index):
                 cid = shard * per_shard + chunk
-                if off == _EMPTY or cache.by_id[cid] is not None:
+                if off == EMPTY_OFFSET or cache.by_id[cid] is not None:
                     continue
                 room -= nbytes
                 if room < 0:
@@ -76,20 +78,20 @@ def warm(reader: Any, shards: range | list[int]) -> int:
     return added
 
 
-def warm_on_first_miss(reader: Any) -> None:
+def warm_on_first_miss(reader: FrameReader) -> None:
     """On object storage, the first read of a chunk ``reader``'s cache misses reads the whole view
     into the cache first, if it fits (``warm``: one GET per shard object, ``GROUP`` in flight): a
     request's latency is most of its cost there, so filling the cache miss by miss would take many
     times as long as reading the store once. Other threads' reads wait for it."""
-    lock = reader._first_miss
+    lock = reader.first_miss
     if lock is None:
         return
     with lock:
-        if reader._first_miss is None:
+        if reader.first_miss is None:
             return
         try:
             room = reader.cache_bytes - reader.cache.held
             if room > 0 and reader.files.stored_bytes() <= room:
                 warm(reader, range(len(reader.cache.generation)))
         finally:
-            reader._first_miss = None
+            reader.first_miss = None

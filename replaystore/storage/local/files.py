@@ -1,6 +1,5 @@
-"""The frame array's shard files as the read path sees them: each chunk's verified compressed bytes,
-read through descriptors kept open with their parsed shard index: where a chunk's bytes come from,
-apart from what the reader does with them.
+"""The frame array's shard files as the read path sees them (``FrameShards`` of a local store): each
+chunk's verified compressed bytes, read through descriptors kept open with their parsed shard index.
 
 A shard's index is read once, when its file is opened, and kept with the open descriptor; a chunk is
 then one ``pread``, checked against its crc32c. At most ``max_open`` files stay open (least
@@ -15,7 +14,7 @@ was planned on: never a shard newer than the commit the batch was planned at.
 Consistency for readers in other processes: the index and the chunk bytes of a shard always come
 from the same open file (a rewritten shard is a new file renamed over the old, so an open descriptor
 keeps the old, whole version). The writing process drops a shard's descriptor whenever it rewrites
-it (``drop``). A read-only store calls ``snapshot()`` when it opens: every frame shard file is opened
+it (``forget``). A read-only store calls ``keep()`` when it opens: every frame shard file is opened
 then and kept open, so however far a writer in another process moves on (and wraps the ring), the
 reader keeps reading the files of the commit it opened at (up to ``snapshot_limit()`` shards: a
 quarter of the process's descriptor limit, at most 4,096, 16M steps at the default layout; a bigger
@@ -40,49 +39,42 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import struct
 import threading
 from collections import OrderedDict
 from pathlib import Path
 
-import google_crc32c
-
 from replaystore.errors import ChunkChecksumError, TooManyOpenFilesError
 from replaystore.format.shards import (
     CRC_BYTES,
-    EMPTY,
+    EMPTY_OFFSET,
+    INDEX_ENTRY,
     INDEX_ENTRY_BYTES,
-    check_chunk,
     parse_index,
     shard_key,
 )
-from replaystore.storage.chunkread import ChunkRead, ShardHandle
-from replaystore.storage.deferred import DeferredReads
+from replaystore.storage.backend import FRAMES, FrameShards, Whole
+from replaystore.storage.chunkread import ChunkRead
+from replaystore.storage.local.deferred import DeferredReads, Identity, ShardHandle
 
 log = logging.getLogger(__name__)
 
 MAX_OPEN_SHARDS = 128
 SNAPSHOT_MAX_SHARDS = 4096  # file descriptors a read-only store may keep open, at most (a 16M-step Atari store)
-NAME = "obs"
+NAME = FRAMES
 
 
-class ShardFiles(DeferredReads):
-    """Verified chunk bytes of the ``obs`` array's shards under ``root``."""
+class ShardFiles(DeferredReads, FrameShards):
+    """Verified chunk bytes of the ``obs`` array's shard files under ``root``."""
 
     def __init__(self, root: Path, *, ndim: int, capacity: int, shard_len: int, chunk_len: int) -> None:
+        FrameShards.__init__(self, ndim=ndim, capacity=capacity, shard_len=shard_len, chunk_len=chunk_len)
         self.root = root
-        self.ndim = ndim  # dimensions of one frame (the shard file names carry one 0 per dimension)
-        self.capacity = capacity
-        self.shard_len = shard_len
-        self.chunk_len = chunk_len
-        self.chunks_per_shard = shard_len // chunk_len
         self.max_open = lazy_limit()
-        self._tail = self.chunks_per_shard * INDEX_ENTRY_BYTES + CRC_BYTES
         self._handles: OrderedDict[int, ShardHandle] = OrderedDict()
         self._pins = threading.RLock()  # guards pins, retired and closing (reads finish outside the store's lock)
         # shard -> (the file's identity, its index): a shard file reopened unchanged (a store with more
         # shards than open files) skips reading and checking its index again; 16 bytes a chunk
-        self._indexes: dict[int, tuple[tuple[int, int, int, int], bytes]] = {}
+        self._indexes: dict[int, tuple[Identity, bytes]] = {}
         self._deferred: dict[int, set[ChunkRead]] = {}  # shard -> reads located but not opened yet
         self._paths: dict[int, str] = {}
         self._fds = 0  # descriptors open now: handles in ``_handles`` and retired ones still pinned
@@ -100,7 +92,7 @@ class ShardFiles(DeferredReads):
         (see the module docstring), so that no plan, however many shards it spans, holds more than
         ``max_open`` descriptors."""
         out: list[ChunkRead | None] = []
-        per_shard, handles, entry = self.chunks_per_shard, self._handles, _ENTRY.unpack_from
+        per_shard, handles, entry = self.chunks_per_shard, self._handles, INDEX_ENTRY.unpack_from
         with self._pins:  # each handle pinned as soon as it is taken: opening the next may evict it
             for cid in cids:
                 shard, chunk = divmod(cid, per_shard)
@@ -114,9 +106,9 @@ class ShardFiles(DeferredReads):
                     index, limit = handle.index, handle.size
                 else:
                     seen = self._indexes.get(shard) or self._learn(shard)
-                    index, limit = seen[1], seen[0][3] - self._tail
+                    index, limit = seen[1], seen[0][3] - self.tail
                 off, nbytes = entry(index, INDEX_ENTRY_BYTES * chunk)
-                if off == _EMPTY:
+                if off == EMPTY_OFFSET:
                     out.append(None)
                     continue
                 if off + nbytes > limit or nbytes < CRC_BYTES:
@@ -127,7 +119,8 @@ class ShardFiles(DeferredReads):
                         array=NAME, shard=shard, chunk=chunk,
                     )
                 if handle is None:
-                    r = ChunkRead(cid, None, off, nbytes, generations[shard], seen[0])  # type: ignore[index]
+                    assert seen is not None
+                    r = ChunkRead(cid, None, off, nbytes, generations[shard], seen[0])
                     self._deferred.setdefault(shard, set()).add(r)
                 else:
                     r = ChunkRead(cid, handle, off, nbytes, generations[shard])
@@ -148,29 +141,23 @@ class ShardFiles(DeferredReads):
                 return
             ready = [r for r in reads if r.identity is None]
             self._read_open(ready)
-            self.read_none(ready)  # their files are free to be closed before the deferred ones are opened
+            self.release(ready)  # their files are free to be closed before the deferred ones are opened
             self._read_deferred(later)
         finally:
-            self.read_none(reads)  # every read done (or given up after an error): unpin, at once
+            self.release(reads)  # every read done (or given up after an error): unpin, at once
 
     def _read_open(self, reads: list[ChunkRead]) -> None:
         if len(reads) > 1 and _WILLNEED is not None:  # the kernel reads all of them in parallel
             for r in reads:
                 try:
-                    _fadvise(r.handle.fd, r.offset, r.nbytes, _WILLNEED)  # type: ignore[union-attr]
+                    _fadvise(r.handle.fd, r.offset, r.nbytes, _WILLNEED)
                 except OSError:
                     break
+        check = self.check
         for r in reads:
-            self._take(r, _pread(r.handle.fd, r.nbytes, r.offset))  # type: ignore[union-attr]
+            r.take(_pread(r.handle.fd, r.nbytes, r.offset), check)
 
-    def _take(self, r: ChunkRead, raw: bytes) -> None:
-        """Check ``raw`` (``r``'s stored bytes) and keep its payload in ``r``."""
-        payload = raw[:-CRC_BYTES]
-        if len(raw) != r.nbytes or _crc_value(payload) != int.from_bytes(raw[-CRC_BYTES:], "little"):
-            self.check(raw, r.cid)  # raises ChunkChecksumError naming the chunk
-        r.payload = payload
-
-    def read_none(self, reads: list[ChunkRead]) -> None:
+    def release(self, reads: list[ChunkRead]) -> None:
         """Mark ``reads`` done (read, or given up: a plan that failed) and unpin their files."""
         closing = []
         with self._pins:
@@ -189,33 +176,19 @@ class ShardFiles(DeferredReads):
         for fd in closing:
             self._close(fd)
 
-    def chunk(self, cid: int) -> bytes | None:
-        """Global chunk ``cid``'s compressed bytes, checked, or None for a chunk never written."""
-        where = self.locate([cid], [0] * (cid // self.chunks_per_shard + 1))[0]
-        if where is None:
-            return None
-        self.read([where])
-        return where.payload
+    def wholes(self, shards: list[int]) -> list[Whole | None]:
+        return [self._whole(shard) for shard in shards]
 
-    def check(self, raw: bytes | memoryview, cid: int) -> bytes:
-        """``raw`` (a chunk's stored bytes, checksum included) verified, as the chunk's payload."""
-        shard, chunk = divmod(cid, self.chunks_per_shard)
-        return bytes(check_chunk(raw, name=NAME, shard=shard, chunk=chunk, first_step=cid * self.chunk_len,
-                                 steps=self.chunk_len))
-
-    def whole(self, shard: int) -> tuple[memoryview, list[tuple[int, int]]] | None:
-        """A shard file read in one go, with its chunks' ``(offset, nbytes)``, or None if it does not exist.
-        Offsets may point past the chunk area of a damaged file: callers check against ``len - tail``."""
+    def _whole(self, shard: int) -> Whole | None:
         try:
             raw = memoryview((self.root / shard_key(NAME, shard, self.ndim)).read_bytes())
         except FileNotFoundError:
             return None
-        index = parse_index(raw[max(0, len(raw) - self._tail):], self.chunks_per_shard, name=NAME, shard=shard)
-        return raw[: max(0, len(raw) - self._tail)], index.tolist()
+        index = parse_index(raw[max(0, len(raw) - self.tail):], self.chunks_per_shard, name=NAME, shard=shard)
+        return raw[: max(0, len(raw) - self.tail)], index.tolist()
 
-    def wholes(self, shards: list[int]) -> list[tuple[memoryview, list[tuple[int, int]]] | None]:
-        """``whole`` of each of ``shards``."""
-        return [self.whole(shard) for shard in shards]
+    def stored_bytes(self) -> int:
+        return sum(self.file_bytes(shard) for shard in range(-(-self.capacity // self.shard_len)))
 
     def file_bytes(self, shard: int) -> int:
         """The size of ``shard``'s file on disk (0 if it does not exist)."""
@@ -224,7 +197,7 @@ class ShardFiles(DeferredReads):
         except OSError:
             return 0
 
-    def snapshot(self) -> bool:
+    def keep(self) -> bool:
         """Open every shard file now and keep them all open (see the module docstring); returns
         False, doing nothing, for a store of more shards than ``snapshot_limit()``."""
         n_shards = -(-self.capacity // self.shard_len)
@@ -245,7 +218,7 @@ class ShardFiles(DeferredReads):
                 return False
         return True
 
-    def drop(self, shard: int) -> None:
+    def forget(self, shard: int) -> None:
         """Let go of ``shard``'s file (the writer just rewrote it; the next read opens the new one)."""
         with self._pins:
             self._indexes.pop(shard, None)
@@ -283,14 +256,14 @@ class ShardFiles(DeferredReads):
         except BaseException:
             self._close(fd)
             raise
-        handle = ShardHandle(fd, index, identity[3] - self._tail)
+        handle = ShardHandle(fd, index, identity[3] - self.tail)
         with self._pins:
             self._handles[shard] = handle
             if len(self._handles) > self.max_open:
                 self._retire(self._handles.popitem(last=False)[1])
         return handle
 
-    def _open(self, shard: int) -> tuple[int, tuple[int, int, int, int]]:
+    def _open(self, shard: int) -> tuple[int, Identity]:
         """``shard``'s file opened read-only, and its identity (inode, device, mtime, size)."""
         path = self._paths.get(shard)
         if path is None:
@@ -321,9 +294,9 @@ class ShardFiles(DeferredReads):
             self._fds -= 1
         os.close(fd)
 
-    def _read_index(self, fd: int, shard: int, identity: tuple[int, int, int, int]) -> bytes:
+    def _read_index(self, fd: int, shard: int, identity: Identity) -> bytes:
         """The checked index of the shard file open at ``fd`` (its chunks' offsets and sizes)."""
-        tail = _pread(fd, self._tail, max(0, identity[3] - self._tail))
+        tail = _pread(fd, self.tail, max(0, identity[3] - self.tail))
         return parse_index(tail, self.chunks_per_shard, name=NAME, shard=shard).astype("<u8").tobytes()
 
 
@@ -371,8 +344,5 @@ def _pread_fallback(fd: int, n: int, offset: int) -> bytes:
 _SEEK_LOCK = threading.Lock()
 _pread = getattr(os, "pread", None) or _pread_fallback
 _fadvise = getattr(os, "posix_fadvise", None)
-_crc_value = google_crc32c.value
-_EMPTY = int(EMPTY)
-_ENTRY = struct.Struct("<QQ")
 _WILLNEED = getattr(os, "POSIX_FADV_WILLNEED", None) if _fadvise is not None else None
 _O_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)

@@ -15,13 +15,11 @@ from __future__ import annotations
 import errno
 import json
 import os
-import shutil
 import socket
 import time
 from pathlib import Path
 
-from replaystore.errors import LockUnavailableError, StoreExistsError, StoreLockedError, TooManyOpenFilesError
-from replaystore.format.validate import is_store_dir
+from replaystore.errors import LockUnavailableError, StoreLockedError, TooManyOpenFilesError
 
 try:
     import fcntl
@@ -108,33 +106,3 @@ class WriterLock:
             return f"process {info.get('pid')} on host {info.get('host')}"
         except (OSError, ValueError):
             return "another process"
-
-
-def claim_directory(root: Path, *, overwrite: bool) -> WriterLock:
-    """Make ``root`` an empty directory for a new store and hold its writer lock.
-
-    A path holding other files is refused; an existing store only with ``overwrite`` (its contents
-    are removed under its own writer lock, so a live writer is never clobbered).
-    """
-    lock: WriterLock | None = None
-    if root.exists():
-        if not root.is_dir():
-            raise StoreExistsError(f"{root} exists and is a file; choose another path for the store")
-        if [p for p in root.iterdir() if p.name != LOCK_NAME]:
-            if not is_store_dir(root):
-                raise StoreExistsError(f"{root} holds files that are not a replay store; choose an empty or new path")
-            if not overwrite:
-                raise StoreExistsError(
-                    f"a replay store already exists at {root}; open it with ReplayStore.open({str(root)!r}, mode='a') "
-                    "or pass overwrite=True to replace it"
-                )
-            lock = WriterLock(root)
-            lock.acquire()
-            for p in root.iterdir():
-                if p.name != LOCK_NAME:
-                    shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
-    root.mkdir(parents=True, exist_ok=True)
-    if lock is None:
-        lock = WriterLock(root)
-        lock.acquire()
-    return lock

@@ -17,19 +17,31 @@ closed before the next shard is opened. Two things can replace the file in betwe
 
 from __future__ import annotations
 
-import struct
 import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 from replaystore.errors import ChunkChecksumError
-from replaystore.format.shards import CRC_BYTES, EMPTY, INDEX_ENTRY_BYTES
-from replaystore.storage.chunkread import ChunkRead, ShardHandle
+from replaystore.format.shards import CRC_BYTES, EMPTY_OFFSET, INDEX_ENTRY, INDEX_ENTRY_BYTES
+from replaystore.storage.chunkread import ChunkRead
 
 NAME = "obs"
 Identity = tuple[int, int, int, int]  # a file version: inode, device, mtime (ns), size
-_ENTRY = struct.Struct("<QQ")
-_EMPTY = int(EMPTY)
+
+
+class ShardHandle:
+    """An open shard file with its parsed index. ``pins`` counts reads planned on it and not yet
+    done: a handle retired (evicted, or its shard rewritten) while pinned stays open until the last
+    of them has read, so a planned read always reads the file version it was planned on."""
+
+    __slots__ = ("fd", "index", "size", "pins", "retired")
+
+    def __init__(self, fd: int, index: bytes, size: int) -> None:
+        self.fd = fd
+        self.index = index  # the shard index: (offset, nbytes) little-endian uint64 pairs, checked
+        self.size = size  # bytes before the index: chunk bytes must lie below this
+        self.pins = 0
+        self.retired = False
 
 
 class DeferredReads:
@@ -37,7 +49,7 @@ class DeferredReads:
 
     chunks_per_shard: int
     max_open: int
-    _tail: int
+    tail: int
     _pins: threading.RLock
     _handles: OrderedDict[int, ShardHandle]
     _indexes: dict[int, tuple[Identity, bytes]]
@@ -55,7 +67,7 @@ class DeferredReads:
 
         def _read_open(self, reads: list[ChunkRead]) -> None: ...
 
-        def read_none(self, reads: list[ChunkRead]) -> None: ...
+        def release(self, reads: list[ChunkRead]) -> None: ...
 
     def before_replace(self, shard: int) -> None:
         """The writer of this process is about to rename a new file over ``shard`` (under the
@@ -68,7 +80,7 @@ class DeferredReads:
             handle = self._handles.get(shard)
             if handle is None:
                 fd, identity = self._open(shard)
-                handle = ShardHandle(fd, b"", identity[3] - self._tail)
+                handle = ShardHandle(fd, b"", identity[3] - self.tail)
                 handle.retired = True  # closed by the last of these reads (the writer drops the shard next)
                 mine = [r for r in waiting if r.identity == identity]
                 if len(mine) < len(waiting):  # planned on another version: left to ``read`` (``_relocate``)
@@ -99,7 +111,7 @@ class DeferredReads:
                         del self._deferred[shard]
                 same = [r for r in mine if r.identity == identity]
                 if same:
-                    handle = ShardHandle(fd, b"", identity[3] - self._tail)
+                    handle = ShardHandle(fd, b"", identity[3] - self.tail)
                     handle.pins = len(same)
                     for r in same:
                         r.handle = handle
@@ -121,7 +133,7 @@ class DeferredReads:
             try:
                 self._read_open(group)
             finally:
-                self.read_none(group)
+                self.release(group)
 
     def _relocate(self, shard: int, fd: int, identity: Identity, reads: list[ChunkRead]) -> None:
         """Point ``reads`` at their chunks in the file open at ``fd`` (not the version they were located
@@ -131,15 +143,15 @@ class DeferredReads:
         except BaseException:
             self._close(fd)
             raise
-        handle = ShardHandle(fd, index, identity[3] - self._tail)
+        handle = ShardHandle(fd, index, identity[3] - self.tail)
         handle.retired = True
         with self._pins:
             handle.pins = len(reads)
             for r in reads:
                 r.handle = handle
         for r in reads:
-            off, nbytes = _ENTRY.unpack_from(index, INDEX_ENTRY_BYTES * (r.cid % self.chunks_per_shard))
-            if off == _EMPTY or off + nbytes > handle.size or nbytes < CRC_BYTES:
+            off, nbytes = INDEX_ENTRY.unpack_from(index, INDEX_ENTRY_BYTES * (r.cid % self.chunks_per_shard))
+            if off == EMPTY_OFFSET or off + nbytes > handle.size or nbytes < CRC_BYTES:
                 raise ChunkChecksumError(
                     f"chunk {r.cid % self.chunks_per_shard} of shard {shard} of '{NAME}' was rewritten by another "
                     "process while it was being read and is now missing or damaged: reopen the store (or call "

@@ -33,7 +33,6 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Iterable
 from typing import Any
 
 from replaystore.errors import CorruptStoreError, LeaseLostError, StoreLockedError, StoreNotFoundError
@@ -49,7 +48,7 @@ from replaystore.format.schema import (
     stream_stride,
 )
 from replaystore.format.shards import shard_key
-from replaystore.storage.objects import Bucket
+from replaystore.storage.objects.bucket import Bucket
 
 log = logging.getLogger(__name__)
 
@@ -154,31 +153,6 @@ class ObjectStreams:
         """Stream ``k``'s latest commit (kept, with its shard keys, in ``latest[k]``)."""
         return self.read_doc(k).state
 
-    def load_scalars(self, k: int, ring: Any, shards: Iterable[int] | None, set_obs_key: Callable[[int, str | None], None],
-                     *, check: bool = True) -> None:
-        """Read stream ``k``'s scalar shards (default: all) named by its latest document into ``ring``,
-        and point the frame reader at the document's frame objects (``set_obs_key(shard, key)`` for
-        each shard whose key changed)."""
-        from replaystore.storage.writer import load_scalars
-
-        doc = self.latest[k]
-        shard_list = list(range(self.n_shards)) if shards is None else list(shards)
-        wanted = [(name, j) for name in ring.fields for j in shard_list]
-        keys = [self.key(name, k, j, doc.objects[name][j]) for name, j in wanted]
-        fetched = self.bucket.get_many([key for key in keys if key is not None])
-        it = iter(fetched)
-        raws: dict[tuple[str, int], bytes | None] = {}
-        for (name, j), key in zip(wanted, keys):
-            raw = next(it) if key is not None else None
-            if key is not None and raw is None:
-                raise CorruptStoreError(f"{self.bucket.where(key)}, named by stream {k}'s commit, is missing; the "
-                                        "store is damaged (or this view was collected: refresh)")
-            raws[(name, j)] = raw
-        load_scalars(self.bucket.url, self.layout, ring, base_shard=k * self.per_stream, shards=shard_list, check=check,
-                     fetch=lambda name, j: raws[(name, j)])
-        for shard, key in self.obs_keys(k, doc).items():
-            set_obs_key(shard, key)
-
     # ---------------------------------------------------------------------------------------------
     # Leases
 
@@ -205,8 +179,7 @@ class ObjectStreams:
                                        "process; open it with mode='r' to read it") from exc
             mine.last_modified = _dt.datetime.now(_dt.UTC)
             self.owned[k] = mine
-            if new is None:
-                self._collect_orphans(k, mine)
+            self.latest[k] = mine
 
     def release(self, k: int) -> None:
         """Give stream ``k``'s lease back (the next writer need not wait for it to expire)."""
@@ -258,12 +231,13 @@ class ObjectStreams:
 
     def next_generation(self, k: int) -> str:
         """The suffix of the next flush's objects of stream ``k``."""
-        doc = self.owned.get(k)
-        if doc is None:
-            raise LeaseLostError(f"stream {k} of {self.bucket} is not open for writing by this process (its lease "
-                                 "was lost); open the store again to go on")
-        doc.generation += 1
-        return f"g{doc.epoch}-{doc.generation}"
+        with self.mutex:
+            doc = self.owned.get(k)
+            if doc is None:
+                raise LeaseLostError(f"stream {k} of {self.bucket} is not open for writing by this process (its "
+                                     "lease was lost); open the store again to go on")
+            doc.generation += 1
+            return f"g{doc.epoch}-{doc.generation}"
 
     def _swap(self, k: int, new: StreamDoc, old: StreamDoc) -> None:
         precondition = _precondition()
@@ -282,8 +256,10 @@ class ObjectStreams:
         new.last_modified = _dt.datetime.now(_dt.UTC)
         self.owned[k] = new
 
-    def _collect_orphans(self, k: int, doc: StreamDoc) -> None:
-        """Delete stream ``k``'s objects of earlier epochs that no commit names (a dead writer's)."""
+    def collect_orphans(self, k: int) -> int:
+        """Delete stream ``k``'s objects of earlier epochs that no commit names (a dead writer's); the
+        lease of ``k`` is held. Returns how many."""
+        doc = self.owned[k]
         named = {self.key(n, k, j, s) for n, v in doc.objects.items() for j, s in enumerate(v) if s is not None}
         named.update(key for key, _ in doc.retired)
         first, last = k * self.per_stream, (k + 1) * self.per_stream
@@ -304,13 +280,14 @@ class ObjectStreams:
             log.info("deleting %d objects of stream %d of %s that no commit names (left by a writer that died)",
                      len(orphans), k, self.bucket)
             self.bucket.delete(orphans)
+        return len(orphans)
 
     # ---------------------------------------------------------------------------------------------
     # The keeper: renews idle leases
 
-    def keep(self, lock: Any) -> None:
+    def keep(self) -> None:
         """Start the thread that renews this process's leases every ``ttl / 4`` seconds when no commit
-        did; ``lock`` is the store's mutex (held while renewing, as a commit is)."""
+        did (under ``mutex``, as a commit is)."""
         if self._keeper is not None or not self.owned:
             return
         ref = weakref.ref(self)
@@ -321,7 +298,7 @@ class ObjectStreams:
                 me = ref()
                 if me is None:
                     return
-                with lock:
+                with me.mutex:
                     for k in list(me.owned):
                         doc = me.owned.get(k)
                         if doc is not None and doc.last_modified is not None and (
@@ -337,24 +314,6 @@ class ObjectStreams:
 
     def close(self) -> None:
         self._stop.set()
-
-
-class ObjectLease:
-    """Stream ``k``'s lease, with the interface of storage/lock.py's ``WriterLock``."""
-
-    def __init__(self, streams: ObjectStreams, k: int) -> None:
-        self.streams = streams
-        self.k = k
-
-    def acquire(self) -> None:
-        self.streams.acquire(self.k)
-
-    def release(self) -> None:
-        self.streams.release(self.k)
-
-    @property
-    def held(self) -> bool:
-        return self.streams.holds(self.k)
 
 
 def empty_doc(streams: ObjectStreams, k: int) -> StreamDoc:

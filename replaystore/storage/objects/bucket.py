@@ -33,17 +33,6 @@ SCHEMES = ("s3://",)
 OWN_OPTIONS = ("lease_ttl", "gc_grace")
 
 
-def is_url(path: Any) -> bool:
-    """Whether ``path`` names a store on object storage (``s3://bucket/prefix``). ``file://`` URLs and
-    plain paths are local."""
-    return isinstance(path, str) and "://" in path and not path.startswith("file://")
-
-
-def local_path(path: Any) -> Any:
-    """``file:///x`` as ``/x``; anything else unchanged."""
-    return path[len("file://"):] if isinstance(path, str) and path.startswith("file://") else path
-
-
 class Bucket:
     """The objects under one URL prefix (``s3://bucket/prefix/replay.zarr``); keys are relative to it."""
 

@@ -13,57 +13,58 @@ object's ranges in flight at once.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 from typing import Any
 
 from replaystore.errors import ChunkChecksumError, StaleViewError
-from replaystore.format.shards import CRC_BYTES, INDEX_ENTRY_BYTES, parse_index
+from replaystore.format.shards import CRC_BYTES, EMPTY_OFFSET, INDEX_ENTRY, INDEX_ENTRY_BYTES, parse_index
+from replaystore.storage.backend import FRAMES, FrameShards, Whole
 from replaystore.storage.chunkread import ChunkRead
-from replaystore.storage.objects import Bucket, run
-from replaystore.storage.shardfiles import _EMPTY, _ENTRY, NAME, ShardFiles
+from replaystore.storage.objects.bucket import Bucket, run
+
+NAME = FRAMES
 
 
 class ObjectHandle:
-    """A shard object with its parsed index (``ShardHandle``'s fields: nothing to pin or close)."""
+    """A shard object with its parsed index."""
 
-    __slots__ = ("key", "index", "size", "pins", "retired", "fd")
+    __slots__ = ("key", "index", "size")
 
     def __init__(self, key: str, index: bytes, size: int) -> None:
         self.key = key
         self.index = index
         self.size = size  # bytes before the index
-        self.pins = 0
-        self.retired = False
-        self.fd = -1
 
 
-class ObjectShards(ShardFiles):
+class ObjectShards(FrameShards):
     """Verified chunk bytes of the ``obs`` array's shard objects, as named by this store's view."""
 
-    def __init__(self, bucket: Bucket, **kwargs: Any) -> None:
-        super().__init__(None, **kwargs)  # type: ignore[arg-type]
+    warm_on_first_miss = True
+
+    def __init__(self, bucket: Bucket, *, ndim: int, capacity: int, shard_len: int, chunk_len: int) -> None:
+        super().__init__(ndim=ndim, capacity=capacity, shard_len=shard_len, chunk_len=chunk_len)
         self.bucket = bucket
         self.keys: dict[int, str | None] = {}  # global shard -> the object of this view (None: never written)
         self._objects: dict[str, ObjectHandle] = {}  # key -> handle (indexes of objects in use)
 
-    @property
-    def open_files(self) -> int:
-        return 0
-
-    def set_key(self, shard: int, key: str | None) -> None:
-        """Point ``shard`` at object ``key`` (a refresh, or this process's writer wrote it)."""
-        old = self.keys.get(shard)
-        if old != key:
-            self.keys[shard] = key
-            if old is not None:
-                self._objects.pop(old, None)
+    def set_key(self, shard: int, key: str | None) -> bool:
+        """Point ``shard`` at object ``key`` (a commit read, or this process's writer wrote it);
+        returns whether that changed it."""
+        old = self.keys.get(shard, "")
+        if old == key:
+            return False
+        self.keys[shard] = key
+        if old:
+            self._objects.pop(old, None)
+        return True
 
     def locate(self, cids: list[int], generations: list[int]) -> list[ChunkRead | None]:
-        per_shard, entry = self.chunks_per_shard, _ENTRY.unpack_from
-        need = {self.keys[s] for s in {cid // per_shard for cid in cids}
-                if self.keys.get(s) is not None and self.keys[s] not in self._objects}
+        per_shard, entry = self.chunks_per_shard, INDEX_ENTRY.unpack_from
+        need = {key for s in {cid // per_shard for cid in cids}
+                if (key := self.keys.get(s)) is not None and key not in self._objects}
         if need:
-            self._fetch_indexes(sorted(need))  # type: ignore[arg-type]
+            self._fetch_indexes(sorted(need))
         out: list[ChunkRead | None] = []
         for cid in cids:
             shard, chunk = divmod(cid, per_shard)
@@ -73,14 +74,14 @@ class ObjectShards(ShardFiles):
                 continue
             handle = self._objects[key]
             off, nbytes = entry(handle.index, INDEX_ENTRY_BYTES * chunk)
-            if off == _EMPTY:
+            if off == EMPTY_OFFSET:
                 out.append(None)
                 continue
             if off + nbytes > handle.size or nbytes < CRC_BYTES:
                 raise ChunkChecksumError(
                     f"chunk {chunk} of shard {shard} of '{NAME}' ({self.bucket.where(key)}) points outside its object; "
                     "the store is damaged: run `replaystore verify`", array=NAME, shard=shard, chunk=chunk)
-            out.append(ChunkRead(cid, handle, off, nbytes, generations[shard]))  # type: ignore[arg-type]
+            out.append(ChunkRead(cid, handle, off, nbytes, generations[shard]))
         return out
 
     def read(self, reads: list[ChunkRead]) -> None:
@@ -88,7 +89,7 @@ class ObjectShards(ShardFiles):
         try:
             by_key: dict[str, list[ChunkRead]] = {}
             for r in reads:
-                by_key.setdefault(r.handle.key, []).append(r)  # type: ignore[attr-defined]
+                by_key.setdefault(r.handle.key, []).append(r)
             requests = [(key, [r.offset for r in rs], [r.offset + r.nbytes for r in rs]) for key, rs in by_key.items()]
             try:
                 results = self.bucket.get_ranges_many(requests)
@@ -96,24 +97,22 @@ class ObjectShards(ShardFiles):
                 raise StaleViewError(errno.ENOENT, f"{exc.filename or exc}: a shard object of this reader's view was "
                                      "replaced and collected by its writer (the view is older than the collection "
                                      "grace period); call store.refresh() or open the store again") from exc
+            check = self.check
             for rs, blobs in zip(by_key.values(), results):
                 for r, raw in zip(rs, blobs):
-                    self._take(r, raw)
+                    r.take(raw, check)
         finally:
-            self.read_none(reads)
+            self.release(reads)
 
-    def read_none(self, reads: list[ChunkRead]) -> None:
+    def release(self, reads: list[ChunkRead]) -> None:
         for r in reads:
             r.done = True
 
-    def whole(self, shard: int) -> tuple[memoryview, list[tuple[int, int]]] | None:
-        return self.wholes([shard])[0]
-
-    def wholes(self, shards: list[int]) -> list[tuple[memoryview, list[tuple[int, int]]] | None]:
+    def wholes(self, shards: list[int]) -> list[Whole | None]:
         """``whole`` of each of ``shards``: one GET each, all in flight at once."""
         keys = {shard: key for shard in shards if (key := self.keys.get(shard)) is not None}
         got = dict(zip(keys, self.bucket.get_many(list(keys.values())))) if keys else {}
-        out: list[tuple[memoryview, list[tuple[int, int]]] | None] = []
+        out: list[Whole | None] = []
         for shard in shards:
             if shard not in keys:
                 out.append(None)
@@ -122,9 +121,9 @@ class ObjectShards(ShardFiles):
                 raise StaleViewError(errno.ENOENT, f"{self.bucket.where(keys[shard])} (shard {shard} of '{NAME}') is "
                                      "gone: this reader's view is older than the collection grace period; call "
                                      "store.refresh()")
-            raw = memoryview(got[shard])  # type: ignore[arg-type]
-            index = parse_index(raw[max(0, len(raw) - self._tail):], self.chunks_per_shard, name=NAME, shard=shard)
-            out.append((raw[: max(0, len(raw) - self._tail)], index.tolist()))
+            raw = memoryview(got[shard] or b"")
+            index = parse_index(raw[max(0, len(raw) - self.tail):], self.chunks_per_shard, name=NAME, shard=shard)
+            out.append((raw[: max(0, len(raw) - self.tail)], index.tolist()))
         return out
 
     def stored_bytes(self) -> int:
@@ -135,12 +134,12 @@ class ObjectShards(ShardFiles):
     def file_bytes(self, shard: int) -> int:
         key = self.keys.get(shard)
         handle = self._objects.get(key) if key is not None else None
-        return handle.size + self._tail if handle is not None else 0
+        return handle.size + self.tail if handle is not None else 0
 
-    def snapshot(self) -> bool:
+    def keep(self) -> bool:
         return True  # objects are immutable: the view's keys are its snapshot
 
-    def drop(self, shard: int) -> None:
+    def forget(self, shard: int) -> None:
         pass  # the key changes with set_key; an object's index never does
 
     def close(self) -> None:
@@ -149,15 +148,13 @@ class ObjectShards(ShardFiles):
     def _fetch_indexes(self, keys: list[str]) -> None:
         import obstore
 
-        tail = self._tail
+        tail = self.tail
 
         async def one(key: str) -> tuple[bytes, int]:
             result = await obstore.get_async(self.bucket.store, key, options={"range": {"suffix": tail}})
             return bytes(await result.bytes_async()), int(result.meta["size"])
 
         async def gather() -> list[Any]:
-            import asyncio
-
             return await asyncio.gather(*(one(k) for k in keys), return_exceptions=True)
 
         shard_of = {key: s for s, key in self.keys.items() if key is not None}

@@ -1,0 +1,34 @@
+"""The system's libzstd through ctypes (standard library only: feed/decodeworker.py, a process that
+imports nothing of replaystore, loads this file by its path).
+
+``ZSTD_decompressDCtx`` writes a chunk straight into a decode area (no intermediate bytes object and
+copy) with the GIL released by ctypes, and decodes concatenated frames back to back: storage/decoders.py
+decodes a batch's chunks with one call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+from typing import Any
+
+
+def load_libzstd() -> Any:
+    """libzstd with the signatures replaystore calls declared, or None where there is none."""
+    name = ctypes.util.find_library("zstd")
+    if name is None:
+        return None
+    try:
+        lib = ctypes.CDLL(name)
+        lib.ZSTD_createDCtx.restype = ctypes.c_void_p
+        lib.ZSTD_freeDCtx.argtypes = [ctypes.c_void_p]
+        lib.ZSTD_decompressDCtx.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p,
+                                            ctypes.c_size_t]
+        lib.ZSTD_decompressDCtx.restype = ctypes.c_size_t
+        lib.ZSTD_getFrameContentSize.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+        lib.ZSTD_getFrameContentSize.restype = ctypes.c_ulonglong
+        lib.ZSTD_findFrameCompressedSize.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+        lib.ZSTD_findFrameCompressedSize.restype = ctypes.c_size_t
+    except (OSError, AttributeError):
+        return None
+    return lib

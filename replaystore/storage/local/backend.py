@@ -1,0 +1,337 @@
+"""A store on a local (or shared) file system: format versions 1 and 2 (docs/format.md).
+
+    replay.zarr/zarr.json                 the group: schema and layout (version 1: also the one commit)
+    replay.zarr/<array>/zarr.json         each array's metadata (made by zarr)
+    replay.zarr/<array>/c/<shard>[/0..]   its shards, written whole and renamed into place
+    replay.zarr/streams/<k>/zarr.json     stream k's commit (version 2)
+    replay.zarr/streams/<k>/writer.lock   stream k's writer lock (version 1: replay.zarr/writer.lock)
+
+New stores are written as version 2 (a store of one stream has ``streams/0``); version 1 stores
+(one stream, written by earlier replaystores) are read and appended to as they are. Writing a shard
+renames a new file over the old one, and the directories renamed into are synced before the commit
+that depends on them; a commit is the same kind of rename of the stream's ``zarr.json``. A writer
+holds its stream's ``flock`` (lock.py), which the kernel releases when it dies.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import logging
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from replaystore.errors import CorruptStoreError, FormatVersionError, StoreExistsError, StoreNotFoundError
+from replaystore.format.schema import (
+    ATTR_KEY,
+    LOCAL_FORMAT_VERSION,
+    OBJECT_FORMAT_VERSION,
+    ROOT_STATE_VERSION,
+    SCALAR_FIELDS,
+    STREAMS_DIR,
+    Layout,
+    Schema,
+    State,
+    from_attrs,
+    group_doc,
+    root_state,
+    slot_count,
+    stream_doc,
+    stream_state_from_doc,
+    stream_stride,
+    to_attrs,
+    with_root_state,
+)
+from replaystore.format.shards import shard_key, store_arrays
+from replaystore.format.validate import check_arrays, parse_group_doc
+from replaystore.storage.backend import FRAMES, Backend
+from replaystore.storage.local.durable import atomic_write, fsync_dir, fsync_dirs, remove_partials
+from replaystore.storage.local.files import ShardFiles
+from replaystore.storage.local.lock import LOCK_NAME, WriterLock
+
+log = logging.getLogger(__name__)
+
+RENAME_EXCHANGE = 2
+RENAME_SWAP = 2  # macOS's renamex_np flag
+AT_FDCWD = -100
+
+
+class LocalBackend(Backend):
+    """The files of the store at ``root``."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__()
+        self.root = root
+        self.where = str(root)
+        self._doc: dict | None = None  # the root zarr.json as read (version 1 commits rewrite it)
+        self._locks: dict[int, WriterLock] = {}
+        self._synced: set[Path] = set()  # directories renamed into since the last commit
+        self._frames: ShardFiles | None = None
+
+    # ---------------------------------------------------------------------------------------------
+    # The store
+
+    def exists(self) -> bool:
+        return self.root.exists()
+
+    def create(self, schema: Schema, layout: Layout, *, overwrite: bool) -> None:
+        lock = self._clear(overwrite=overwrite)
+        try:
+            self.schema, self.layout, self.format_version = schema, layout, LOCAL_FORMAT_VERSION
+            for name, raw in store_arrays(schema, layout).items():
+                atomic_write(self.root / name / "zarr.json", raw)
+            atomic_write(self.root / STREAMS_DIR / "zarr.json", json.dumps(group_doc({})).encode())
+            for k in range(schema.num_streams):
+                atomic_write(self._stream_dir(k) / "zarr.json", json.dumps(stream_doc(k, State())).encode())
+                self._lock(k).acquire()
+            # The group's zarr.json goes last: until it exists the directory is not a store, so a reader
+            # never sees one half made.
+            self._doc = group_doc({ATTR_KEY: to_attrs(schema, layout, LOCAL_FORMAT_VERSION)})
+            atomic_write(self.root / "zarr.json", json.dumps(self._doc, indent=2).encode())
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            lock.release()
+
+    def _clear(self, *, overwrite: bool) -> WriterLock:
+        """Make ``root`` an empty directory for a new store and hold its root lock: a path holding
+        other files is refused, an existing store only without ``overwrite`` (its contents are
+        removed under its streams' writer locks, so a live writer is never clobbered)."""
+        root = self.root
+        lock = WriterLock(root)
+        if root.exists() and not root.is_dir():
+            raise StoreExistsError(f"{root} exists and is a file; choose another path for the store")
+        if root.exists() and [p for p in root.iterdir() if p.name != LOCK_NAME]:
+            if not _is_store(root):
+                raise StoreExistsError(f"{root} holds files that are not a replay store; choose an empty or new path")
+            if not overwrite:
+                raise StoreExistsError(f"a replay store already exists at {root}; open it with ReplayStore.open("
+                                       f"{str(root)!r}, mode='a') or pass overwrite=True to replace it")
+            old = LocalBackend(root)
+            try:
+                old.read_metadata()
+                for k in range(old.num_streams):
+                    old.claim(k)
+            except (CorruptStoreError, FormatVersionError):
+                pass  # a damaged store: removed under its root lock alone
+            except BaseException:
+                old.close()
+                raise
+            if old.format_version == ROOT_STATE_VERSION and 0 in old._locks:
+                lock = old._locks.pop(0)  # a version 1 store's writer lock is the root lock itself
+            else:
+                lock.acquire()
+            try:
+                for p in root.iterdir():
+                    if p.name != LOCK_NAME:
+                        shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+            except BaseException:
+                lock.release()
+                raise
+            finally:
+                old.close()
+            return lock
+        root.mkdir(parents=True, exist_ok=True)
+        lock.acquire()
+        return lock
+
+    def read_metadata(self, *, check_arrays: bool = True) -> tuple[Schema, Layout]:
+        doc = self._read_root()
+        schema, layout, version = from_attrs(doc.get("attributes"), path=self.where)
+        if version == OBJECT_FORMAT_VERSION:
+            raise FormatVersionError(f"{self.root} holds a store written for object storage (format version "
+                                     f"{OBJECT_FORMAT_VERSION}); open it at its s3:// URL")
+        self._doc, self.schema, self.layout, self.format_version = doc, schema, layout, version
+        if check_arrays:
+            self.check_arrays()
+        return schema, layout
+
+    def check_arrays(self) -> None:
+        def read(name: str) -> bytes | None:
+            try:
+                return (self.root / name / "zarr.json").read_bytes()
+            except OSError:
+                return None
+
+        check_arrays(self.where, *self._known(), read)
+
+    @property
+    def num_streams(self) -> int:
+        return self._known()[0].num_streams
+
+    def stored_bytes(self) -> dict[str, int]:
+        sizes: dict[str, int] = {}
+        for p in self.root.rglob("*"):
+            if p.is_file() and p.name != LOCK_NAME:
+                top = p.relative_to(self.root).parts[0]
+                sizes[top] = sizes.get(top, 0) + p.stat().st_size
+        return sizes
+
+    def destroy(self) -> None:
+        self.close()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def staging(self) -> LocalBackend:
+        """A temporary sibling directory (``.NAME.compact-PID``); what crashed compactions left beside
+        this store (an unfinished copy, or a swapped-out original) is removed first."""
+        for p in self.root.parent.glob(f".{self.root.name}.compact-*"):
+            shutil.rmtree(p, ignore_errors=True)
+        return LocalBackend(self.root.parent / f".{self.root.name}.compact-{os.getpid()}")
+
+    def publish(self, staged: Backend) -> None:
+        """A rename to a new path; over a store, ``renameat2(RENAME_EXCHANGE)`` on Linux
+        (``renamex_np(RENAME_SWAP)`` on macOS) swaps the two directories in one atomic step, and the
+        old one is then deleted."""
+        assert isinstance(staged, LocalBackend)
+        staged.close()
+        if not self.root.exists():
+            os.rename(staged.root, self.root)
+            fsync_dir(self.root.parent)
+            return
+        exchange(staged.root, self.root)
+        fsync_dir(self.root.parent)
+        shutil.rmtree(staged.root, ignore_errors=True)  # now the old store
+
+    def close(self) -> None:
+        if self._frames is not None:
+            self._frames.close()
+        for k in list(self._locks):
+            self.release(k)
+
+    # ---------------------------------------------------------------------------------------------
+    # Commits
+
+    def read_state(self, k: int) -> State:
+        if self.format_version == ROOT_STATE_VERSION:
+            return root_state(self._read_root().get("attributes"), path=self.where)
+        path = self._stream_dir(k) / "zarr.json"
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            raise StoreNotFoundError(f"{path} is missing: stream {k}'s commit is gone; the store is damaged (run "
+                                     "`replaystore verify`)") from None
+        return stream_state_from_doc(parse_group_doc(raw, str(path.parent)), stream=k, path=str(path))
+
+    def read_shards(self, wanted: list[tuple[str, int, int]]) -> list[bytes | None]:
+        out: list[bytes | None] = []
+        for name, k, j in wanted:
+            try:
+                out.append(self._path(name, k, j).read_bytes())
+            except FileNotFoundError:
+                out.append(None)
+        return out
+
+    def follow(self, k: int) -> list[int]:
+        return []  # the files in place are the commit's (a reader keeps those it planned on open)
+
+    # ---------------------------------------------------------------------------------------------
+    # Writing
+
+    def claim(self, k: int) -> State:
+        self._lock(k).acquire()
+        if self.format_version == ROOT_STATE_VERSION:
+            self._doc = self._read_root()  # (re-)read under the lock: the last writer may just have committed
+        return self.read_state(k)
+
+    def release(self, k: int) -> None:
+        lock = self._locks.pop(k, None)
+        if lock is not None:
+            lock.release()
+
+    def collect(self, k: int) -> int:
+        removed = remove_partials(self.root, None if self.format_version == ROOT_STATE_VERSION else self._owned(k))
+        if removed:
+            log.info("removed %d temporary files left by an interrupted writer in %s", removed, self.root)
+        return removed
+
+    def write_shard(self, name: str, k: int, j: int, data: bytes) -> None:
+        if name == FRAMES:  # reads planned on the file in place keep reading it (files.py)
+            self.frames.before_replace(self.shard_of(k, j))
+        atomic_write(self._path(name, k, j), data, dirs=self._synced)
+
+    def commit(self, k: int, state: State) -> None:
+        fsync_dirs(self._synced)
+        self._synced.clear()
+        if self.format_version == ROOT_STATE_VERSION:
+            assert self._doc is not None
+            self._doc = with_root_state(self._doc, state)
+            atomic_write(self.root / "zarr.json", json.dumps(self._doc, indent=2).encode())  # syncs the root too
+        else:
+            atomic_write(self._stream_dir(k) / "zarr.json", json.dumps(stream_doc(k, state), indent=2).encode())
+
+    # ---------------------------------------------------------------------------------------------
+
+    @property
+    def frames(self) -> ShardFiles:
+        if self._frames is None:
+            schema, layout = self._known()
+            self._frames = ShardFiles(self.root, ndim=len(schema.observation.shape), capacity=slot_count(schema, layout),
+                                      shard_len=layout.shard_len, chunk_len=layout.obs_chunk_len)
+        return self._frames
+
+    def _read_root(self) -> dict:
+        path = self.root / "zarr.json"
+        if not self.root.exists():
+            raise StoreNotFoundError(f"{self.root} does not exist; create a store with "
+                                     f"ReplayStore.create({str(self.root)!r}, ...)")
+        try:
+            raw = path.read_bytes()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            raise StoreNotFoundError(f"{self.root} is not a replay store (no zarr.json); check the path or create "
+                                     "one with ReplayStore.create") from None
+        return parse_group_doc(raw, self.where)
+
+    def _stream_dir(self, k: int) -> Path:
+        return self.root / STREAMS_DIR / str(k)
+
+    def _lock(self, k: int) -> WriterLock:
+        lock = self._locks.get(k)
+        if lock is None:
+            lock = self._locks[k] = (WriterLock(self.root) if self.format_version == ROOT_STATE_VERSION
+                                     else WriterLock(self._stream_dir(k), f"stream {k} of {self.root}"))
+        return lock
+
+    def _path(self, name: str, k: int, j: int) -> Path:
+        schema, _ = self._known()
+        return self.root / shard_key(name, self.shard_of(k, j), len(schema.observation.shape) if name == FRAMES else 0)
+
+    def _owned(self, k: int) -> set[str]:
+        """The keys stream ``k``'s writer writes (its commit, its shards of every array)."""
+        schema, layout = self._known()
+        per = stream_stride(schema, layout) // layout.shard_len
+        ndim = len(schema.observation.shape)
+        keys = {f"{STREAMS_DIR}/{k}/zarr.json"}
+        for j in range(per):
+            shard = self.shard_of(k, j)
+            keys.add(shard_key(FRAMES, shard, ndim))
+            keys.update(shard_key(name, shard, 0) for name in SCALAR_FIELDS)
+        return keys
+
+
+def exchange(a: Path, b: Path) -> None:
+    """Swap two directories in one atomic step, or raise ``OSError`` (and remove ``a``) where the file
+    system cannot."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if sys.platform == "darwin":  # macOS: renamex_np(RENAME_SWAP) swaps two paths atomically
+        fn = getattr(libc, "renamex_np", None)
+        rc = -1 if fn is None else fn(os.fsencode(a), os.fsencode(b), RENAME_SWAP)
+    else:  # Linux: renameat2(RENAME_EXCHANGE)
+        fn = getattr(libc, "renameat2", None)
+        rc = -1 if fn is None else fn(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE)
+    if rc != 0:
+        err = errno.ENOSYS if fn is None else ctypes.get_errno()
+        shutil.rmtree(a, ignore_errors=True)
+        raise OSError(err, f"cannot swap {b} for its compacted copy atomically on this filesystem "
+                           f"({os.strerror(err)}); compact to a new DST instead: replaystore compact {b} NEW_PATH")
+
+
+def _is_store(path: Path) -> bool:
+    try:
+        doc = json.loads((path / "zarr.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and doc.get("node_type") == "group"
