@@ -59,7 +59,8 @@ from replaystore.sampling.pending import Pending
 from replaystore.sampling.priority import Priorities, check_priorities, check_slots
 from replaystore.sampling.samplers import PrioritizedSampler, Sampler, UniformSampler, check_batch_size
 from replaystore.sampling.sequences import SequenceBatch, SequenceSampler
-from replaystore.storage.backend import Backend, is_url, open_backend
+from replaystore.storage.backend import Backend
+from replaystore.storage.choose import is_url, open_backend
 from replaystore.storage.reader import FrameReader
 from replaystore.storage.ring import Ring
 from replaystore.storage.rings import Rings

@@ -54,7 +54,8 @@ from replaystore.format.schema import (
     stream_stride,
 )
 from replaystore.format.validate import validate_layout
-from replaystore.storage.backend import Backend, open_backend
+from replaystore.storage.backend import Backend
+from replaystore.storage.choose import open_backend
 from replaystore.storage.reader import FrameReader
 from replaystore.store import ReplayStore
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from replaystore.cli.verify import Report, verify_store
 from replaystore.format.schema import State
-from replaystore.storage.backend import open_backend
+from replaystore.storage.choose import open_backend
 from replaystore.storage.reader import FrameReader
 from replaystore.storage.ring import Ring
 from replaystore.storage.scalars import load_scalars

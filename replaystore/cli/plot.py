@@ -9,6 +9,7 @@ one heat map per stack. Uses matplotlib's object API (no pyplot, no display need
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -69,7 +70,7 @@ def _age(steps_back: int) -> str:
     return "t" if steps_back == 0 else f"t-{steps_back}"
 
 
-def _plot_returns(ax, per_stream: list[dict[str, np.ndarray]]) -> None:  # noqa: ANN001 - a matplotlib Axes
+def _plot_returns(ax: Any, per_stream: list[dict[str, np.ndarray]]) -> None:
     """Episode returns by the position they ended at, one series per stream (streams written by a
     vector env step together, so their positions line up in time), and a running mean of each."""
     total = sum(int(np.count_nonzero(eps["whole"])) for eps in per_stream)
@@ -98,7 +99,7 @@ def _plot_returns(ax, per_stream: list[dict[str, np.ndarray]]) -> None:  # noqa:
         ax.legend(fontsize=7, loc="best")
 
 
-def _show_frame(ax, frame: np.ndarray) -> None:  # noqa: ANN001 - a matplotlib Axes
+def _show_frame(ax: Any, frame: np.ndarray) -> None:
     if frame.ndim == 3 and frame.shape[-1] in (3, 4):
         ax.imshow(frame)
     else:

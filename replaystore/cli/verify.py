@@ -24,7 +24,8 @@ from replaystore.format.shards import (
     numcodecs_codec,
     parse_index,
 )
-from replaystore.storage.backend import Backend, open_backend
+from replaystore.storage.backend import Backend
+from replaystore.storage.choose import open_backend
 
 
 @dataclass

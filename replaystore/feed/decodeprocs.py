@@ -51,7 +51,7 @@ import threading
 import weakref
 from itertools import chain
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -149,9 +149,9 @@ class DecodeProcesses:
                     worker.pending.append(reply)
                     frame = np.array([MAGIC, worker.seq, len(head) + len(blob)], dtype="<i8").tobytes()
                     try:
-                        worker.proc.stdin.write(frame + head)
-                        worker.proc.stdin.write(blob)  # larger than the buffer: written straight through
-                        worker.proc.stdin.flush()
+                        worker.stdin.write(frame + head)
+                        worker.stdin.write(blob)  # larger than the buffer: written straight through
+                        worker.stdin.flush()
                     except BaseException:
                         # part of a request may be in the pipe: the worker cannot find the next one
                         self._workers.kill(worker, "a request to it could not be written whole")
@@ -173,10 +173,10 @@ class DecodeProcesses:
 
     def _request(self, plans: list[Plan], frames: list[np.ndarray]) -> tuple[bytes, bytes]:
         """One block's request (decodeworker's format): everything but the payloads, and the payloads."""
-        payloads = list(chain.from_iterable(plan.payloads for plan in plans))
-        if None in payloads:
-            lengths = np.array([-1 if p is None else len(p) for p in payloads], dtype="<i8")
-            payloads = [p for p in payloads if p is not None]
+        every = list(chain.from_iterable(plan.payloads for plan in plans))
+        payloads = [p for p in every if p is not None]
+        if len(payloads) < len(every):
+            lengths = np.array([-1 if p is None else len(p) for p in every], dtype="<i8")
         else:
             lengths = np.fromiter(map(len, payloads), dtype="<i8", count=len(payloads))
         blob = b"".join(payloads)
@@ -201,7 +201,10 @@ class _Worker:
     """One decode process and its requests in flight (``load`` of them, answered in ``pending`` order)."""
 
     def __init__(self, proc: subprocess.Popen) -> None:
+        assert proc.stdin is not None and proc.stdout is not None  # (made with stdin and stdout pipes)
         self.proc = proc
+        self.stdin: IO[bytes] = proc.stdin
+        self.stdout: IO[bytes] = proc.stdout
         self.pending: collections.deque[_Reply] = collections.deque()
         self.writing = threading.Lock()  # held while a request is written and its reply queued
         self.load = 0
@@ -245,7 +248,7 @@ class _Workers:
             self.free.notify()
 
     def collect(self, worker: _Worker) -> None:
-        stdout = worker.proc.stdout
+        stdout = worker.stdout
         why = None
         try:
             while len(raw := stdout.read(16)) == 16:

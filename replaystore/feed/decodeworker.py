@@ -136,7 +136,7 @@ class BlockDecoder:
         return self.scratch[:nbytes]
 
 
-def read_request(stream: Any, memory_nbytes: int) -> tuple[int, dict[str, int], list[np.ndarray], bytes] | None:
+def read_request(stream: Any, memory_nbytes: int) -> tuple[int, dict[str, int], list[np.ndarray], memoryview] | None:
     """One request from ``stream`` (its sequence number, header, arrays and payloads), or None at the
     end of input. Raises ``BadRequest`` for a frame that cannot be trusted."""
     frame = stream.read(8 * FRAME)

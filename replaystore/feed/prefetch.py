@@ -97,7 +97,7 @@ class Prefetcher:
         self.depth = depth
         self.held = held
         source.plan(sampler, batch_size, rng=np.random.default_rng(0)).finish(source.reader)  # bad arguments fail now
-        self.seed = int(np.random.SeedSequence(seed).entropy) if seed is None else int(seed)
+        self.seed = int(np.random.default_rng().integers(2**63)) if seed is None else int(seed)
         why_not = unavailable(source.reader)
         if processes and why_not:
             raise SampleError(f"decode processes were asked for, but {why_not}; pass processes=False "

@@ -44,7 +44,8 @@ def zarr_compressors(codec: CodecSpec) -> list[Any]:
     if codec.name == "zstd":
         return [ZstdCodec(level=codec.level, checksum=False), Crc32cCodec()]
     if codec.name == "blosc":
-        return [BloscCodec(cname=codec.cname, clevel=codec.level, shuffle="noshuffle", typesize=1), Crc32cCodec()]
+        return [BloscCodec(cname=codec.cname, clevel=codec.level, shuffle="noshuffle", typesize=1),  # type: ignore[arg-type]
+                Crc32cCodec()]
     raise ConfigError(f"codec name is {codec.name!r}, but replaystore supports 'zstd' and 'blosc'; pick one of those")
 
 

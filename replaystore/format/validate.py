@@ -97,22 +97,31 @@ def new_schema(capacity: Any, observation_space: Any, action_space: Any, frame_s
     """The schema and layout of a new store, every argument of ``ReplayStore.create`` checked."""
     box = box_from_space(observation_space)
     discrete = discrete_from_space(action_space)
-    if isinstance(capacity, bool) or not isinstance(capacity, numbers.Integral) or not 2 <= capacity <= MAX_CAPACITY:
+    cap = int_in(capacity, 2, MAX_CAPACITY)
+    if cap is None:
         raise ConfigError(f"capacity is {capacity!r}; it must be an int between 2 and {MAX_CAPACITY} steps")
-    if isinstance(frame_stack, bool) or not isinstance(frame_stack, numbers.Integral) or not 1 <= frame_stack <= 1024:
+    stack = int_in(frame_stack, 1, 1024)
+    if stack is None:
         raise ConfigError(f"frame_stack is {frame_stack!r}; it must be an int between 1 and 1024 (4 for Atari)")
-    if (isinstance(num_streams, bool) or not isinstance(num_streams, numbers.Integral)
-            or not 1 <= num_streams <= MAX_STREAMS):
+    n = int_in(num_streams, 1, MAX_STREAMS)
+    if n is None:
         raise ConfigError(f"num_streams is {num_streams!r}; it must be an int between 1 and {MAX_STREAMS} "
                           "(one per environment that writes)")
-    n = int(num_streams)
-    if capacity % n:
-        lower, upper = capacity - capacity % n, capacity - capacity % n + n
-        raise ConfigError(f"capacity {capacity} does not split evenly into {n} streams; use a multiple of {n} "
+    if cap % n:
+        lower, upper = cap - cap % n, cap - cap % n + n
+        raise ConfigError(f"capacity {cap} does not split evenly into {n} streams; use a multiple of {n} "
                           f"such as {lower} or {upper}")
-    layout = layout or default_layout(box.frame_bytes, int(capacity) // n)
-    validate_layout(layout, int(capacity) // n)
-    return Schema(box, discrete, int(capacity), int(frame_stack), n), layout
+    layout = layout or default_layout(box.frame_bytes, cap // n)
+    validate_layout(layout, cap // n)
+    return Schema(box, discrete, cap, stack, n), layout
+
+
+def int_in(value: Any, lo: int, hi: int) -> int | None:
+    """``value`` as an int when it is an integer (not a bool) in ``lo..hi``, else None."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        return None
+    number = int(value)
+    return number if lo <= number <= hi else None
 
 
 def check_streams(n: int, mode: str, streams: Any, where: str) -> list[int]:
@@ -123,7 +132,7 @@ def check_streams(n: int, mode: str, streams: Any, where: str) -> list[int]:
         raise ConfigError("streams= names the streams to write; pass mode='a' with it")
     picked = [streams] if isinstance(streams, numbers.Integral) else list(streams)
     for k in picked:
-        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 0 <= k < n:
+        if int_in(k, 0, n - 1) is None:
             raise ConfigError(f"streams holds {k!r}, but {where} has streams 0..{n - 1}; pass stream indexes in "
                               "that range")
     if not picked or len(set(picked)) != len(picked):

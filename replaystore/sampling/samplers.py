@@ -59,6 +59,8 @@ class UniformSampler(Sampler):
     discounted by ``gamma`` (assemble.py)."""
 
     frames = ("obs", "next_obs")
+    n_step: int
+    gamma: float
 
     def __init__(self, *, n_step: int = 1, gamma: float = 0.99) -> None:
         if isinstance(n_step, bool) or not isinstance(n_step, numbers.Integral) or not 1 <= n_step <= 1000:

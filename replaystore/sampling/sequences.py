@@ -57,6 +57,7 @@ class SequenceSampler(Sampler):
     """Windows of ``length`` consecutive transitions (see the module docstring)."""
 
     frames = ("obs",)
+    length: int
 
     def __init__(self, length: int) -> None:
         if isinstance(length, bool) or not isinstance(length, numbers.Integral) or not 1 <= length <= MAX_LENGTH:

@@ -4,7 +4,7 @@ A store is a zarr v3 group: metadata (the root ``zarr.json`` and each array's), 
 (its ``State``) and its shards of every array, and per stream at most one writer. Everything above
 this module (the writers, the reader, the samplers, the facade, the CLI) reaches those bytes
 through a ``Backend`` and the ``FrameShards`` it hands the reader, and never asks which kind it
-has. There are two, chosen once from the path or URL (``open_backend``):
+has. There are two, chosen once from the path or URL (choose.py's ``open_backend``):
 
 - ``storage/local``: files. A shard is written to a temporary name and renamed over the old one, a
   commit is such a rename of the stream's ``zarr.json``, a writer's claim is an ``flock``.
@@ -21,7 +21,6 @@ Streams are the general case: stream ``k``'s shard ``j`` of an array is the arra
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
 
 from replaystore.format.schema import Layout, Schema, State, stream_stride
 from replaystore.format.shards import CRC_BYTES, INDEX_ENTRY_BYTES, check_chunk
@@ -221,33 +220,3 @@ class Backend(ABC):
         if self.schema is None or self.layout is None:
             raise RuntimeError(f"{self.where}: read_metadata() or create() comes first")
         return self.schema, self.layout
-
-
-#: storage_options that mean something for a store at a URL only, and are ignored for a local path
-#: (so one command line serves both: ``replaystore-train --store PATH_OR_URL --lease-ttl ...``)
-LEASE_OPTIONS = ("lease_ttl", "gc_grace")
-
-
-def open_backend(path: Any, storage_options: dict[str, Any] | None = None) -> Backend:
-    """The backend of a store at ``path``: a URL (``s3://bucket/prefix``) is on object storage, a
-    plain path or a ``file://`` URL on a file system."""
-    if is_url(path):
-        from replaystore.storage.objects.backend import ObjectBackend
-
-        return ObjectBackend(path, storage_options)
-    from pathlib import Path
-
-    from replaystore.errors import ConfigError
-    from replaystore.storage.local.backend import LocalBackend
-
-    other = sorted(set(storage_options or ()) - set(LEASE_OPTIONS))
-    if other:
-        raise ConfigError(f"storage_options {other} were given for {path}, a local path; they configure a store at an "
-                          "s3:// URL: drop them, or give a URL")
-    return LocalBackend(Path(path[len("file://"):] if isinstance(path, str) and path.startswith("file://") else path))
-
-
-def is_url(path: Any) -> bool:
-    """Whether ``path`` names a store on object storage (``s3://bucket/prefix``); ``file://`` URLs and
-    plain paths are local."""
-    return isinstance(path, str) and "://" in path and not path.startswith("file://")

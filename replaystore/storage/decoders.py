@@ -87,7 +87,7 @@ class ChunkDecoder:
             base = flat.ctypes.data
             decompress_into = LIBZSTD.ZSTD_decompressDCtx
             if as_one and stop > start:
-                blob = b"".join(payloads[start:stop])
+                blob = b"".join(p for p in payloads[start:stop] if p is not None)  # (as_one: none is None)
                 want = (stop - start) * nbytes
                 if decompress_into(dctx, base + start * nbytes, want, blob, len(blob)) == want:
                     return

@@ -46,7 +46,7 @@ from replaystore.storage.chunkcache import ChunkCache
 from replaystore.storage.chunkread import ChunkRead
 from replaystore.storage.decoders import ChunkDecoder, declared_size
 from replaystore.storage.pool import MemoryPool
-from replaystore.storage.warm import warm, warm_on_first_miss
+from replaystore.storage.warm import warm
 
 #: Below this many chunks a batch is decoded on the calling thread alone (pool overhead ~20 us).
 MIN_CHUNKS_PER_TASK = 8
@@ -95,7 +95,7 @@ class FrameReader:
         self.cache_bytes = cache_bytes
         self.live_regions = live_regions
         self.decode_threads = max(1, int(decode_threads))
-        #: held until the first miss has read the view whole, where that pays (``warm_on_first_miss``)
+        #: held until the first miss has read the view whole, where that pays (``_warm_on_first_miss``)
         self.first_miss: threading.Lock | None = threading.Lock() if files.warm_on_first_miss else None
         self.cache = ChunkCache(n_shards=-(-self.capacity // self.shard_len), chunks_per_shard=self.chunks_per_shard,
                                 cache_bytes=cache_bytes)
@@ -138,7 +138,9 @@ class FrameReader:
 
         Not safe against a concurrent writer on its own: the store calls ``plan`` under its lock.
         """
-        return self.finish(self.plan(positions))
+        frames = self.finish(self.plan(positions))
+        assert isinstance(frames, np.ndarray)
+        return frames
 
     def plan(self, positions: np.ndarray, out: np.ndarray | list[np.ndarray] | None = None) -> Plan:
         """Phase 1 (under the store's lock): RAM-buffer frames copied, chunk bytes collected.
@@ -223,11 +225,15 @@ class FrameReader:
             return
         reads = list(todo.values())
         if self.first_miss is not None:
-            warm_on_first_miss(self)
+            self._warm_on_first_miss()
         by_id, generation, per_shard = self.cache.by_id, self.cache.generation, self.chunks_per_shard
-        cached = [r for r in reads if (payload := by_id[r.cid]) is not None  # cached since it was planned
-                  and generation[r.cid // per_shard] == r.generation and setattr(r, "payload", payload) is None]
-        if cached:  # (the payload read before the generation: one of a newer file never passes)
+        cached = []
+        for r in reads:  # cached since it was planned (the payload read before the generation: one of a newer
+            payload = by_id[r.cid]  # file never passes)
+            if payload is not None and generation[r.cid // per_shard] == r.generation:
+                r.payload = payload
+                cached.append(r)
+        if cached:
             self.files.release(cached)
         self.files.read(reads)
         if self.joinable:
@@ -281,7 +287,26 @@ class FrameReader:
     def warm(self, shards: range) -> int:
         """Load the compressed chunks of ``shards`` into the cache (one read per shard, every chunk
         checked; warm.py), stopping when the cache is full; returns the bytes added."""
-        return warm(self, shards)
+        return warm(self.cache, self.files, shards, chunk_nbytes=self.chunk_nbytes,
+                    odd=self.odd if self.joinable else None)
+
+    def _warm_on_first_miss(self) -> None:
+        """On object storage, the first read of a chunk the cache misses reads the whole view into
+        the cache first, if it fits (``warm``: one GET per shard object, ``GROUP`` in flight): a
+        request's latency is most of its cost there, so filling the cache miss by miss would take
+        many times as long as reading the store once. Other threads' reads wait for it."""
+        lock = self.first_miss
+        if lock is None:
+            return
+        with lock:
+            if self.first_miss is None:
+                return
+            try:
+                room = self.cache_bytes - self.cache.held
+                if room > 0 and self.files.stored_bytes() <= room:
+                    self.warm(range(len(self.cache.generation)))
+            finally:
+                self.first_miss = None
 
     def keep(self) -> bool:
         """Keep the frame shards of this view readable from now on (``FrameShards.keep``)."""

@@ -17,19 +17,16 @@ to disk as shards.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
 from replaystore.format.schema import SCALAR_FIELDS
 
-if TYPE_CHECKING:
-    from replaystore.storage.rings import Rings
-
 SMALL_RANGE = 16
 
 
-def name_fields(obj: Ring | Rings) -> None:
+def name_fields(obj: Any) -> None:
     """``obj.action``, ``obj.reward``, ... for ``obj.fields[...]``: the names the hot paths use."""
     fields = obj.fields
     obj.action, obj.reward, obj.terminated = fields["action"], fields["reward"], fields["terminated"]

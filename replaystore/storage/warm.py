@@ -4,20 +4,17 @@ storage, their GETs all in flight at once), every chunk's crc32c checked, until 
 A payload is admitted only if its shard's generation is still what it was before its bytes were
 read (``ChunkCache.admit``), so a shard that a writer or a ``refresh()`` re-pointed meanwhile stays
 out of the cache, exactly as for a batch's own reads. A store on object storage does this read on
-its first cache miss, when the view fits the cache (``warm_on_first_miss``).
+its first cache miss, when the view fits the cache (``FrameReader``'s first miss).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import google_crc32c
 
 from replaystore.format.shards import CRC_BYTES, EMPTY_OFFSET
+from replaystore.storage.backend import FrameShards
+from replaystore.storage.chunkcache import ChunkCache
 from replaystore.storage.decoders import declared_size
-
-if TYPE_CHECKING:
-    from replaystore.storage.reader import FrameReader
 
 #: Shards read at once (on object storage: GETs in flight; ~16 MB of a 1M-step Atari store).
 GROUP = 64
@@ -33,12 +30,12 @@ class _Loaded:
         self.cid, self.generation, self.payload = cid, generation, payload
 
 
-def warm(reader: FrameReader, shards: range | list[int]) -> int:
-    """Read ``shards`` of ``reader`` (a ``FrameReader``) whole into its cache, ``GROUP`` at a time,
-    until the cache is full; returns the compressed bytes added."""
-    cache, per_shard, files = reader.cache, reader.chunks_per_shard, reader.files
-    size, odd = reader.chunk_nbytes, reader.odd  # chunks that cannot be decoded joined (reader.py)
-    joinable = reader.joinable
+def warm(cache: ChunkCache, files: FrameShards, shards: range | list[int], *, chunk_nbytes: int,
+         odd: set[int] | None) -> int:
+    """Read ``shards`` of ``files`` whole into ``cache``, ``GROUP`` at a time, until the cache is full;
+    returns the compressed bytes added. ``odd`` (where chunks are decoded joined, reader.py) gets the
+    chunks whose frame does not declare ``chunk_nbytes``."""
+    per_shard = files.chunks_per_shard
     shards = list(shards)
     added = 0
     for at in range(0, len(shards), GROUP):
@@ -65,7 +62,7 @@ def warm(reader: FrameReader, shards: range | list[int]) -> int:
                 payload = bytes(stored[:-CRC_BYTES])
                 if len(stored) != nbytes or crc(payload) != int.from_bytes(stored[-CRC_BYTES:], "little"):
                     payload = files.check(stored, cid)  # raises ChunkChecksumError naming the chunk
-                if joinable and declared_size(payload) != size:
+                if odd is not None and declared_size(payload) != chunk_nbytes:
                     odd.add(cid)
                 loaded.append(_Loaded(cid, generation, payload))
             if full:
@@ -76,22 +73,3 @@ def warm(reader: FrameReader, shards: range | list[int]) -> int:
         if full:
             break
     return added
-
-
-def warm_on_first_miss(reader: FrameReader) -> None:
-    """On object storage, the first read of a chunk ``reader``'s cache misses reads the whole view
-    into the cache first, if it fits (``warm``: one GET per shard object, ``GROUP`` in flight): a
-    request's latency is most of its cost there, so filling the cache miss by miss would take many
-    times as long as reading the store once. Other threads' reads wait for it."""
-    lock = reader.first_miss
-    if lock is None:
-        return
-    with lock:
-        if reader.first_miss is None:
-            return
-        try:
-            room = reader.cache_bytes - reader.cache.held
-            if room > 0 and reader.files.stored_bytes() <= room:
-                warm(reader, range(len(reader.cache.generation)))
-        finally:
-            reader.first_miss = None

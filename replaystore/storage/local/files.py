@@ -42,6 +42,7 @@ import os
 import threading
 from collections import OrderedDict
 from pathlib import Path
+from typing import Any
 
 from replaystore.errors import ChunkChecksumError, TooManyOpenFilesError
 from replaystore.format.shards import (
@@ -343,6 +344,6 @@ def _pread_fallback(fd: int, n: int, offset: int) -> bytes:
 
 _SEEK_LOCK = threading.Lock()
 _pread = getattr(os, "pread", None) or _pread_fallback
-_fadvise = getattr(os, "posix_fadvise", None)
+_fadvise: Any = getattr(os, "posix_fadvise", None)
 _WILLNEED = getattr(os, "POSIX_FADV_WILLNEED", None) if _fadvise is not None else None
 _O_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)

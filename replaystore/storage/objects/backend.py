@@ -119,7 +119,7 @@ class ObjectBackend(Backend):
         """Bytes of the objects the commits read name (superseded generations not yet collected are
         not counted)."""
         streams = self.streams
-        named = set()
+        named: set[str] = set()
         for k in streams.latest:
             doc = streams.latest[k]
             objects = self._names.get(k, doc.objects)

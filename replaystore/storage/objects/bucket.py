@@ -17,6 +17,7 @@ daemon thread, shared by every store of the process.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import datetime as _dt
 import errno
 import os
@@ -49,14 +50,14 @@ class Bucket:
         for key in OWN_OPTIONS:
             options.pop(key, None)
         endpoint = options.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-        client = {"connect_timeout": _dt.timedelta(seconds=5), "timeout": _dt.timedelta(seconds=60)}
+        client: dict[str, Any] = {"connect_timeout": _dt.timedelta(seconds=5), "timeout": _dt.timedelta(seconds=60)}
         if endpoint and str(endpoint).startswith("http://"):
             client["allow_http"] = True
-        retry = {"max_retries": 3, "retry_timeout": _dt.timedelta(seconds=20),
+        retry: dict[str, Any] = {"max_retries": 3, "retry_timeout": _dt.timedelta(seconds=20),
                  "backoff": {"init_backoff": _dt.timedelta(milliseconds=100), "max_backoff": _dt.timedelta(seconds=2),
                              "base": 2}}
         try:
-            self.store = from_url(self.url, client_options=client, retry_config=retry, **options)
+            self.store: Any = from_url(self.url, client_options=client, retry_config=retry, **options)  # type: ignore[call-overload]
         except Exception as exc:  # noqa: BLE001 - obstore raises its own config errors
             raise ConfigError(f"cannot use {url}: {_short(exc)}; check the URL and storage_options") from exc
 
@@ -144,17 +145,17 @@ class Bucket:
                 raise StoreWriteError(errno.EIO, f"could not delete {len(keys)} objects under {self.url} "
                                       f"({_short(exc)})") from exc
 
-    def list(self, prefix: str | None) -> list[dict[str, Any]]:
+    def list(self, prefix: str | None) -> builtins.list[dict[str, Any]]:
         """Every object under ``prefix`` (its ``path`` relative to this bucket's prefix)."""
         import obstore
 
         try:
             out: list[dict[str, Any]] = []
             for page in obstore.list(self.store, prefix, chunk_size=1000):
-                out.extend(page)
+                out.extend(dict(meta) for meta in page)
             return out
         except Exception as exc:  # noqa: BLE001
-            raise self.read_error(prefix, exc) from exc
+            raise self.read_error(prefix or "", exc) from exc
 
     def exists(self) -> bool:
         """Whether anything is stored under this URL."""
@@ -173,8 +174,9 @@ class Bucket:
         return StoreReadError(errno.EIO, f"could not read {self.where(key)} ({_short(exc)}); check that the server "
                               "answers (AWS_ENDPOINT_URL) and the credentials, then try again")
 
-    def _run_all(self, coros: list[Coroutine[Any, Any, T]], keys: Sequence[str], missing_ok: bool = True) -> list[T]:
-        async def gather() -> list[Any]:
+    def _run_all(self, coros: builtins.list[Coroutine[Any, Any, T]], keys: Sequence[str],
+                 missing_ok: bool = True) -> builtins.list[T]:
+        async def gather() -> builtins.list[Any]:
             return await asyncio.gather(*coros, return_exceptions=True)
 
         results = run(gather())

@@ -164,10 +164,11 @@ class ObjectStreams:
             else:
                 doc = self.read_doc(k)
                 expires = doc.lease_expires()
-                if expires is not None and doc.lease.get("token") != self.token and time.time() < expires:
+                lease = doc.lease or {}
+                if expires is not None and lease.get("token") != self.token and time.time() < expires:
                     when = _dt.datetime.fromtimestamp(expires, _dt.UTC).isoformat(timespec="seconds")
                     raise StoreLockedError(
-                        f"stream {k} of {self.bucket} is open for writing by {doc.lease.get('holder')} (its lease "
+                        f"stream {k} of {self.bucket} is open for writing by {lease.get('holder')} (its lease "
                         f"runs until {when} unless renewed); close that writer first, wait for its lease to expire "
                         "if it died, or open the store with mode='r' to read it")
             mine = dataclasses.replace(doc, lease={"holder": self.holder, "token": self.token, "ttl": self.lease_ttl},
