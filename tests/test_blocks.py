@@ -10,9 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import fill, make_store
+from conftest import fill_truth, make_store
+from groundtruth import check_stack, step
 
-from replaystore import ReplayStore, SampleError
+from replaystore import BlockReleasedError, ReplayStore, SampleError
+from replaystore.feed.block import Block
 
 FIELDS = ("obs", "next_obs", "action", "reward", "terminated", "truncated", "discount", "index", "weight")
 
@@ -20,16 +22,18 @@ FIELDS = ("obs", "next_obs", "action", "reward", "terminated", "truncated", "dis
 @pytest.fixture
 def filled(store_path: Path) -> ReplayStore:
     store = make_store(store_path, capacity=128, frame_stack=3, shard_len=32, chunk_len=4)
-    fill(store, 196, episode_len=7)
+    fill_truth(store, 196)
     store.flush()
     return store
 
 
-def expected(store: ReplayStore, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The obs and (1-step) next_obs stacks of the transitions at slots ``index``, from the store."""
-    ring = store.ring
-    positions = ring.lo + (index - ring.lo) % ring.capacity
-    return store.reader.gather(ring.stack_positions(positions)), store.reader.gather(ring.stack_positions(positions + 1))
+def check_block(block: Block | dict[str, np.ndarray]) -> None:
+    """Every transition of ``block`` against the ground truth (1-step: next_obs is one move on)."""
+    for i in range(block["obs"].shape[0]):
+        for j in range(block["obs"].shape[1]):
+            k, p = check_stack(block["obs"][i, j], 3)
+            assert check_stack(block["next_obs"][i, j], 3) == (k, p + 1)
+            assert block["action"][i, j] == step(k, p).action
 
 
 def test_blocks_hold_the_stores_transitions(filled: ReplayStore) -> None:
@@ -38,11 +42,31 @@ def test_blocks_hold_the_stores_transitions(filled: ReplayStore) -> None:
             block = next(it)
             assert set(block) == set(FIELDS)
             assert block["obs"].shape == (4, 16, 3, 3, 4) and block["reward"].shape == (4, 16)
-            for i in range(4):
-                obs, nxt = expected(filled, block["index"][i])
-                np.testing.assert_array_equal(block["obs"][i], obs)
-                np.testing.assert_array_equal(block["next_obs"][i], nxt)
-                np.testing.assert_array_equal(block["action"][i], filled.ring.action[block["index"][i]])
+            check_block(block)
+
+
+def test_a_released_block_is_an_error_and_its_arrays_stay_intact(filled: ReplayStore) -> None:
+    """``release()`` hands a block's memory back at once: the block's fields raise from then on,
+    arrays taken from it keep their values however far iteration goes, and released blocks are
+    recycled although the consumer keeps the block objects."""
+    with filled.blocks(16, batches_per_block=2, seed=6, threads=2, depth=2) as it:
+        kept_blocks, kept_arrays = [], []
+        for n in range(80):
+            block = next(it)
+            if n % 20 == 0:
+                kept_arrays.append({name: block[name] for name in ("obs", "next_obs", "action")})
+            block.release()
+            kept_blocks.append(block)  # released: holding the object holds no memory
+        assert it.prefetcher.blocks_made <= 8, "released blocks are not being recycled"
+        with pytest.raises(BlockReleasedError, match="released"):
+            kept_blocks[-1]["obs"]
+        with pytest.raises(BlockReleasedError):
+            dict(kept_blocks[0])
+        for arrays in kept_arrays:
+            check_block(arrays)
+        with next(it) as block:
+            check_block(block)
+        assert block.released
 
 
 def test_blocks_are_as_datasets_batches(filled: ReplayStore) -> None:
@@ -79,6 +103,7 @@ def test_held_blocks_stay_intact_while_others_are_recycled(filled: ReplayStore) 
         for block, copy in zip(held, copies[1:], strict=True):
             for name in copy:
                 np.testing.assert_array_equal(block[name], copy[name])
+            check_block(block)
         np.testing.assert_array_equal(view, view_copy)
 
 

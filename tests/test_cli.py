@@ -27,7 +27,7 @@ def test_inspect_json(filled: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["inspect", str(filled), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     store = ReplayStore.open(filled)
-    assert info["transitions"] == len(store) and info["format_version"] == 2
+    assert info["transitions"] == len(store) and info["format_version"] == 1
     assert info["schema"]["capacity"] == 64 and info["layout"]["obs_chunk_len"] == 4
     assert info["state"]["added"] == store.added and info["state"]["episode_in_progress"] is True
     ep = info["episodes"]
@@ -38,7 +38,7 @@ def test_inspect_json(filled: Path, capsys: pytest.CaptureFixture[str]) -> None:
 def test_inspect_text(filled: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["inspect", str(filled)]) == 0
     out = capsys.readouterr().out
-    assert "format version 2" in out and "sampleable transitions" in out and "zstd-3 + crc32c" in out
+    assert "format version 1" in out and "sampleable transitions" in out and "zstd-3 + crc32c" in out
 
 
 def test_verify_clean(filled: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -97,8 +97,8 @@ HOSTILE = {
     "group-truncated": lambda p: (p / "zarr.json").write_bytes((p / "zarr.json").read_bytes()[:40]),
     "group-not-an-object": lambda p: (p / "zarr.json").write_text("[1, 2, 3]"),
     "version-unknown": lambda p: _edit_group(p, lambda d: d["attributes"]["replaystore"].__setitem__("format_version", 7)),
-    "added-float": lambda p: _edit_group(p / "streams/0", lambda d: d["attributes"]["replaystore_stream"]["state"].__setitem__("added", 1.5)),
-    "oldest-past-added": lambda p: _edit_group(p / "streams/0", lambda d: d["attributes"]["replaystore_stream"]["state"].__setitem__("oldest", 10**6)),
+    "added-float": lambda p: _edit_group(p, lambda d: d["attributes"]["replaystore"]["state"].__setitem__("added", 1.5)),
+    "oldest-past-added": lambda p: _edit_group(p, lambda d: d["attributes"]["replaystore"]["state"].__setitem__("oldest", 10**6)),
     "frame-stack-absurd": lambda p: _edit_group(p, lambda d: d["attributes"]["replaystore"]["schema"].__setitem__("frame_stack", 10**12)),
     "dtype-unknown": lambda p: _edit_group(p, lambda d: d["attributes"]["replaystore"]["schema"]["observation_space"].__setitem__("dtype", "complex512")),
     "actions-zero": lambda p: _edit_group(p, lambda d: d["attributes"]["replaystore"]["schema"]["action_space"].__setitem__("n", 0)),

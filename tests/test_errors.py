@@ -93,14 +93,6 @@ def _edit_attrs(path: Path, edit) -> None:
     (path / "zarr.json").write_text(json.dumps(doc))
 
 
-def _edit_state(path: Path, edit, stream: int = 0) -> None:
-    """Edit stream ``stream``'s commit (``streams/<k>/zarr.json``)."""
-    f = path / "streams" / str(stream) / "zarr.json"
-    doc = json.loads(f.read_text())
-    edit(doc["attributes"]["replaystore_stream"]["state"])
-    f.write_text(json.dumps(doc))
-
-
 def test_newer_format_version_is_refused(filled: ReplayStore, store_path: Path) -> None:
     filled.close()
     _edit_attrs(store_path, lambda a: a.__setitem__("format_version", 99))
@@ -113,8 +105,8 @@ def test_newer_format_version_is_refused(filled: ReplayStore, store_path: Path) 
 @pytest.mark.parametrize(
     "edit",
     [
-        lambda p: _edit_state(p, lambda st: st.__setitem__("added", "many")),
-        lambda p: _edit_state(p, lambda st: st.__setitem__("added", -3)),
+        lambda p: _edit_attrs(p, lambda a: a["state"].__setitem__("added", "many")),
+        lambda p: _edit_attrs(p, lambda a: a["state"].__setitem__("added", -3)),
         lambda p: _edit_attrs(p, lambda a: a["schema"].__setitem__("capacity", 10**30)),
         lambda p: _edit_attrs(p, lambda a: a["schema"]["observation_space"].__setitem__("shape", [3, "x"])),
         lambda p: _edit_attrs(p, lambda a: a.pop("layout")),

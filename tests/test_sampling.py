@@ -10,7 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import fill, frame, make_store, small_spaces
+from conftest import fill, fill_truth, frame, make_store, small_spaces
+from groundtruth import SHAPE, check_stack, step
+from groundtruth import frame as truth_frame
 
 from replaystore import ConfigError, Layout, ReplayStore, SampleError
 from replaystore.sampling.priority import SumTree
@@ -208,9 +210,10 @@ def test_memory_budget(tmp_path: Path) -> None:
 
 
 def test_samplers_on_other_threads_while_adding(store_path: Path) -> None:
-    """Frames identify their step; every batch drawn while the writer adds and wraps must match."""
-    store = make_store(store_path, capacity=128, frame_stack=1, shard_len=32, chunk_len=4)
-    fill(store, 40, episode_len=40)
+    """Frames spell their step (tests/groundtruth.py); every transition of every batch drawn while the
+    writer adds and wraps must be exactly the ground truth's: its stack, its next stack, its move."""
+    store = make_store(store_path, capacity=128, frame_stack=2, shard_len=32, chunk_len=4)
+    fill_truth(store, 40)
     errors: list[BaseException] = []
     stop = threading.Event()
     counts = [0, 0]
@@ -220,9 +223,10 @@ def test_samplers_on_other_threads_while_adding(store_path: Path) -> None:
         try:
             while not stop.is_set():
                 batch = store.sample(16, rng=rng, prioritized=bool(i))
-                # Within one long episode, obs at position t is frame(t) for the first step, else
-                # frame(t + 100_000) (see conftest.fill): its first pixel encodes the position.
-                assert np.all(batch.obs[:, 0, 0, 0] != batch.next_obs[:, 0, 0, 0])
+                for j in range(16):
+                    k, p = check_stack(batch.obs[j], 2)
+                    assert check_stack(batch.next_obs[j], 2) == (k, p + 1)
+                    assert (batch.action[j], batch.reward[j]) == (step(k, p).action, step(k, p).reward)
                 counts[i] += 1
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
@@ -231,18 +235,13 @@ def test_samplers_on_other_threads_while_adding(store_path: Path) -> None:
     for t in threads:
         t.start()
     try:
-        fill(store, 1500, start=40, episode_len=1500)
+        fill_truth(store, 1500, start=store.ring.added - 1)  # the stream goes on, wrapping the ring ~14 times
     finally:
         stop.set()
         for t in threads:
             t.join()
     assert not errors, errors[0]
     assert min(counts) > 0
-    # And what the samplers saw was right: check a final batch against the writer's own frames.
-    batch = store.sample(64, rng=np.random.default_rng(9))
-    positions = store.ring.lo + (batch.index - store.ring.lo) % store.capacity
-    want = store.reader.gather(positions)
-    np.testing.assert_array_equal(batch.obs[:, 0], want)
 
 
 def test_layout_rejects_nothing_new(store_path: Path) -> None:
@@ -255,22 +254,26 @@ def test_block_plans_match_batch_by_batch_reads(store_path: Path) -> None:
     blocks) reads exactly what separate ``gather`` calls read, with part of every batch in the
     writer's RAM buffer, chunks shared between batches, and ``obs``/``next_obs`` kept apart."""
     store = make_store(store_path, capacity=64, frame_stack=3, shard_len=16, chunk_len=4)
-    fill(store, 90, episode_len=7)  # wrapped; the newest steps are still in the RAM buffer
+    fill_truth(store, 90)  # wrapped; the newest steps are still in the RAM buffer
     reader, ring = store.reader, store.ring
     assert reader.live_regions()
     rng = np.random.default_rng(5)
     k, n = 4, 6
+
+    def truth(positions: np.ndarray) -> np.ndarray:
+        return np.stack([truth_frame(0, int(p)) for p in positions.ravel()]).reshape(*positions.shape, *SHAPE)
+
+    sampleable = np.array([p for p in range(ring.lo, ring.added) if ring.valid[p % ring.capacity]])
     for _ in range(20):
-        positions = ring.lo + rng.integers(0, len(store) - 2, (k, 2, n))
+        positions = sampleable[rng.integers(0, sampleable.size, (k, 2, n))]  # (stacks within the live steps)
         stacks = ring.stack_positions(positions.ravel()).reshape(k, 2, n, -1)
         obs = np.empty((k, n, stacks.shape[-1], *reader.shape), reader.dtype)
         nxt = np.empty_like(obs)
         plans = reader.plan_many(stacks, [[obs[i], nxt[i]] for i in range(k)])
         for i, plan in enumerate(plans):
             reader.finish(plan)
-            expected = reader.gather(stacks[i])
-            np.testing.assert_array_equal(obs[i], expected[0])
-            np.testing.assert_array_equal(nxt[i], expected[1])
+            np.testing.assert_array_equal(obs[i], truth(stacks[i][0]))
+            np.testing.assert_array_equal(nxt[i], truth(stacks[i][1]))
     single = reader.plan(stacks[0])  # one array out, the plain sampler's way
-    np.testing.assert_array_equal(reader.finish(single), reader.gather(stacks[0]))
+    np.testing.assert_array_equal(reader.finish(single), truth(stacks[0]))
     store.close()

@@ -25,11 +25,11 @@ def test_plain_zarr_reads_every_field(store_path: Path) -> None:
     store.close()
     group = zarr.open_group(str(store_path), mode="r")
     attrs = group.attrs["replaystore"]
-    assert attrs["format_version"] == 2  # a store of streams, of one stream
+    assert attrs["format_version"] == 1  # one stream: the version-1 layout, unchanged
     assert attrs["schema"]["observation_space"]["shape"] == list(OBS_SHAPE)
     assert attrs["schema"]["capacity"] == 64 and attrs["schema"]["frame_stack"] == 2
     ours = ReplayStore.open(store_path)
-    added = group["streams/0"].attrs["replaystore_stream"]["state"]["added"]
+    added = attrs["state"]["added"]
     assert added == ours.added == 40 + 40 // 9 + 1  # T+1 observations per episode
     obs = group["obs"][:added]
     np.testing.assert_array_equal(obs, ours.reader.gather(np.arange(added)))
@@ -184,7 +184,7 @@ def test_stale_partial_files_are_cleaned_on_append(store_path: Path) -> None:
     junk.write_bytes(b"half a shard")
     ReplayStore.open(store_path, mode="a").close()
     assert not junk.exists()
-    assert json.loads((store_path / "streams/0/zarr.json").read_text())["attributes"]["replaystore_stream"]["state"]["added"] > 0
+    assert json.loads((store_path / "zarr.json").read_text())["attributes"]["replaystore"]["state"]["added"] > 0
     assert os.path.exists(store_path / "obs" / "zarr.json")
 
 

@@ -77,11 +77,11 @@ WRITER = """
 import sys, time
 import numpy as np
 from replaystore import ReplayStore
-path, k = sys.argv[1], int(sys.argv[2])
+path, k, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 s = ReplayStore.open(path, mode="a", streams=[k])
 ring = s.rings.streams[k]
 f = lambda p: np.full(3, (7 * p + k) % 256, np.uint8)
-rng = np.random.default_rng(k + int(time.time() * 1000) % 1000)
+rng = np.random.default_rng([k, seed])
 last = s.stream_states()[k].added
 print("ready", last, flush=True)
 while True:
@@ -96,10 +96,12 @@ while True:
 """
 
 
-def _start_writer(path: Path, k: int) -> tuple[subprocess.Popen, list[str]]:
+def _start_writer(path: Path, k: int, seed: int = 0) -> tuple[subprocess.Popen, list[str]]:
+    """A process writing stream ``k``, its episode ends drawn from ``seed`` (each restart its own)."""
     import threading
 
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path), str(k)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path), str(k), str(seed)], stdout=subprocess.PIPE,
+                            text=True)
     lines: list[str] = []
     threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True).start()
     return proc, lines
@@ -128,8 +130,8 @@ def test_killing_one_writer_loses_nothing_of_the_others(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     live_kills = 0
     try:
-        for _ in range(6):
-            proc, lines = _start_writer(path, 0)
+        for attempt in range(6):
+            proc, lines = _start_writer(path, 0, seed=attempt)
             deadline = time.monotonic() + 60
             while not any(line.startswith("committed") for line in lines):  # the handshake: it is writing
                 assert proc.poll() is None and time.monotonic() < deadline, "the writer did not start"

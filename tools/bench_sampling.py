@@ -46,6 +46,7 @@ from sampling_contenders import (
     STORE,
     child_deque,
     child_ring,
+    child_sequences,
     child_store,
     child_tfdata,
     peak_rss_mb,
@@ -83,14 +84,59 @@ def build_store(args: argparse.Namespace) -> dict:
 # Parent
 
 
-def spawn(args: argparse.Namespace, kind: str, threads: int) -> dict:
+def spawn(args: argparse.Namespace, kind: str, threads: int, *extra: str) -> dict:
     cmd = [sys.executable, __file__, "--child", kind, "--threads", str(threads), "--seconds", str(args.seconds),
            "--transitions", str(args.transitions), "--record", str(args.record),
-           "--deque-transitions", str(args.deque_transitions), "--batches-per-call", str(args.batches_per_call)]
+           "--deque-transitions", str(args.deque_transitions), "--batches-per-call", str(args.batches_per_call),
+           *extra]
     out = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise SystemExit(f"{kind} x{threads} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+#: The quick mode's rows: (name, child kind, threads, extra arguments). Sequences of 16 and 64 moves
+#: (4 windows a call) run beside ``sample`` of as many transitions a call.
+QUICK = [("sample x1", "store", 1, ()), ("sample x2", "store", 2, ()), ("prioritized x1", "store-prioritized", 1, ()),
+         ("as_dataset loop x1", "tfdata", 1, ()), ("as_dataset loop x2", "tfdata", 2, ()),
+         ("sample_sequences 4x16", "sequences", 1, ("--length", "16", "--batch", "4")),
+         ("sample 64", "store", 1, ("--batch", "64")),
+         ("sample_sequences 4x64", "sequences", 1, ("--length", "64", "--batch", "4")),
+         ("sample 256", "store", 1, ("--batch", "256"))]
+
+
+def quick(args: argparse.Namespace) -> None:
+    """The store's own rows only, each in its own process, in ``--rounds`` interleaved rounds (the store
+    must exist: run the full benchmark once, or pass neither ``--quick`` nor ``--reuse``)."""
+    if not (STORE / "zarr.json").exists():
+        raise SystemExit(f"{STORE} does not exist: run `python tools/bench_sampling.py` once to build it")
+    import replaystore
+
+    every: dict[str, list[dict]] = {}
+    for round_ in range(args.rounds):
+        for name, kind, threads, extra in QUICK:
+            r = spawn(args, kind, threads, *extra)
+            every.setdefault(name, []).append(r)
+            print(f"  {name:24s} round {round_ + 1}: {r['batches_per_s']:9,.0f} calls/s "
+                  f"{r.get('transitions_per_s', 32 * r['batches_per_s']):11,.0f} transitions/s", flush=True)
+    runs = {}
+    for name, rs in every.items():
+        ranked = sorted(rs, key=lambda r: r["batches_per_s"])
+        runs[name] = dict(ranked[(len(ranked) - 1) // 2], rounds_batches_per_s=[r["batches_per_s"] for r in rs])
+    ratios = {f"sequences of {n} / sample of as many transitions":
+              runs[f"sample_sequences 4x{n}"]["transitions_per_s"] / runs[f"sample {4 * n}"]["transitions_per_s"]
+              for n in (16, 64) if runs[f"sample_sequences 4x{n}"]["transitions_per_s"]}
+    print()
+    print("| row | calls/s | transitions/s |")
+    print("|---|---|---|")
+    for name, r in runs.items():
+        print(f"| {name} | {r['batches_per_s']:,.0f} | {r.get('transitions_per_s', 32 * r['batches_per_s']):,.0f} |")
+    for name, value in ratios.items():
+        print(f"ratio {name:52s} {value:6.2f}")
+    out = {"replaystore": replaystore.__file__, "seconds": args.seconds, "rounds": args.rounds, "runs": runs,
+           "ratios": ratios}
+    (OUT / "bench_sampling_quick.json").write_text(json.dumps(out, indent=2))
+    print(f"\nwrote {OUT / 'bench_sampling_quick.json'}")
 
 
 def main() -> None:
@@ -104,14 +150,21 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3,
                     help="interleaved rounds of the sampler and tf.data runs; each one's median is reported")
     ap.add_argument("--reuse", action="store_true", help="reuse tools/out/bench_sampling.zarr if it exists")
+    ap.add_argument("--quick", action="store_true",
+                    help="only the store's own rows (sample, prioritized, sequences, tf.data) in one round: the "
+                         "comparison of two versions of replaystore (tools/ab.py); writes bench_sampling_quick.json")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--batch", type=int, default=32, help=argparse.SUPPRESS)
+    ap.add_argument("--length", type=int, default=16, help=argparse.SUPPRESS)
     args = ap.parse_args()
 
     if args.child:
         kind = args.child
         if kind in ("store", "store-prioritized"):
-            result = child_store(args.threads, args.seconds, kind == "store-prioritized")
+            result = child_store(args.threads, args.seconds, kind == "store-prioritized", args.batch)
+        elif kind == "sequences":
+            result = child_sequences(args.threads, args.seconds, args.length, args.batch)
         elif kind == "ring":
             result = child_ring(args.threads, args.seconds, args.transitions)
         elif kind == "deque":
@@ -123,6 +176,9 @@ def main() -> None:
         print(json.dumps(result))
         return
 
+    if args.quick:
+        quick(args)
+        return
     OUT.mkdir(exist_ok=True)
     print(f"recording {args.record:,} real Breakout steps (random policy, cached), tiled to {args.transitions:,} transitions")
     if args.reuse and (STORE / "zarr.json").exists():

@@ -75,7 +75,7 @@ def run_threads(sample_once, threads: int, seconds: float, cpu: dict | None = No
     return sum(counts) / (time.perf_counter() - t0)
 
 
-def child_store(threads: int, seconds: float, prioritized: bool) -> dict:
+def child_store(threads: int, seconds: float, prioritized: bool, batch: int = BATCH) -> dict:
     from replaystore import ReplayStore
 
     store = ReplayStore.open(STORE)
@@ -86,9 +86,23 @@ def child_store(threads: int, seconds: float, prioritized: bool) -> dict:
         slots = np.flatnonzero(store.ring.valid)
         store.update_priorities(slots, np.random.default_rng(0).uniform(0.01, 2.0, slots.size))
     cpu: dict = {}
-    rate = run_threads(lambda rng: store.sample(BATCH, rng=rng, prioritized=prioritized), threads, seconds, cpu)
-    return {"batches_per_s": rate, "cache_hit_rate": store.cache_hit_rate, "cache_mb": store.cache_bytes_held / 2**20,
-            "warm_cache_mb": warmed / 2**20, "warm_cache_s": warm_s, **cpu}
+    rate = run_threads(lambda rng: store.sample(batch, rng=rng, prioritized=prioritized), threads, seconds, cpu)
+    return {"batches_per_s": rate, "transitions_per_s": rate * batch, "cache_hit_rate": store.cache_hit_rate,
+            "cache_mb": store.cache_bytes_held / 2**20, "warm_cache_mb": warmed / 2**20, "warm_cache_s": warm_s, **cpu}
+
+
+def child_sequences(threads: int, seconds: float, length: int, windows: int) -> dict:
+    """``sample_sequences(windows, length)``: ``windows * length`` transitions a call, their stacks built
+    as ``sample`` builds them (and one more stack a window)."""
+    from replaystore import ReplayStore
+
+    store = ReplayStore.open(STORE)
+    store.warm_cache()
+    if not hasattr(store, "sample_sequences"):
+        return {"batches_per_s": 0.0, "transitions_per_s": 0.0, "missing": True}
+    cpu: dict = {}
+    rate = run_threads(lambda rng: store.sample_sequences(windows, length, rng=rng), threads, seconds, cpu)
+    return {"batches_per_s": rate, "transitions_per_s": rate * windows * length, **cpu}
 
 
 def store_frames(transitions: int):

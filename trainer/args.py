@@ -3,7 +3,7 @@ rules for ``--resume`` (the run's saved ``args.json`` wins; only a few flags may
 
 Defaults are for a real Atari run on a GPU machine (cleanrl's dqn_atari.py: 10M steps, a 1M buffer,
 learning from step 80k). Short CPU runs pass smaller numbers; CartPole settings are in
-tools/cartpole_curve.py.
+tools/learning_curve.py.
 """
 
 from __future__ import annotations

@@ -8,10 +8,9 @@ The group's ``zarr.json`` carries one attribute, ``replaystore``::
      "layout":  {"shard_len": 4096, "obs_chunk_len": 8, "codec": {"name": "zstd", "level": 3}}}
 
 Each stream commits its own state in ``streams/<k>/zarr.json`` (``stream_doc``), so writers of
-different streams never rewrite the same file; a store of one stream is a store of streams with one.
-Version 1 (written by earlier replaystores for one stream) kept that one commit as ``"state"`` here,
-with no ``num_streams``; it is still read and appended to (storage/local). Version 3 is a store on
-object storage (storage/objects). Everything read back from disk is validated here, so a hostile or
+different streams never rewrite the same file. A store of one stream on a file system is version 1:
+its one commit is ``"state"`` here, with no ``num_streams`` (storage/local reads it as stream 0's).
+Version 3 is a store on object storage (storage/objects). Everything read back from disk is validated here, so a hostile or
 truncated ``zarr.json`` becomes a ``CorruptStoreError`` naming the bad key rather than a crash deep
 inside numpy.
 """
@@ -214,8 +213,8 @@ def slot_count(schema: Schema, layout: Layout) -> int:
 
 
 def to_attrs(schema: Schema, layout: Layout, version: int) -> dict[str, Any]:
-    """The ``replaystore`` attribute of a new store's root ``zarr.json`` (format ``version`` 2 or 3;
-    each stream's state is in its own ``stream_doc``)."""
+    """The ``replaystore`` attribute of a new store's root ``zarr.json`` (format ``version`` 2 or 3:
+    each stream's state is in its own ``stream_doc``; version 1: add the state, ``with_root_state``)."""
     obs = dataclasses.asdict(schema.observation)
     obs["shape"] = list(obs["shape"])
     obs["low"] = _compact_bound(np.asarray(_parse_bound(obs["low"])))
@@ -227,7 +226,7 @@ def to_attrs(schema: Schema, layout: Layout, version: int) -> dict[str, Any]:
             "action_space": {"type": "Discrete", **dataclasses.asdict(schema.action)},
             "capacity": schema.capacity,
             "frame_stack": schema.frame_stack,
-            "num_streams": schema.num_streams,
+            **({} if version == ROOT_STATE_VERSION else {"num_streams": schema.num_streams}),
         },
         "layout": {
             "shard_len": layout.shard_len,

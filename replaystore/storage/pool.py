@@ -5,8 +5,8 @@ prefetcher recycle theirs.
 Recycling must never hand out memory an array still shows. Each time memory is handed out it is
 wrapped in a new numpy array made from the buffer itself (``np.frombuffer``); every array cut from
 it (views, slices, reshapes, a TensorFlow tensor wrapping it, a JAX array aliasing it) refers to
-that root array, and numpy's own rule makes each view's ``base`` that root. A finalizer on the root
-(``weakref.finalize``) gives the memory back once the root is garbage: when no array of it is left,
+that root array, and numpy's own rule makes each view's ``base`` that root. A weak reference to the
+root, with a callback, gives the memory back once the root is garbage: when no array of it is left,
 whoever held it and however long. This holds under any garbage collector, since an array that is
 still reachable is never collected; a late collection only means fresh memory for a while, never
 memory in use. (It replaces a check of ``sys.getrefcount``, which depends on how CPython counts
@@ -25,6 +25,18 @@ from typing import Any
 import numpy as np
 
 
+class _GiveBack:
+    """A weak reference's callback: piece ``i`` is free again."""
+
+    __slots__ = ("free", "i")
+
+    def __init__(self, free: collections.deque[int], i: int) -> None:
+        self.free, self.i = free, i
+
+    def __call__(self, _: object) -> None:
+        self.free.append(self.i)
+
+
 class MemoryPool:
     """Up to ``limit`` pieces of memory, handed out as uint8 arrays and taken back when unreferenced.
 
@@ -37,7 +49,8 @@ class MemoryPool:
         self.limit = limit if memory is None else len(memory)
         self._fixed = memory is not None
         self._memory: list[Any] = list(memory or [])
-        self._free: collections.deque[int] = collections.deque(range(len(self._memory)))  # appended by finalizers
+        self._free: collections.deque[int] = collections.deque(range(len(self._memory)))  # appended by callbacks
+        self._watch: dict[int, weakref.ref] = {}  # piece -> a weak reference to its root handed out
         self._grow = threading.Lock()
         self.made = 0  # pieces of memory made so far, pooled or not (recycling keeps this small)
 
@@ -63,7 +76,9 @@ class MemoryPool:
 
     def _hand_out(self, i: int) -> np.ndarray:
         root = np.frombuffer(self._memory[i], dtype=np.uint8)
-        weakref.finalize(root, self._free.append, i)  # refers to the pool, never to ``root``
+        # the callback runs when ``root`` dies (it refers to the pool's list of free pieces, never to
+        # ``root``); the reference is kept until the piece is handed out again
+        self._watch[i] = weakref.ref(root, _GiveBack(self._free, i))
         return root
 
     @property

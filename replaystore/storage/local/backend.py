@@ -6,8 +6,9 @@
     replay.zarr/streams/<k>/zarr.json     stream k's commit (version 2)
     replay.zarr/streams/<k>/writer.lock   stream k's writer lock (version 1: replay.zarr/writer.lock)
 
-New stores are written as version 2 (a store of one stream has ``streams/0``); version 1 stores
-(one stream, written by earlier replaystores) are read and appended to as they are. Writing a shard
+A store of one stream is written as version 1 (its commit in the root ``zarr.json``, its lock
+beside it: the layout replaystore has always written, which every release reads), a store of
+several as version 2; everything above this module sees streams either way. Writing a shard
 renames a new file over the old one, and the directories renamed into are synced before the commit
 that depends on them; a commit is the same kind of rename of the stream's ``zarr.json``. A writer
 holds its stream's ``flock`` (lock.py), which the kernel releases when it dies.
@@ -80,16 +81,21 @@ class LocalBackend(Backend):
     def create(self, schema: Schema, layout: Layout, *, overwrite: bool) -> None:
         lock = self._clear(overwrite=overwrite)
         try:
-            self.schema, self.layout, self.format_version = schema, layout, LOCAL_FORMAT_VERSION
+            version = ROOT_STATE_VERSION if schema.num_streams == 1 else LOCAL_FORMAT_VERSION
+            self.schema, self.layout, self.format_version = schema, layout, version
             for name, raw in store_arrays(schema, layout).items():
                 atomic_write(self.root / name / "zarr.json", raw)
-            atomic_write(self.root / STREAMS_DIR / "zarr.json", json.dumps(group_doc({})).encode())
-            for k in range(schema.num_streams):
-                atomic_write(self._stream_dir(k) / "zarr.json", json.dumps(stream_doc(k, State())).encode())
-                self._lock(k).acquire()
+            self._doc = group_doc({ATTR_KEY: to_attrs(schema, layout, version)})
+            if version == ROOT_STATE_VERSION:
+                self._doc = with_root_state(self._doc, State())
+                self._locks[0], lock = lock, WriterLock(self.root)  # its writer lock is the root lock itself
+            else:
+                atomic_write(self.root / STREAMS_DIR / "zarr.json", json.dumps(group_doc({})).encode())
+                for k in range(schema.num_streams):
+                    atomic_write(self._stream_dir(k) / "zarr.json", json.dumps(stream_doc(k, State())).encode())
+                    self._lock(k).acquire()
             # The group's zarr.json goes last: until it exists the directory is not a store, so a reader
             # never sees one half made.
-            self._doc = group_doc({ATTR_KEY: to_attrs(schema, layout, LOCAL_FORMAT_VERSION)})
             atomic_write(self.root / "zarr.json", json.dumps(self._doc, indent=2).encode())
         except BaseException:
             self.close()

@@ -1,0 +1,180 @@
+"""The same store checks on every storage backend (a local path, and an s3:// URL on the test's
+SeaweedFS server): exact transitions and stacks, n-step returns, prioritized draws, sequences, blocks,
+reopening, following another writer with refresh(), compaction and bad input. Every value is checked
+against tests/groundtruth.py (frames spell their stream and step), never against the store itself."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from conftest import snapshot
+from groundtruth import EPISODE_MOVES, N_ACTIONS, SHAPE, check_batches, check_stack, frame, moves, step
+
+from replaystore import InvalidTransitionError, Layout, ReplayStore, SampleError
+from replaystore.cli.compact import compact_store
+from replaystore.cli.verify import verify_store
+
+SPACES = (gym.spaces.Box(0, 255, SHAPE, np.uint8), gym.spaces.Discrete(N_ACTIONS))
+COUNTS = (40, 90, 25)  # moves written into each of 3 streams of 32 steps: streams 1 and 2 wrap
+
+
+@pytest.fixture(params=["local", "s3"])
+def where(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "local":
+        return str(tmp_path / "replay.zarr")
+    request.getfixturevalue("s3_server")
+    return f"s3://replay/conformance-{uuid.uuid4().hex[:12]}/replay.zarr"
+
+
+def sibling(where: str, name: str) -> str:
+    return where.replace("replay.zarr", name)
+
+
+def contents(where: str) -> dict[str, object]:
+    """Every file's hash (local), or every object's ETag and each stream's commit (s3: a writer's
+    lease, taken and given back, rewrites its stream's state object): equal contents, unchanged store."""
+    if "://" not in where:
+        return dict(snapshot(Path(where)))
+    from replaystore.storage.objects.bucket import Bucket
+
+    out: dict[str, object] = {m["path"]: m["e_tag"] for m in Bucket(where).list(None)
+                              if not m["path"].startswith("streams/")}
+    with ReplayStore.open(where) as store:
+        out["states"] = [(s.added, s.oldest, s.episodes, s.episode_in_progress) for s in store.stream_states()]
+    return out
+
+
+def write(where: str, counts: tuple[int, ...] = COUNTS, *, start: tuple[int, ...] | None = None) -> None:
+    """Stream ``k`` of the store at ``where`` takes ``counts[k]`` ground-truth moves (from position
+    ``start[k]``), each stream by a handle of its own."""
+    for k, count in enumerate(counts):
+        with ReplayStore.open(where, mode="a", streams=[k]) as store:
+            for move in moves(k, count, start=0 if start is None else start[k]):
+                store.add(*move)
+
+
+def create(where: str) -> None:
+    ReplayStore.create(where, 96, *SPACES, 2, layout=Layout(shard_len=8, obs_chunk_len=2), num_streams=3).close()
+    write(where)
+
+
+def after(k: int, count: int) -> int:
+    """The position after stream ``k``'s first ``count`` moves."""
+    p = done = 0
+    while done < count:
+        done += not step(k, p).is_last
+        p += 1
+    return p
+
+
+def test_transitions_stacks_n_step_returns_and_priorities(where: str) -> None:
+    create(where)
+    with ReplayStore.open(where) as store:
+        assert store.num_streams == 3
+        check_batches(store)
+        check_batches(store, n_step=3)
+        check_batches(store, n_step=2, prioritized=True)
+    with ReplayStore.open(where, mode="a") as store:  # priorities are the store's: they outlive the handle
+        batch = store.sample(64, rng=np.random.default_rng(1))
+        favourite = batch.index[:3]
+        store.update_priorities(batch.index, np.full(64, 1e-6))
+        store.update_priorities(favourite, np.full(3, 1e6))
+    with ReplayStore.open(where) as store:
+        rng = np.random.default_rng(2)
+        drawn = np.concatenate([store.sample(32, rng=rng, prioritized=True, alpha=1.0).index for _ in range(8)])
+        assert np.isin(drawn, favourite).mean() > 0.95  # proportional: the rest share ~1e-10 of the mass
+        check_batches(store, prioritized=True)
+
+
+def test_sequences_are_whole_windows_of_one_episode(where: str) -> None:
+    create(where)
+    with ReplayStore.open(where) as store:
+        for length in (1, 4, 10):
+            seq = store.sample_sequences(24, length, rng=np.random.default_rng(length))
+            assert seq.obs.shape == (24, length + 1, 2, *SHAPE) and seq.action.shape == (24, length)
+            for i in range(24):
+                k, first = check_stack(seq.obs[i, 0], 2)
+                episode = step(k, first).episode
+                for t in range(length + 1):
+                    assert check_stack(seq.obs[i, t], 2) == (k, first + t)
+                    assert step(k, first + t).episode == episode, "a window crossed an episode's end"
+                for t in range(length):
+                    s = step(k, first + t)
+                    assert (seq.action[i, t], seq.reward[i, t]) == (s.action, pytest.approx(s.reward))
+                    assert (seq.terminated[i, t], seq.truncated[i, t]) == (s.terminated, s.truncated)
+        longest = max(EPISODE_MOVES)
+        assert store.sample_sequences(8, longest, rng=np.random.default_rng(0)).obs.shape[1] == longest + 1
+        with pytest.raises(SampleError, match=f"no episode in the store has {longest + 1} moves"):
+            store.sample_sequences(8, longest + 1)
+
+
+def test_blocks_of_transitions_and_of_sequences(where: str) -> None:
+    create(where)
+    with ReplayStore.open(where) as store:
+        with store.blocks(8, batches_per_block=3, seed=5, threads=2, n_step=2) as it:
+            for _ in range(4):
+                with next(it) as block:
+                    for i in range(3):
+                        for j in range(8):
+                            k, p = check_stack(block["obs"][i, j], 2)
+                            assert block["action"][i, j] == step(k, p).action
+        with store.blocks(4, batches_per_block=2, seed=5, threads=1, sequence_length=5) as it:
+            block = next(it)
+            assert block["obs"].shape == (2, 4, 6, 2, *SHAPE)
+            for i in range(2):
+                for j in range(4):
+                    k, p = check_stack(block["obs"][i, j, 0], 2)
+                    assert [check_stack(block["obs"][i, j, t], 2) for t in range(6)] == [(k, p + t) for t in range(6)]
+
+
+def test_reopened_and_refreshed_views_hold_every_committed_step(where: str) -> None:
+    create(where)
+    reader = ReplayStore.open(where)
+    first = reader.sample(16, rng=np.random.default_rng(3))
+    with ReplayStore.open(where) as again:  # a reopened store draws the same batch from the same generator
+        np.testing.assert_array_equal(again.sample(16, rng=np.random.default_rng(3)).obs, first.obs)
+    before = [s.added for s in reader.stream_states()]
+    with ReplayStore.open(where, mode="a", streams=[1]) as writer:  # another handle goes on writing stream 1
+        for move in moves(1, 30, start=after(1, COUNTS[1])):
+            writer.add(*move)
+    assert reader.refresh() == [1]
+    assert [s.added for s in reader.stream_states()] == [before[0], after(1, COUNTS[1] + 30) + 1, before[2]]
+    check_batches(reader, n_step=2)
+    ring = reader.rings.streams[1]
+    newest = ring.added - 2  # the newest move of stream 1 is sampleable now
+    assert ring.valid[newest % ring.capacity] or ring.is_last[newest % ring.capacity]
+    reader.close()
+
+
+def test_compact_keeps_every_transition_exactly(where: str) -> None:
+    create(where)
+    dst = sibling(where, "compacted.zarr")
+    report = compact_store(where, dst, num_streams=1, capacity=48)
+    assert report.streams_after == 1 and verify_store(dst).ok
+    with ReplayStore.open(dst) as store:
+        assert len(store) == report.transitions_after > 0
+        # 1-step: merging closes each stream's episode in progress as truncated, which the ground
+        # truth's episodes go on past (n-step returns stop there)
+        check_batches(store)
+
+
+def test_bad_input_changes_nothing(where: str) -> None:
+    create(where)
+    before = contents(where)
+    with ReplayStore.open(where, mode="a", streams=[0]) as store:
+        head = after(0, COUNTS[0])
+        good = next(moves(0, 1, start=head))
+        for bad in ((np.zeros((2, 2), np.uint8), *good[1:]),  # wrong shape
+                    (good[0], N_ACTIONS, *good[2:]),  # an action outside the space
+                    (good[0], good[1], float("nan"), *good[3:]),  # a reward that is not finite
+                    (frame(0, 999), *good[1:])):  # not the episode's next observation
+            with pytest.raises(InvalidTransitionError):
+                store.add(*bad)
+    assert contents(where) == before
+    with ReplayStore.open(where, mode="a") as store, pytest.raises(InvalidTransitionError):
+        store.add_batch(*good)  # one row for three streams
+    assert contents(where) == before
