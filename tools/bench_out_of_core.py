@@ -129,7 +129,9 @@ def run_processes(cache: int, processes: int, seconds: float, settle: float) -> 
 def run_prefetcher(store, workers: int, seconds: float, settle: float) -> dict[str, float]:
     from replaystore.feed.prefetch import Prefetcher
 
-    p = Prefetcher(store, store.sampler(), BATCH, batches_per_block=32, threads=workers, depth=2 * workers, seed=0)
+    # (a replaystore before samplers were parts took no sampler: tools/ab.py runs this against one)
+    first = (store.sampler(),) if hasattr(store, "sampler") else ()
+    p = Prefetcher(store, *first, BATCH, batches_per_block=32, threads=workers, depth=2 * workers, seed=0)
     t0 = time.perf_counter()
     done = []
     try:
