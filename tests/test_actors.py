@@ -16,7 +16,7 @@ from test_trainer_smoke import CARTPOLE, _gradient_steps, _start, _wait_for_chec
 
 from replaystore import ReplayStore, StoreLockedError
 from replaystore.cli import main as cli_main
-from trainer import checkpoint
+from replaystore.trainer import checkpoint
 
 pytest.importorskip("ray")
 
@@ -27,7 +27,7 @@ TOLERANCE = 16 + 2 * 50 * 8 // 16
 
 
 def _run(*argv: str, env: dict[str, str] | None = None, timeout: float = 420) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "trainer.dqn", *argv], capture_output=True, text=True, check=False,
+    return subprocess.run([sys.executable, "-m", "replaystore.trainer.cli", *argv], capture_output=True, text=True, check=False,
                           timeout=timeout, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})})
 
 
@@ -82,7 +82,7 @@ def test_actors_survive_a_killed_learner_and_a_sigterm_and_resume(tmp_path: Path
     s = state["global_step"]
     _wait_for_writers_to_go(run / "replay.zarr")
 
-    proc = subprocess.Popen([sys.executable, "-m", "trainer.dqn", "--resume", str(run)], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "replaystore.trainer.cli", "--resume", str(run)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
     _wait_for_checkpoint(run, proc, s + 400)
     proc.send_signal(signal.SIGTERM)

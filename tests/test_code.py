@@ -1,5 +1,6 @@
 """The code keeps its own rules (docs/design.md): no module imports another module's private names or
-reads another object's private attributes. (The layers and the absence of import cycles are
+reads another object's private attributes; the store never imports the trainer; pyproject.toml
+names every package the wheel installs. (The layers and the absence of import cycles are
 import-linter's contracts in pyproject.toml, checked by ``lint-imports`` in CI.)"""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("replaystore",)
+PACKAGES = ("replaystore", "trainer")
 #: private names of other libraries that replaystore reaches for, knowingly, and why
 THIRD_PARTY = {"_variant_tensor": "tf.data's own: feed/tfdata.py wraps a pipeline's graph (TensorFlow is pinned)"}
 
@@ -60,3 +61,27 @@ def test_no_private_names_cross_a_module(path: Path) -> None:
     check = _Check()
     check.visit(ast.parse(path.read_text(), str(path)))
     assert not check.problems, f"{path.relative_to(ROOT)}: " + "; ".join(check.problems)
+
+
+def test_the_store_never_imports_the_trainer() -> None:
+    """import-linter sees the trainer as ``trainer`` (its folder); it installs as
+    ``replaystore.trainer``, which no module of the store may import either."""
+    for path in sorted((ROOT / "replaystore").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom):
+                names = [f"{'.' * node.level}{node.module or ''}"] + [a.name for a in node.names]
+            assert not any("trainer" in name for name in names), f"{path.relative_to(ROOT)} imports {names}"
+
+
+def test_pyproject_names_every_package() -> None:
+    """The package list is explicit (the trainer's folder maps to replaystore.trainer), so a new
+    subpackage must be added to it or the wheel would leave it out."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    on_disk = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "replaystore").rglob("__init__.py")}
+    on_disk |= {"replaystore.trainer." + ".".join(p.parent.relative_to(ROOT / "trainer").parts)
+                for p in (ROOT / "trainer").rglob("__init__.py")}
+    assert set(config["packages"]) == {name.rstrip(".") for name in on_disk}
+    assert config["package-dir"] == {"replaystore.trainer": "trainer"}

@@ -19,8 +19,8 @@ import pytest
 from test_trainer_smoke import CARTPOLE, _scalars, _start, _train, _wait_for_checkpoint
 
 from replaystore import ReplayStore
-from trainer import checkpoint
-from trainer.ratio import RatioLimiter
+from replaystore.trainer import checkpoint
+from replaystore.trainer.ratio import RatioLimiter
 
 
 def _run(limiter: RatioLimiter, inserts: int, actor_pause: float, learner_pause: float) -> list[float]:
@@ -108,7 +108,7 @@ def test_decoupled_run_stops_on_sigterm_and_resumes(tmp_path: Path) -> None:
     s = state["global_step"]
     assert abs(state["train_steps"] - (s - 200) * 8 / 16) <= SLACK
     backend = "jax" if importlib.util.find_spec("jax") else "tensorflow"  # resumed on the other backend
-    more = subprocess.run([sys.executable, "-m", "trainer.dqn", "--resume", str(run), "--total-timesteps", str(s + 400),
+    more = subprocess.run([sys.executable, "-m", "replaystore.trainer.cli", "--resume", str(run), "--total-timesteps", str(s + 400),
                            "--steps-per-call", "4"], capture_output=True, text=True, timeout=300, check=False,
                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "KERAS_BACKEND": backend})
     assert more.returncode == 0, more.stderr[-3000:]
@@ -123,7 +123,7 @@ def test_an_environment_that_dies_stops_the_learner_and_keeps_the_store(tmp_path
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CRASH_AFTER": "700",
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
     argv = [a if a != "CartPole-v1" else "crashing_env:CrashingCartPole-v0" for a in DECOUPLED]
-    done = subprocess.run([sys.executable, "-m", "trainer.dqn", *argv, "--total-timesteps", "5000", "--run-dir",
+    done = subprocess.run([sys.executable, "-m", "replaystore.trainer.cli", *argv, "--total-timesteps", "5000", "--run-dir",
                            str(run)], capture_output=True, text=True, timeout=240, env=env, check=False)
     assert done.returncode != 0 and "the environment died at step 701" in done.stderr, done.stderr[-3000:]
     with ReplayStore.open(run / "replay.zarr") as store:

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 from conftest import frame, make_store
 
-from trainer import checkpoint
-from trainer.args import Args, TrainerError, parse
-from trainer.dqn import linear_schedule, main
-from trainer.envs import FrameStacker
+from replaystore.trainer import checkpoint
+from replaystore.trainer.args import Args, TrainerError, parse
+from replaystore.trainer.cli import main
+from replaystore.trainer.config import linear_schedule
+from replaystore.trainer.envs import FrameStacker
 
 
 def test_agent_stacks_are_the_stores_stacks(store_path: Path) -> None:
@@ -119,30 +120,67 @@ def test_checkpoint_is_replaced_atomically(tmp_path: Path, monkeypatch: pytest.M
 
 
 def test_double_dqn_target(tmp_path: Path) -> None:
-    """One step of the tf.function against the formula: the online net picks, the target net values."""
+    """One step of the compiled learner against the formula: the online net picks, the target net values."""
+    import keras
     import tensorflow as tf
 
-    from trainer.agent import Agent
+    from replaystore.trainer.learner import make_learner
+    from replaystore.trainer.models import mlp
 
-    agent = Agent((1, 2), np.float32, 3, learning_rate=1e-3, hidden_sizes=[8], target_every=1000, tau=1.0)
+    model = mlp((1, 2), 3, hidden_sizes=[8])
+    learner = make_learner(model, keras.optimizers.Adam(1e-3), stack_shape=(1, 2), dtype=np.float32,
+                           target_every=1000, tau=1.0)
+    online = [w.copy() for w in model.get_weights()]
+    target = mlp((1, 2), 3, hidden_sizes=[8])
+    target.set_weights([w * 0.5 for w in online])
+    learner.load_state({"online": online, "target": target.get_weights(), "optimizer": learner.state()["optimizer"]})
     obs = np.random.default_rng(0).normal(size=(4, 1, 2)).astype(np.float32)
     nxt = np.random.default_rng(1).normal(size=(4, 1, 2)).astype(np.float32)
-    agent.target.set_weights([w * 0.5 for w in agent.online.get_weights()])
-    q_online, q_next_online, q_next_target = (np.asarray(m(x)) for m, x in
-                                              ((agent.online, obs), (agent.online, nxt), (agent.target, nxt)))
+    q_online, q_next_online, q_next_target = (np.asarray(m(x)) for m, x in ((model, obs), (model, nxt), (target, nxt)))
     batch = {"obs": tf.constant(obs), "next_obs": tf.constant(nxt), "action": tf.constant([0, 1, 2, 0], tf.int64),
              "reward": tf.constant([1, 0, -1, 0.5], tf.float32), "discount": tf.constant([0.99, 0, 0.99, 0.5], tf.float32),
              "weight": tf.ones(4)}
     expected = batch["reward"].numpy() + batch["discount"].numpy() * q_next_target[np.arange(4), q_next_online.argmax(1)]
     td = np.abs(expected - q_online[np.arange(4), [0, 1, 2, 0]])
-    loss, _, abs_td = agent.train_block({name: value[None] for name, value in batch.items()})
+    loss, _, abs_td = learner.train_block({name: value[None] for name, value in batch.items()})
     np.testing.assert_allclose(abs_td[0], td, rtol=1e-5, atol=1e-6)
     huber = np.where(td < 1, 0.5 * td**2, td - 0.5)
     assert float(loss[0]) == pytest.approx(huber.mean(), rel=1e-5)
-    assert agent.train_steps == 1
+    assert learner.train_steps == 1
 
 
 def test_args_defaults_are_cleanrl_atari() -> None:
     args = Args()
     assert (args.buffer_size, args.learning_starts, args.train_frequency, args.target_network_frequency,
             args.batch_size, args.learning_rate) == (1_000_000, 80_000, 4, 1000, 32, 1e-4)
+
+
+def test_help_states_real_defaults() -> None:
+    """--help shows no empty or None defaults, and says what --frame-stack and --steps-per-call pick."""
+    from replaystore.trainer.args import build_parser
+
+    text = " ".join(build_parser().format_help().split())
+    assert "(default: )" not in text and "(default: None)" not in text
+    assert "frames per observation (default: 4 for images, 1 for vectors) --" in text
+    assert "(default: the backend's, 8 on TensorFlow, 32 on JAX)" in text
+    assert "--total-timesteps TOTAL_TIMESTEPS environment steps of the whole run (default: 10_000_000)" in text
+    assert "(default: --progress)" in text
+
+
+def test_parsing_tells_given_flags_from_defaults_without_argparse_internals(tmp_path: Path) -> None:
+    """Only the flags given replace a resumed run's values, also when given at their default value."""
+    saved = Args(env_id="CartPole-v1", total_timesteps=500, eval_episodes=3, run_dir=str(tmp_path))
+    (tmp_path / "args.json").write_text(json.dumps(saved.__dict__))
+    args, _ = parse(["--resume", str(tmp_path), "--total-timesteps", "10000000"])
+    assert args.total_timesteps == 10_000_000 and args.eval_episodes == 3  # the default value, given
+    args, _ = parse(["--resume", str(tmp_path), "--progress"])
+    assert args.total_timesteps == 500 and args.progress is True
+    with pytest.raises(TrainerError, match="--gamma cannot change"):
+        parse(["--resume", str(tmp_path), "--gamma", "0.99"])  # the default value, but given
+
+
+def test_learning_starts_not_below_total_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--env-id", "CartPole-v1", "--total-timesteps", "1000", "--run-dir", str(tmp_path / "run")]) == 1
+    err = capsys.readouterr().err
+    assert "--learning-starts 80,000 is not below --total-timesteps 1,000" in err and err.count("\n") == 1
+    assert not (tmp_path / "run").exists()

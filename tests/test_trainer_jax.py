@@ -18,7 +18,7 @@ import pytest
 from test_trainer_smoke import CARTPOLE, _gradient_steps, _scalars, _wait_for_checkpoint
 
 from replaystore import ReplayStore
-from trainer import checkpoint
+from replaystore.trainer import checkpoint
 
 pytest.importorskip("jax")
 
@@ -29,13 +29,11 @@ import keras
 backend = keras.backend.backend()
 data = np.load(sys.argv[1])
 stack_shape = tuple(int(x) for x in data["stack_shape"])
-kwargs = dict(learning_rate=1e-3, hidden_sizes=[16])
-if backend == "jax":
-    from trainer.agent_jax import JaxAgent
-    agent = JaxAgent(stack_shape, np.uint8, 3, target_every=1000, tau=1.0, **kwargs)
-else:
-    from trainer.agent import Agent
-    agent = Agent(stack_shape, np.uint8, 3, target_every=1000, tau=1.0, **kwargs)
+from replaystore.trainer.learner import make_learner
+from replaystore.trainer.models import q_network
+model = q_network(stack_shape, np.uint8, 3, hidden_sizes=[16])
+agent = make_learner(model, keras.optimizers.Adam(1e-3, global_clipnorm=10.0), stack_shape=stack_shape,
+                     dtype=np.uint8, target_every=1000, tau=1.0)
 if "online/0" in data:
     agent.load_state({part: [data[f"{part}/{i}"] for i in range(int(data[f"{part}_n"]))]
                       for part in ("online", "target", "optimizer")})
@@ -93,13 +91,18 @@ K_STEPS = """
 import sys
 import numpy as np
 import keras
-if keras.backend.backend() == "jax":
-    from trainer.agent_jax import JaxAgent as Agent
-else:
-    from trainer.agent import Agent
+from replaystore.trainer.learner import make_learner
+from replaystore.trainer.models import mlp
+
+
+def Agent():
+    return make_learner(mlp((2, 5), 3, hidden_sizes=[16], dtype="uint8"), keras.optimizers.Adam(1e-3, global_clipnorm=10.0),
+                        stack_shape=(2, 5), dtype=np.uint8, target_every=2, tau=1.0)
+
+
 data = np.load(sys.argv[1])
 block = {k: data[k] for k in data.files}
-agents = [Agent((2, 5), np.uint8, 3, learning_rate=1e-3, hidden_sizes=[16], target_every=2, tau=1.0) for _ in range(2)]
+agents = [Agent() for _ in range(2)]
 agents[1].load_state(agents[0].state())
 start = agents[0].state()
 whole = agents[0].train_block(block)
@@ -126,7 +129,7 @@ def test_a_block_of_k_steps_equals_k_single_steps(tmp_path: Path, backend: str) 
 
 
 def _train(*argv: str, backend: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "trainer.dqn", *argv], capture_output=True, text=True, check=False,
+    return subprocess.run([sys.executable, "-m", "replaystore.trainer.cli", *argv], capture_output=True, text=True, check=False,
                           timeout=timeout, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "KERAS_BACKEND": backend})
 
 
@@ -153,7 +156,7 @@ def test_jax_cartpole_run_then_resume_on_tensorflow_and_back(tmp_path: Path) -> 
 
 def test_jax_run_killed_resumes_on_tensorflow(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "trainer.dqn", *CARTPOLE, "--total-timesteps", "100000",
+    proc = subprocess.Popen([sys.executable, "-m", "replaystore.trainer.cli", *CARTPOLE, "--total-timesteps", "100000",
                              "--checkpoint-frequency", "300", "--run-dir", str(run)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "KERAS_BACKEND": "jax"})

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,8 +17,9 @@ import pytest
 
 from replaystore import ReplayStore
 from replaystore.cli import main as cli_main
-from trainer import checkpoint
-from trainer.dqn import linear_schedule
+from replaystore.trainer import checkpoint
+from replaystore.trainer.config import linear_schedule
+from replaystore.trainer.scalars import read as read_scalars
 
 TAGS = {"charts/episodic_return", "charts/episodic_length", "charts/epsilon", "charts/SPS", "losses/td_loss",
         "losses/q_values", "replay/size", "replay/cache_hit_rate", "replay/sample_ms"}
@@ -33,7 +35,7 @@ def _gradient_steps(run: Path) -> int:
 
 
 def _train(*argv: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "trainer.dqn", *argv], capture_output=True, text=True, check=False,
+    return subprocess.run([sys.executable, "-m", "replaystore.trainer.cli", *argv], capture_output=True, text=True, check=False,
                           timeout=timeout, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
 
 
@@ -53,10 +55,15 @@ def test_cartpole_run_writes_store_checkpoint_logs(tmp_path: Path, capsys: pytes
     done = _train(*CARTPOLE, "--total-timesteps", "1200", "--run-dir", str(run), "--eval-episodes", "2")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "done: 1,200 steps" in done.stdout and "eval at step 1,200" in done.stdout
-    assert {p.name for p in run.iterdir()} == {"args.json", "replay.zarr", "checkpoint.npz", "tb", "evals.jsonl"}
+    assert {p.name for p in run.iterdir()} == {"args.json", "replay.zarr", "checkpoint.npz", "tb", "evals.jsonl",
+                                               "scalars.jsonl"}
     _, state = checkpoint.load(run)
     assert state["global_step"] == 1200 and _gradient_steps(run) == (1200 - 200) // 2
     scalars = _scalars(run)
+    records = read_scalars(run)  # the same scalars as JSON lines
+    assert {tag for r in records for tag in r} - {"step", "time"} == set(scalars)
+    for tag, values in scalars.items():
+        assert [r[tag] for r in records if tag in r] == pytest.approx(values, rel=1e-6)
     assert TAGS <= set(scalars), TAGS - set(scalars)
     assert all(np.isfinite(scalars["losses/td_loss"]))
     with ReplayStore.open(run / "replay.zarr") as store:
@@ -84,7 +91,7 @@ def test_atari_run_learns_from_the_store(tmp_path: Path) -> None:
 
 
 def _start(run: Path, *argv: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "trainer.dqn", *CARTPOLE, "--total-timesteps", "100000",
+    return subprocess.Popen([sys.executable, "-m", "replaystore.trainer.cli", *CARTPOLE, "--total-timesteps", "100000",
                              *argv, "--run-dir", str(run)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
 
@@ -206,3 +213,38 @@ def test_num_envs_runs_on_atari_vector_env_and_resumes(tmp_path: Path) -> None:
     with ReplayStore.open(run / "replay.zarr") as store:
         assert len(store) >= 800 and store.committed.added >= 800
     assert cli_main(["verify", str(run / "replay.zarr"), "--quiet"]) == 0
+
+
+def test_what_a_newcomer_meets_resume_records_its_steps_and_output_is_plain(tmp_path: Path) -> None:
+    """Without a terminal: plain log lines, not cut; no TensorFlow start-up noise (the user's
+    TF_CPP_MIN_LOG_LEVEL unset); --resume --total-timesteps N is recorded, so a later plain --resume
+    goes on to N and then says there is nothing to do, leaving the store and the checkpoint alone."""
+    run = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+
+    def train(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "replaystore.trainer.cli", *argv], capture_output=True, text=True,
+                              check=False, timeout=240, env=env)
+
+    first = train(*[a for a in CARTPOLE if a != "--no-progress"], "--total-timesteps", "300", "--run-dir", str(run))
+    assert first.returncode == 0, first.stderr[-3000:]
+    for noise in ("cuInit", "absl::InitializeLog", "cuda drivers", "cpu_feature_guard", "oneDNN"):
+        assert noise not in first.stderr, first.stderr[-3000:]
+    lines = [x for x in first.stdout.splitlines() if x.startswith("train ")]
+    assert re.fullmatch(r"train 300/300  \d+ SPS  score [\d.]+  eps 0\.010  replay 300  loss [\d.]+  Q -?[\d.]+",
+                        lines[-1]), first.stdout  # the whole line, however wide, and one at the end
+    more = train("--resume", str(run), "--total-timesteps", "400")
+    assert more.returncode == 0, more.stderr[-3000:]
+    assert json.loads((run / "args.json").read_text())["total_timesteps"] == 400
+    _, state = checkpoint.load(run)
+    assert state["global_step"] == 400
+    with ReplayStore.open(run / "replay.zarr") as store:
+        added, ends = store.added, store.ring.is_last[: store.added].copy()
+    events = sorted(p.name for p in (run / "tb").iterdir())
+    again = train("--resume", str(run))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "nothing to do: the run already took its 400 steps" in again.stdout
+    _, state2 = checkpoint.load(run)
+    assert state2 == state and sorted(p.name for p in (run / "tb").iterdir()) == events
+    with ReplayStore.open(run / "replay.zarr") as store:  # no episode closed, nothing added
+        assert store.added == added and np.array_equal(store.ring.is_last[:added], ends)

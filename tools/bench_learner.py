@@ -8,14 +8,20 @@ takes gradient steps in interleaved rounds:
          tensors for TensorFlow), one compiled call of K gradient steps per block, so nothing is
          sampled;
   fed    on blocks sampled from a 1M-transition store through the product's path, exactly as
-         the trainer takes them (trainer/learn.py: JAX ``store.jax_blocks`` with a feeder thread,
+         the trainer takes them (trainer/feeding.py: JAX ``store.jax_blocks`` with a feeder thread,
          TensorFlow ``store.as_dataset``, with ``blocks=True`` when K > 1).
 
 K is each of ``--steps-per-call`` (a comma list) in turn.
 
-It prints gradient steps/s for both and the ratio fed / bound (the issue's goal: >= 0.9). Run:
-``python tools/bench_learner.py [--seconds 10] [--rounds 2] [--reuse]``. The store is built once
-from a recorded Breakout game tiled to ``--transitions`` (tools/out/bench_learner.zarr).
+It prints gradient steps/s for both and the ratio fed / bound (the issue's goal: >= 0.9), and
+writes them to ``--json``. Run: ``python tools/bench_learner.py [--seconds 10] [--rounds 2]
+[--reuse]``. The store is built once from a recorded Breakout game tiled to ``--transitions``
+(tools/out/bench_learner.zarr). It runs the learner of either trainer: the one API
+(``replaystore.trainer``: ``make_learner``, ``Learning``) or, with an older checkout first on
+``PYTHONPATH``, the agents before it (``trainer.dqn.make_agent``); tools/ab.py runs both in turn::
+
+    python tools/ab.py --old 4062a29 --json tools/out/bench_learner.json --rounds 2 -- \
+        python tools/bench_learner.py --reuse --seconds 8 --rounds 1
 """
 
 from __future__ import annotations
@@ -40,14 +46,14 @@ STORE = OUT / "bench_learner.zarr"
 BATCH = 32
 
 
-def build_store(transitions: int) -> None:
+def build_store(transitions: int, recorded: int) -> None:
     import gymnasium as gym
 
     from replaystore import ReplayStore
 
     shutil.rmtree(STORE, ignore_errors=True)
     store = ReplayStore.create(STORE, transitions, gym.spaces.Box(0, 255, (84, 84), np.uint8), gym.spaces.Discrete(4), 4)
-    replay_into(store, record(100_000), transitions)
+    replay_into(store, record(recorded), transitions)
     store.close()
 
 
@@ -56,24 +62,25 @@ def child(args: argparse.Namespace) -> dict:
     import keras
 
     from replaystore import ReplayStore
-    from trainer.dqn import make_agent
-    from trainer.learn import Learning
 
     backend = keras.backend.backend()
     store = ReplayStore.open(STORE)
-    k = args.steps_per_call
-    ns = argparse.Namespace(frame_stack=4, learning_rate=1e-4, hidden_sizes="120,84", target_network_frequency=1000,
-                            train_frequency=4, tau=1.0, steps_per_call=int(k), batch_size=BATCH,
-                            n_step=1, gamma=0.99, prioritized=False, alpha=0.6, beta=0.4,
-                            sample_threads=args.threads, seed=0)
-    env = argparse.Namespace(observation_space=store.observation_space, action_space=store.action_space)
-    agent = make_agent(ns, env, backend)
+    k = int(args.steps_per_call)
+    if importlib.util.find_spec("trainer") is not None:  # the trainer before the API (an older checkout)
+        learning, agent = old_learner(store, k, args.threads, backend)
+    else:
+        from replaystore.trainer.config import DQNConfig
+        from replaystore.trainer.feeding import Learning
+        from replaystore.trainer.learner import MAX_GRAD_NORM, make_learner
+        from replaystore.trainer.models import nature_cnn
+        from replaystore.trainer.state import RunState
 
-    class Quiet:
-        def trained(self, *a: object) -> None:
-            pass
-
-    learning = Learning(ns, store, agent, Quiet(), {})
+        config = DQNConfig(batch_size=BATCH, steps_per_call=k, sample_threads=args.threads, seed=0, learning_starts=0)
+        stack_shape = (4, *store.observation_space.shape)
+        agent = make_learner(nature_cnn(stack_shape, int(store.action_space.n)),
+                             keras.optimizers.Adam(1e-4, global_clipnorm=MAX_GRAD_NORM), stack_shape=stack_shape,
+                             dtype=store.observation_space.dtype, target_every=config.target_every(), tau=1.0)
+        learning = Learning(config, store, agent, RunState())
     learning.start(0)
     per_call = learning.steps_per_call
     host = store.sample(BATCH * per_call, rng=np.random.default_rng(1))
@@ -113,15 +120,35 @@ def child(args: argparse.Namespace) -> dict:
             "steps_per_call": per_call}
 
 
+def old_learner(store: object, k: int, threads: int, backend: str) -> tuple[object, object]:
+    """The learning and agent of the trainer before its API (trainer.dqn, trainer.learn)."""
+    from trainer.dqn import make_agent
+    from trainer.learn import Learning
+
+    ns = argparse.Namespace(frame_stack=4, learning_rate=1e-4, hidden_sizes="120,84", target_network_frequency=1000,
+                            train_frequency=4, tau=1.0, steps_per_call=k, batch_size=BATCH,
+                            n_step=1, gamma=0.99, prioritized=False, alpha=0.6, beta=0.4, sample_threads=threads, seed=0)
+    env = argparse.Namespace(observation_space=store.observation_space, action_space=store.action_space)
+    agent = make_agent(ns, env, backend)
+
+    class Quiet:
+        def trained(self, *a: object) -> None:
+            pass
+
+    return Learning(ns, store, agent, Quiet(), {}), agent
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--transitions", type=int, default=1_000_000)
+    ap.add_argument("--recorded", type=int, default=100_000, help="steps of a random Breakout game, tiled into the store")
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--steps-per-call", default="1,8,32", help="gradient steps per compiled call (a comma list)")
     ap.add_argument("--threads", type=int, default=2, help="sampling threads (and decode processes)")
     ap.add_argument("--reuse", action="store_true", help="reuse tools/out/bench_learner.zarr if it exists")
     ap.add_argument("--backends", default="tensorflow,jax")
+    ap.add_argument("--json", type=Path, default=OUT / "bench_learner.json", help="where the table goes as JSON")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -129,7 +156,7 @@ def main() -> None:
         return
     if not (args.reuse and STORE.exists()):
         t0 = time.perf_counter()
-        build_store(args.transitions)
+        build_store(args.transitions, args.recorded)
         print(f"built {STORE} ({args.transitions:,} transitions) in {time.perf_counter() - t0:.0f} s", flush=True)
     rows = []
     for backend in args.backends.split(","):
@@ -145,6 +172,8 @@ def main() -> None:
                 raise SystemExit(f"{backend} failed:\n{out.stderr[-3000:]}")
             rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
             print(f"{backend}: {rows[-1]}", flush=True)
+    args.json.write_text(json.dumps({f"{r['backend']}/k{r['steps_per_call']}": {
+        "bound": r["bound"], "fed": r["fed"], "fed_over_bound": r["fed"] / r["bound"]} for r in rows}, indent=1) + "\n")
     print(f"\nmachine: {os.cpu_count()} cores, {platform.processor() or platform.machine()}; batch {BATCH}, "
           f"median of {args.rounds} rounds of {args.seconds:.0f} s")
     print("| backend | steps per call | bound: fixed batch, steps/s | fed by the store, steps/s | fed / bound |")

@@ -6,9 +6,10 @@ envs (ale-py's vector env for N > 1), batch 32 and train frequency 4 (replay rat
 **decoupled** (the default, ``--replay-ratio 8``: the learner on its own thread, held to the same ratio). Each
 run does ``--learning-starts`` steps of random play, then ``--steps`` steps of learning; the table
 gives the learning phase's env steps/s (from the steps and wall times of the run's TensorBoard scalars,
-leaving out the first 1,000 steps of learning) and gradient steps/s, and the run's peak RSS.
+leaving out the first 1,000 steps of learning: ``scalars.jsonl``) and gradient steps/s, and the run's peak RSS.
 
-Run: ``python tools/bench_train.py [--envs 1,4,16] [--backends tensorflow,jax] [--steps 2000]``.
+Run: ``python tools/bench_train.py [--envs 1,4,16] [--backends tensorflow,jax] [--steps 2000]
+[--modes lockstep,decoupled] [--json FILE]``.
 """
 
 from __future__ import annotations
@@ -30,11 +31,13 @@ from pathlib import Path
 def run(backend: str, n: int, decoupled: bool, args: argparse.Namespace, root: Path) -> dict:
     run_dir = root / f"{backend}-{n}-{'d' if decoupled else 'l'}"
     total = args.learning_starts + args.steps
-    cmd = [sys.executable, "-m", "trainer.dqn", "--env-id", "ALE/Breakout-v5", "--total-timesteps", str(total),
+    cmd = [sys.executable, "-m", "replaystore.trainer.cli", "--env-id", "ALE/Breakout-v5", "--total-timesteps", str(total),
            "--learning-starts", str(args.learning_starts), "--buffer-size", str(args.buffer_size),
            "--num-envs", str(n), "--run-dir", str(run_dir), "--no-progress", "--checkpoint-frequency", str(10**9)]
     cmd += ["--replay-ratio", "8" if decoupled else "0"]
     cmd += ["--steps-per-call", str(args.steps_per_call)]
+    if args.sample_threads:
+        cmd += ["--sample-threads", str(args.sample_threads)]
     t0 = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=Path(__file__).parent.parent,
                          env={**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3"})
@@ -53,14 +56,12 @@ def run(backend: str, n: int, decoupled: bool, args: argparse.Namespace, root: P
 
 def _learning_sps(run_dir: Path, learning_starts: int) -> float:
     """Env steps/s after learning started (and its first 1,000 steps, which compile the step): from
-    the steps and wall times of the run's TensorBoard scalars."""
-    import tensorflow as tf
+    the steps and wall times of the run's scalars (``scalars.jsonl``, trainer/scalars.py)."""
+    from replaystore.trainer.scalars import read
 
-    points = set()
-    for path in (run_dir / "tb").iterdir():
-        for event in tf.compat.v1.train.summary_iterator(str(path)):
-            if event.step >= learning_starts + 1000 and any(v.tag == "charts/SPS" for v in event.summary.value):
-                points.add((event.step, event.wall_time))
+    points = {(r["step"], r["time"]) for r in read(run_dir) if r["step"] >= learning_starts + 1000 and "charts/SPS" in r}
+    if len(points) < 2:
+        return float("nan")
     (s0, t0), (s1, t1) = min(points), max(points)
     return (s1 - s0) / (t1 - t0) if t1 > t0 else float("nan")
 
@@ -73,6 +74,9 @@ def main() -> None:
     ap.add_argument("--learning-starts", type=int, default=1000)
     ap.add_argument("--buffer-size", type=int, default=100_000)
     ap.add_argument("--steps-per-call", type=int, default=0, help="gradient steps per compiled call (0: the backend's default)")
+    ap.add_argument("--modes", default="lockstep,decoupled", help="which loops (a comma list)")
+    ap.add_argument("--sample-threads", type=int, default=0, help="the trainer's --sample-threads (0: its default)")
+    ap.add_argument("--json", type=Path, help="also write the rows here, as JSON")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench_train-", dir=os.environ.get("BENCH_DIR")))
     rows = []
@@ -82,11 +86,15 @@ def main() -> None:
                 print(f"{backend}: not installed, skipped")
                 continue
             for n in (int(x) for x in args.envs.split(",")):
-                for decoupled in (False, True):
+                for decoupled in (mode == "decoupled" for mode in args.modes.split(",")):
                     rows.append(run(backend, n, decoupled, args, root))
                     print(json.dumps(rows[-1]), flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    if args.json:
+        args.json.write_text(json.dumps({"machine": f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}",
+                                         "steps": args.steps, "learning_starts": args.learning_starts,
+                                         "buffer_size": args.buffer_size, "rows": rows}, indent=1) + "\n")
     print(f"\nmachine: {os.cpu_count()} cores, {platform.processor() or platform.machine()}; Breakout, batch 32, "
           f"replay ratio 8, {args.steps:,} steps of learning after {args.learning_starts:,}")
     print("| backend | envs | loop | env steps/s | gradient steps/s | peak RSS MB |")

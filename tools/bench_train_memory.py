@@ -91,7 +91,7 @@ def main() -> int:
         return 0
     if args.run_dir.exists():
         shutil.rmtree(args.run_dir)
-    train = [sys.executable, "-m", "trainer.dqn"]
+    train = [sys.executable, "-m", "replaystore.trainer.cli"]
     empty_mb, _ = run([*train, "--env-id", "ALE/Breakout-v5", "--buffer-size", str(CAPACITY), "--total-timesteps", "1",
                        "--learning-starts", "0", "--run-dir", str(args.run_dir), "--no-progress"])
     fill_mb, _ = run([sys.executable, __file__, "--fill", str(args.run_dir)])

@@ -1,0 +1,33 @@
+"""replaystore.trainer: a DQN agent for any Keras model, with a replaystore as its replay memory.
+
+    from replaystore.trainer import DQN, nature_cnn, mlp
+
+``DQN`` (agent.py) fits a Keras model on a gymnasium env (or a vector env) with Keras callbacks;
+``nature_cnn`` and ``mlp`` (models.py) are ready-made Q-networks; ``replaystore-train`` (cli.py) is
+the command line over the same agent. docs/trainer.md has the whole API.
+
+Installed from the repository's ``trainer/`` folder as ``replaystore.trainer`` (pyproject.toml maps
+it), with ``pip install replaystore[train]``. Names are imported on first use, so that the command
+line can parse its flags before Keras (and TensorFlow) load.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .agent import DQN
+    from .config import DQNConfig, TrainerError
+    from .models import Dueling, ModelError, check_model, mlp, nature_cnn
+
+__all__ = ["DQN", "DQNConfig", "Dueling", "ModelError", "TrainerError", "check_model", "mlp", "nature_cnn"]
+
+_WHERE = {"DQN": "agent", "DQNConfig": "config", "TrainerError": "config", "ModelError": "models", "Dueling": "models",
+          "check_model": "models", "mlp": "models", "nature_cnn": "models"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,45 +1,121 @@
-"""Stepping N environments into N streams of the store: the acting half of ``--num-envs N``, shared by
-the trainer's own loop (dqn.py) and by Ray actor processes (actors.py).
+"""Acting into the store: where a run's env steps come from. ``DQN.fit`` has one loop (run.py) over a
+source of steps, and a single env, a vector env and Ray actor processes (actors.py) are its three
+sources, each with ``step(act, epsilon, rng) -> (env steps taken, [(game return, length) of each
+episode that ended])`` and ``close()``.
 
-``VectorActing`` owns a vector env in next-step autoreset mode (``envs.make_vector_env``) and the
-agent's frame stacks. Each ``step`` picks every env's action epsilon-greedily (one forward pass),
-steps the envs, writes each env's move to its stream with ``store.add_batch``, and returns how many
-env steps were taken (a row that only resets an ended env is none) and the episodes that ended.
-Atari rewards are clipped to their sign for learning and a lost life ends the stream's episode
-while the game goes on (``env_done=``), as for one env.
+- ``EnvActing``: one gymnasium env; each move goes to the store with ``store.add``.
+- ``VectorActing``: a vector env of N envs (gymnasium's, or ale-py's ``AtariVectorEnv``), one stream
+  of the store each; one forward pass picks every env's action and ``store.add_batch`` writes their
+  moves (the vector env's autoreset rows are recognised and skipped).
+
+Both act epsilon-greedily on frame stacks built exactly as the store builds them at sample time (the
+episode's first frame repeated as padding). With ``clip_reward`` the store learns from the sign of
+the reward; with ``terminal_on_life_loss`` a lost life (``info["lives"]``) ends the store's episode
+while the game goes on. The returns reported are raw game scores over all lives (what the
+environment's episode returned), not the store's per-life episodes.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from replaystore import ReplayStore
-from trainer.args import Args
-from trainer.envs import is_atari, make_vector_env, vector_frames
+
+from .config import TrainerError
+from .envs import FrameStacker, vector_frames
+
+Act = Callable[[np.ndarray], np.ndarray]  # (n, frame_stack, *frame) stacks -> n greedy actions
+
+
+class EnvActing:
+    """One env acting epsilon-greedily into the one stream ``store`` writes."""
+
+    def __init__(self, env: Any, store: ReplayStore, *, clip_reward: bool, terminal_on_life_loss: bool,
+                 seed: int) -> None:
+        self.env, self.store = env, store
+        self.clip, self.life_loss = clip_reward, terminal_on_life_loss
+        self.n_actions = int(env.action_space.n)
+        space = env.observation_space
+        self.stacker = FrameStacker(store.frame_stack, space.shape, space.dtype)
+        self.obs, info = env.reset(seed=seed)
+        env.action_space.seed(seed)
+        self.stacker.reset(self.obs)
+        self.lives = info.get("lives")
+        self.ep_return, self.ep_length = 0.0, 0
+
+    waits = True  # the run waits here while a decoupled learner is too far behind
+
+    def attach(self, learning: Any) -> None:
+        pass
+
+    def step(self, act: Act, epsilon: float, rng: np.random.Generator) -> tuple[int, list[tuple[float, int]]]:
+        if rng.random() < epsilon:
+            action = int(rng.integers(self.n_actions))
+        else:
+            action = int(act(self.stacker.stack[None])[0])
+        next_obs, reward, terminated, truncated, info = self.env.step(action)
+        lives = info.get("lives")
+        lost = lives is not None and self.lives is not None and int(lives) < int(self.lives)
+        self.lives = lives
+        end = bool(terminated) or (self.life_loss and lost)
+        self.store.add(self.obs, action, float(np.sign(reward)) if self.clip else float(reward), next_obs, end,
+                       bool(truncated) and not end)
+        self.ep_return += float(reward)
+        self.ep_length += 1
+        ended = []
+        if terminated or truncated:
+            ended.append((self.ep_return, self.ep_length))
+            self.ep_return, self.ep_length = 0.0, 0
+            self.obs, info = self.env.reset()
+            self.lives = info.get("lives")
+            self.stacker.reset(self.obs)
+        elif end:  # a lost life: the store's episode ends, the game goes on
+            self.obs = next_obs
+            self.stacker.reset(self.obs)
+        else:
+            self.obs = next_obs
+            self.stacker.push(self.obs)
+        return 1, ended
+
+    def close(self) -> None:
+        pass  # the env is the caller's
 
 
 class VectorActing:
-    """N envs acting epsilon-greedily into the streams ``store`` writes (in ``store.writing`` order)."""
+    """A vector env's N envs acting epsilon-greedily into the N streams ``store`` writes (in
+    ``store.writing`` order), its autoreset in next-step mode."""
 
-    def __init__(self, args: Args, store: ReplayStore, num_envs: int, n_actions: int, *, seed: int) -> None:
-        self.args, self.store, self.n, self.n_actions = args, store, num_envs, n_actions
-        self.atari = is_atari(args.env_id)
-        self.clip = self.atari and args.clip_reward
-        self.envs = make_vector_env(args.env_id, num_envs)
-        obs, info = self.envs.reset(seed=seed)
+    def __init__(self, envs: Any, store: ReplayStore, *, clip_reward: bool, terminal_on_life_loss: bool,
+                 seed: int, owned: bool = False) -> None:
+        """``owned``: ``close()`` closes ``envs`` too (they were made for this acting)."""
+        self.envs, self.store, self.owned = envs, store, owned
+        self.n = int(envs.num_envs)
+        self.n_actions = int(envs.single_action_space.n)
+        self.clip, self.life_loss = clip_reward, terminal_on_life_loss
+        mode = envs.metadata.get("autoreset_mode", "next_step")
+        self.mode = str(getattr(mode, "value", mode)).lower().replace("nextstep", "next_step").replace("samestep",
+                                                                                                     "same_step")
+        if self.mode not in ("next_step", "same_step"):
+            raise TrainerError(f"the vector env's autoreset mode is {mode!r}; DQN acts in vector envs that reset "
+                               "ended envs themselves (gymnasium's next_step, the default, or same_step)")
+        obs, info = envs.reset(seed=seed)
         self.obs = vector_frames(obs)
-        self.stacks = np.repeat(self.obs[:, None], args.frame_stack, axis=1)
+        self.stacks = np.repeat(self.obs[:, None], store.frame_stack, axis=1)
         self.lives = np.asarray(info["lives"]) if "lives" in info else None
-        self.resetting = np.zeros(num_envs, dtype=bool)  # rows the vector env answers with a reset, not a move
-        self.ep_return = np.zeros(num_envs)
-        self.ep_length = np.zeros(num_envs, dtype=np.int64)
+        self.resetting = np.zeros(self.n, dtype=bool)  # rows the vector env answers with a reset, not a move
+        self.ep_return = np.zeros(self.n)
+        self.ep_length = np.zeros(self.n, dtype=np.int64)
 
-    def step(self, act: Callable[[np.ndarray], np.ndarray], epsilon: float,
-             rng: np.random.Generator) -> tuple[int, list[tuple[float, int]]]:
-        """One vector step: returns (env steps taken, [(return, length) of each episode that ended])."""
-        args, n = self.args, self.n
+    waits = True
+
+    def attach(self, learning: Any) -> None:
+        pass
+
+    def step(self, act: Act, epsilon: float, rng: np.random.Generator) -> tuple[int, list[tuple[float, int]]]:
+        n = self.n
         explore = rng.random(n) < epsilon
         actions = rng.integers(self.n_actions, size=n)
         if not explore.all():
@@ -48,13 +124,10 @@ class VectorActing:
         next_obs = vector_frames(next_obs)
         env_done = terminated | truncated
         now = np.asarray(info["lives"]) if "lives" in info else None
-        if now is not None and self.lives is not None:
-            lost = (now < self.lives) & ~self.resetting
-        else:
-            lost = np.zeros(n, dtype=bool)
-        end_learning = terminated | (self.atari and args.terminal_on_life_loss) & lost
+        lost = (now < self.lives) & ~self.resetting if now is not None and self.lives is not None else np.zeros(n, bool)
+        end_learning = terminated | (self.life_loss & lost)
         self.store.add_batch(self.obs, actions, np.sign(reward) if self.clip else reward, next_obs, end_learning,
-                             truncated & ~end_learning, env_done=env_done, autoreset_mode="next_step")
+                             truncated & ~end_learning, info, env_done=env_done, autoreset_mode=self.mode)
         moved = ~self.resetting
         self.ep_return += np.where(moved, reward, 0.0)
         self.ep_length += moved
@@ -63,12 +136,16 @@ class VectorActing:
         stacks = self.stacks
         stacks[:, :-1] = stacks[:, 1:]
         stacks[:, -1] = next_obs
-        restart = self.resetting | (end_learning & ~env_done)  # a new (store) episode starts at next_obs
+        if self.mode == "same_step":  # an ended env's next_obs is already its reset observation
+            restart = env_done | end_learning
+        else:  # a new (store) episode starts at next_obs: after the reset row, or at a lost life
+            restart = self.resetting | (end_learning & ~env_done)
+            self.resetting = env_done
         if restart.any():
             stacks[restart] = next_obs[restart][:, None]
-        self.resetting, self.lives, self.obs = env_done, now, next_obs
+        self.lives, self.obs = now, next_obs
         return int(moved.sum()), ended
 
     def close(self) -> None:
-        self.envs.close()
-
+        if self.owned:
+            self.envs.close()

@@ -3,9 +3,10 @@
 Each of N Ray actors (``ActorProcess``) steps ``--num-envs`` environments into its own streams of the
 run's store (actor ``a`` writes streams ``a*E .. a*E+E-1``, opened with
 ``ReplayStore.open(path, mode="a", streams=...)``), acting epsilon-greedily with the newest weights
-it was sent. The trainer's own process is the learner: it opens the store read-only, follows the
-actors' commits with ``store.refresh()``, and samples across every stream on its learner thread
-(learn.py), held to ``--replay-ratio`` as with acting in-process.
+it was sent (acting.py's ``VectorActing``, a learner of its own for the forward pass). The trainer's
+own process is the learner: ``DQN.fit`` runs its one loop with an ``ActorSource`` as the source of
+env steps, which follows the actors' commits with ``store.refresh()`` while the learner thread
+(feeding.py) samples across every stream, held to ``--replay-ratio`` as with acting in-process.
 
 A small Ray actor, the ``Coordinator``, sits between the two sides:
 
@@ -29,16 +30,18 @@ with an error. ``--ray-address`` joins an existing cluster; without it a local R
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from replaystore import ReplayStore
-from trainer.args import Args, TrainerError
+from .args import Args
+from .config import TrainerError, linear_schedule
 
 SYNC_STEPS = 50
 #: An actor commits its streams at least this often (the learner samples what was committed).
@@ -98,21 +101,31 @@ class ActorProcess:
     def __init__(self, args_dict: dict[str, Any], index: int, coordinator: Any, incarnation: int) -> None:
         import keras
 
-        from trainer.acting import VectorActing
-        from trainer.dqn import make_agent, open_writing
-        from trainer.envs import make_env
+        from . import args as arguments
+        from .acting import VectorActing
+        from .envs import make_env, make_vector_env
+        from .learner import make_learner
+        from .models import q_network
+        from .rundir import open_writing
 
         self.args = args = Args(**args_dict)
         self.index, self.coordinator = index, coordinator
         env = make_env(args.env_id)
+        space, n_actions = env.observation_space, int(getattr(env.action_space, "n"))  # make_env: a Box, a Discrete
+        env.close()
         self.store = open_writing(args, streams=actor_streams(args, index), cache_bytes=ACTOR_CACHE_BYTES)
         self.store.end_episode()  # after a crash or a resume: the episode in progress ends as truncated
         keras.utils.set_random_seed(args.seed + 1009 * (index + 1) + incarnation)
-        self.agent = make_agent(args, env, keras.backend.backend())
+        stack_shape = (args.frame_stack, *(space.shape or ()))
+        model = q_network(stack_shape, space.dtype, n_actions, hidden_sizes=arguments.hidden_sizes(args))
+        self.learner = make_learner(model, keras.optimizers.Adam(), stack_shape=stack_shape, dtype=space.dtype,
+                                    target_every=1, tau=1.0)  # it only acts: its weights come from the learner
         seed = args.seed + 104_729 * (index + 1) + 7919 * incarnation
         self.rng = np.random.default_rng(seed)
-        self.acting = VectorActing(args, self.store, args.num_envs, int(env.action_space.n), seed=seed)
-        env.close()
+        settings = arguments.config(args)
+        self.acting = VectorActing(make_vector_env(args.env_id, args.num_envs), self.store, seed=seed, owned=True,
+                                   clip_reward=settings.clip_reward,
+                                   terminal_on_life_loss=settings.terminal_on_life_loss)
         self.version = -1
 
     def run(self) -> int:
@@ -131,7 +144,7 @@ class ActorProcess:
                     self.coordinator.sync.remote(self.index, pending, episodes, self.version))
                 pending, episodes = 0, []
                 if box is not None:
-                    self.agent.set_online_weights(ray.get(box[0]))
+                    self.learner.set_online_weights(ray.get(box[0]))
                     self.version = version
                 if stopping or total >= args.total_timesteps:
                     return taken
@@ -142,8 +155,8 @@ class ActorProcess:
                     time.sleep(0.01)
                     continue
                 for _ in range(SYNC_STEPS):
-                    epsilon = _epsilon(args, duration, total + pending)
-                    moved, ended = self.acting.step(self.agent.act_batch, epsilon, self.rng)
+                    epsilon = linear_schedule(args.start_e, args.end_e, duration, total + pending)
+                    moved, ended = self.acting.step(self.learner.act_batch, epsilon, self.rng)
                     pending += moved
                     episodes.extend(ended)
                 taken += pending
@@ -159,57 +172,58 @@ class ActorProcess:
         self.store.close()
 
 
-def run_actor_loop(args: Args, env: Any, store: ReplayStore, agent: Any, rng: np.random.Generator,
-                   state: dict[str, Any], report: Any, stop: list[int], learning: Any) -> int:
-    """``--actors N``: Ray actor processes act into their streams (actors.py) while this process's
-    learner thread learns from the store, which this loop refreshes; it relays the actors' counts
-    and episodes to the learner and TensorBoard, sends them weights and the insert limit, and
-    checkpoints and evaluates as the other loops do."""
-    from trainer.dqn import linear_schedule, on_schedule
+class ActorSource:
+    """``DQN.fit``'s source of env steps with ``--actors N`` (run.py's ``Source``): each ``step``
+    waits briefly for news from the actors, refreshes the store to their commits, sends them the
+    learner's weights (every ``PUBLISH_SECONDS``) and the insert limit, and returns the env steps
+    they inserted and the games they finished. The actors hold themselves to the replay ratio
+    (the limit), so the loop does not wait for the learner (``waits`` is False)."""
 
-    global_step = int(state["global_step"])
-    duration = args.exploration_fraction * args.total_timesteps
-    limiter = learning.limiter
-    pool = ActorPool(args, agent, global_step, report)
-    try:
-        while not stop and pool.running:
-            total, episodes = pool.poll(0.1)
-            store.refresh()
-            before, global_step = global_step, max(global_step, total)
-            learning.acted(global_step - before, wait=False)
-            for ep_return, ep_length in episodes:
-                state["episodes"] += 1
-                report.episode(global_step, ep_return, ep_length)
+    waits = False
+
+    def __init__(self, args: Args, store: Any, learner: Any, inserted: int, say: Callable[[str], None]) -> None:
+        self.args, self.store = args, store
+        self.total = inserted
+        self.learning: Any = None
+        self.pool = ActorPool(args, learner, inserted, say)
+
+    def attach(self, learning: Any) -> None:
+        self.learning = learning
+
+    def step(self, act: Callable[[np.ndarray], np.ndarray], epsilon: float,
+             rng: np.random.Generator) -> tuple[int, list[tuple[float, int]]]:
+        args, learning = self.args, self.learning
+        if not self.pool.running:
+            raise TrainerError("every actor stopped before the run reached --total-timesteps")
+        total, episodes = self.pool.poll(0.1)
+        self.store.refresh()
+        moved = max(0, total - self.total)
+        self.total += moved
+        limiter = learning.limiter if learning is not None else None
+        if limiter is None:
+            limit = float("inf")
+        else:
             limit = args.learning_starts + (limiter.learned + limiter.slack) * args.batch_size / limiter.ratio
-            if pool.weights_due:
-                with learning.paused():
-                    pool.publish(limit, weights=True)
-            else:
-                pool.publish(limit)
-            state["epsilon"] = linear_schedule(args.start_e, args.end_e, duration, global_step)
-            on_schedule(args, store, agent, rng, state, report, learning, before, global_step)
-    finally:
-        pool.close()
-    store.refresh()
-    report.periodic(global_step, epsilon=state["epsilon"], replay_size=len(store), cache_hit_rate=store.cache_hit_rate)
-    state["stored"] = len(store)
-    return global_step
+        if self.pool.weights_due and learning is not None:
+            with learning.paused():
+                self.pool.publish(limit, weights=True)
+        else:
+            self.pool.publish(limit)
+        return moved, episodes
 
-
-def _epsilon(args: Args, duration: float, t: int) -> float:
-    from trainer.dqn import linear_schedule
-
-    return linear_schedule(args.start_e, args.end_e, duration, t)
+    def close(self) -> None:
+        self.pool.close()
+        self.store.refresh()
 
 
 class ActorPool:
     """The learner's side: starts Ray, the coordinator and the actors, restarts actors that die,
     and relays counts, weights and the insert limit."""
 
-    def __init__(self, args: Args, agent: Any, inserted: int, report: Any) -> None:
+    def __init__(self, args: Args, learner: Any, inserted: int, say: Callable[[str], None]) -> None:
         import ray
 
-        self.ray, self.args, self.agent, self.report = ray, args, agent, report
+        self.ray, self.args, self.learner, self.say = ray, args, learner, say
         self.started_ray = False
         # Ray's core worker installs its own SIGTERM handler in this process (it logs and exits);
         # the trainer's (checkpoint, then exit) are put back once Ray is up.
@@ -218,15 +232,15 @@ class ActorPool:
             env_vars = {"KERAS_BACKEND": os.environ.get("KERAS_BACKEND", "tensorflow"),
                         "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
             if args.ray_address:
-                ray.init(address=args.ray_address, runtime_env={"env_vars": env_vars}, logging_level="warning")
+                ray.init(address=args.ray_address, runtime_env={"env_vars": env_vars}, logging_level=logging.WARNING)
             else:
                 ray.init(num_cpus=max(args.actors + 1, os.cpu_count() or 1), include_dashboard=False,
-                         runtime_env={"env_vars": env_vars}, logging_level="warning")
+                         runtime_env={"env_vars": env_vars}, logging_level=logging.WARNING)
             self.started_ray = True
         for sig, handler in handlers.items():
             if handler is not None:
                 signal.signal(sig, handler)
-        self.coordinator = ray.remote(num_cpus=0)(Coordinator).remote(args.actors, inserted)
+        self.coordinator: Any = ray.remote(num_cpus=0)(Coordinator).remote(args.actors, inserted)
         self._actor_class = ray.remote(num_cpus=1)(ActorProcess)
         self.restarts = [0] * args.actors
         self.actors: list[Any] = [None] * args.actors
@@ -251,7 +265,7 @@ class ActorPool:
         """The insert limit, and with ``weights`` the learner's current online weights."""
         box = None
         if weights:
-            self._weights = self.ray.put(self.agent.online_weights())
+            self._weights = self.ray.put(self.learner.online_weights())
             self._published = time.monotonic()
             box = [self._weights]
         self.coordinator.publish.remote(box, limit)
@@ -270,7 +284,7 @@ class ActorPool:
                 reason = _reason(exc)
                 if self.restarts[i] > self.args.actor_restarts:
                     raise TrainerError(f"actor {i} died {self.restarts[i]} times; the last: {reason}") from exc
-                self.report.print(f"actor {i} (streams {actor_streams(self.args, i)}) died: {reason}; "
+                self.say(f"actor {i} (streams {actor_streams(self.args, i)}) died: {reason}; "
                                   f"restarting it (restart {self.restarts[i]} of at most {self.args.actor_restarts})")
                 ray.kill(self.actors[i], no_restart=True)
                 self._start(i)

@@ -1,120 +1,443 @@
-"""The DQN agent on TensorFlow: online and target Q-networks, Adam, and the ``tf.function`` that
-takes a block's gradient steps.
+"""``DQN``: a Keras model, a replay store and the hyperparameters, fit on an environment.
 
-The loss is the double-DQN target (Hasselt et al. 2016) with a Huber loss: the online network picks
-the next action, the target network values it, and the store's ``discount`` field (``gamma**k`` for
-the ``k`` steps of an n-step return, 0 after a termination) scales the bootstrap. With prioritized
-replay the loss is weighted by the batch's importance weights and the step returns ``|td|`` for
-``store.update_priorities``.
+    import keras
+    from replaystore import ReplayStore
+    from replaystore.trainer import DQN
 
-``train_block`` takes one gradient step per batch of a block (``(k, batch, ...)`` tensors, from
-``store.as_dataset(..., blocks=True)``) in one ``tf.function`` call: the loop over the block's rows
-is a ``tf.while_loop``, so Python is not in the way between the k steps (as ``lax.scan`` in
-agent_jax.py). The target network is updated inside the loop every ``target_every`` gradient
-steps, counted by Adam's iteration counter, exactly as on JAX.
+    model = keras.Sequential([...])   # (batch, frame_stack, *frame_shape) stacks -> (batch, n_actions) Q-values
+    agent = DQN(model, "runs/x/replay.zarr", gamma=0.99, n_step=3, learning_starts=20_000,
+                optimizer=keras.optimizers.Adam(1e-4))
+    history = agent.fit(env, total_timesteps=1_000_000, eval_env=eval_env, eval_frequency=50_000,
+                        callbacks=[keras.callbacks.CSVLogger("runs/x/log.csv")])
+    agent.evaluate(eval_env, episodes=10)        # raw returns
+    agent.act(obs_stack)                         # greedy action(s)
+    agent.save("runs/x"); DQN.load("runs/x")     # resume: the store is the replay part
+
+The store is created the first time ``fit`` sees the environment (a path or URL that holds no store
+yet), or reopened for appending. The learner (learner.py) trains the model through Keras' stateless
+API on whichever backend Keras runs on; the run's loop (run.py) acts into the store, feeds the
+learner beside it and calls the Keras callbacks (callbacks.py). docs/trainer.md has the whole API.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import keras
 import numpy as np
-import tensorflow as tf
 
-from trainer.networks import MAX_GRAD_NORM, TRAIN_FIELDS, build_q_network, keras_state, load_keras_state
+from replaystore import ReplayStore
+
+from . import checkpoint
+from .acting import EnvActing, VectorActing
+from .callbacks import Hooks
+from .config import TrainerError, config_from
+from .envs import FrameStacker, vector_frame_space, vector_frames
+from .feeding import Learning
+from .learner import MAX_GRAD_NORM, Learner, make_learner
+from .models import check_model
+from .run import Run, Source
+from .state import RunState
+
+#: Files ``save`` writes beside the checkpoint: the model, and what rebuilds the agent around it.
+MODEL_FILE = "model.keras"
+AGENT_FILE = "agent.json"
 
 
-class Agent:
-    """Online and target networks, the optimizer, acting and training."""
+class DQN:
+    """Deep Q-learning (Mnih et al. 2015, double-DQN targets, Huber loss) of ``model`` with ``store``
+    as its replay memory. Hyperparameters keep cleanrl's names (``DQNConfig``); ``optimizer``
+    defaults to Adam at ``learning_rate`` with a global gradient norm clipped at 10."""
 
-    backend = "tensorflow"
+    def __init__(self, model: keras.Model, store: ReplayStore | str | Path, *,
+                 optimizer: keras.optimizers.Optimizer | None = None, buffer_size: int = 1_000_000,
+                 frame_stack: int | None = None, cache_bytes: int = 256 * 2**20,
+                 storage_options: dict[str, Any] | None = None, **hyperparameters: Any) -> None:
+        """``store``: a ``ReplayStore`` open for appending, or the path or URL of one to open (or, on
+        the first ``fit``, to create with ``buffer_size`` steps and ``frame_stack`` frames a stack:
+        4 for image frames, 1 for vectors, when not given)."""
+        self.config = config_from(hyperparameters)
+        self.model = model
+        self.optimizer = (optimizer or getattr(model, "optimizer", None)
+                          or keras.optimizers.Adam(learning_rate=self.config.learning_rate, global_clipnorm=MAX_GRAD_NORM))
+        if getattr(model, "optimizer", None) is not self.optimizer:
+            model.optimizer = self.optimizer  # what compile() sets; callbacks read it (TensorBoard's learning rate)
+        self.buffer_size, self.frame_stack, self.cache_bytes = buffer_size, frame_stack, cache_bytes
+        self.storage_options = dict(storage_options) if storage_options else None
+        self.store: ReplayStore | None = None
+        self.location: str | Path
+        if isinstance(store, ReplayStore):
+            self.store, self.location = store, store.path
+        elif isinstance(store, str | Path):
+            self.location = store
+        else:
+            raise TrainerError(f"store is a {type(store).__name__}; pass a ReplayStore or the path or URL of one")
+        self.learner: Learner | None = None
+        self.stack_shape: tuple[int, ...] | None = None
+        self.state = RunState(epsilon=self.config.start_e)
+        self.rng = np.random.default_rng(self.config.seed)
+        self.resumed = False  # loaded from a checkpoint: the next fit closes the store's unfinished episode
+        if self.store is not None:
+            self._build(self.store.observation_space, self.store.action_space)
 
-    def __init__(self, stack_shape: tuple[int, ...], dtype: Any, n_actions: int, *, learning_rate: float,
-                 hidden_sizes: list[int], target_every: int, tau: float) -> None:
-        self.n_actions = n_actions
-        self.target_every = max(1, int(target_every))
-        self.tau = float(tau)
-        self.online = build_q_network(stack_shape, dtype, n_actions, hidden_sizes=hidden_sizes, name="online")
-        self.target = build_q_network(stack_shape, dtype, n_actions, hidden_sizes=hidden_sizes, name="target")
-        self.target.set_weights(self.online.get_weights())
-        self.optimizer = keras.optimizers.Adam(learning_rate=learning_rate, global_clipnorm=MAX_GRAD_NORM)
-        self.optimizer.build(self.online.trainable_variables)
-        spec = tf.TensorSpec((None, *stack_shape), tf.as_dtype(np.dtype(dtype)))
-        self._q_values = tf.function(lambda stack: self.online(stack), input_signature=[spec])
-        self._block = tf.function(self._train_block, reduce_retracing=True)
+    # The store and the learner ------------------------------------------------------------------
 
-    def act(self, stack: np.ndarray) -> int:
-        """The greedy action for one stack ``(frame_stack, *frame_shape)``."""
-        return int(np.argmax(self._q_values(stack[None])[0]))
+    def _build(self, observation_space: Any, action_space: Any) -> Learner:
+        """Check the model against the stacks and actions, and make the learner (once)."""
+        if self.learner is None:
+            stack = self.store.frame_stack if self.store is not None else self._frame_stack(observation_space)
+            shape = (stack, *observation_space.shape)
+            check_model(self.model, shape, observation_space.dtype, int(action_space.n))
+            self.learner = make_learner(self.model, self.optimizer, stack_shape=shape, dtype=observation_space.dtype,
+                                        target_every=self.config.target_every(), tau=self.config.tau)
+            self.stack_shape = shape
+        return self.learner
 
-    def act_batch(self, stacks: np.ndarray) -> np.ndarray:
-        """The greedy actions for ``(n, frame_stack, *frame_shape)`` stacks, in one forward pass."""
-        return np.argmax(np.asarray(self._q_values(stacks)), axis=1)
+    def _frame_stack(self, observation_space: Any) -> int:
+        return self.frame_stack or (4 if len(observation_space.shape) >= 2 else 1)
 
-    def train_block(self, block: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """One gradient step per batch of ``block`` (``(k, batch, ...)`` tensors or arrays), in one
-        ``tf.function`` call; returns per step the loss and the mean Q(s, a), and ``|td|`` per
-        transition ``(k, batch)``."""
-        loss, q_mean, abs_td = self._block({name: block[name] for name in TRAIN_FIELDS})
-        return loss.numpy(), q_mean.numpy(), abs_td.numpy()
+    def _open_store(self, observation_space: Any, action_space: Any, num_streams: int, *,
+                    create: bool) -> ReplayStore | None:
+        """The store, opened for appending (or, with ``create``, created for ``num_streams`` envs when
+        there is none yet), checked against the env; None when there is none and ``create`` is False."""
+        if self.store is None:
+            from replaystore import StoreNotFoundError
 
-    def _train_block(self, block: dict[str, tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-        k = tf.shape(block["obs"])[0]
-        losses = tf.TensorArray(tf.float32, size=k)
-        q_means = tf.TensorArray(tf.float32, size=k)
-        abs_tds = tf.TensorArray(tf.float32, size=k)
-        for i in tf.range(k):  # autograph: a tf.while_loop
-            loss, q_mean, abs_td = self._train_step({name: value[i] for name, value in block.items()})
-            if self.optimizer.iterations % self.target_every == 0:
-                self._update_target(self.tau)
-            losses = losses.write(i, loss)
-            q_means = q_means.write(i, q_mean)
-            abs_tds = abs_tds.write(i, abs_td)
-        return losses.stack(), q_means.stack(), abs_tds.stack()
+            options: dict[str, Any] = {"storage_options": self.storage_options} if self.storage_options else {}
+            try:
+                self.store = ReplayStore.open(self.location, mode="a", cache_bytes=self.cache_bytes, **options)
+            except StoreNotFoundError:
+                if not create:
+                    return None
+                self.store = ReplayStore.create(self.location, self.buffer_size, observation_space, action_space,
+                                                self._frame_stack(observation_space), cache_bytes=self.cache_bytes,
+                                                num_streams=num_streams, **options)
+        store = self.store
+        if not store.writing:
+            raise TrainerError(f"{store.path} is open read-only; DQN adds what it acts to the store: open it with "
+                               "mode='a'")
+        if store.observation_space.shape != observation_space.shape or store.action_space.n != action_space.n:
+            raise TrainerError(f"{store.path} stores {store.observation_space} with {store.action_space}, which the "
+                               f"environment's {observation_space} and {action_space} do not match")
+        if len(store.writing) != num_streams:
+            raise TrainerError(f"{store.path} is written here in {len(store.writing)} streams, but the environment "
+                               f"steps {num_streams} envs: each env needs its own stream (create the store with "
+                               f"num_streams={num_streams}, or open it with streams=[...])")
+        return store
 
-    def _train_step(self, batch: dict[str, tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-        next_online = self.online(batch["next_obs"])
-        next_action = tf.argmax(next_online, axis=1, output_type=tf.int32)
-        next_target = self.target(batch["next_obs"])
-        next_value = tf.gather(next_target, next_action, axis=1, batch_dims=1)
-        target = tf.stop_gradient(batch["reward"] + batch["discount"] * next_value)
-        action = tf.cast(batch["action"], tf.int32)
-        with tf.GradientTape() as tape:
-            q = tf.gather(self.online(batch["obs"]), action, axis=1, batch_dims=1)
-            td = target - q
-            abs_td = tf.abs(td)
-            quadratic = tf.minimum(abs_td, 1.0)
-            huber = 0.5 * tf.square(quadratic) + (abs_td - quadratic)
-            loss = tf.reduce_mean(batch["weight"] * huber)
-        variables = self.online.trainable_variables
-        grads = tape.gradient(loss, variables)
-        self.optimizer.apply_gradients(zip(grads, variables, strict=True))
-        return loss, tf.reduce_mean(q), abs_td
+    # Acting -------------------------------------------------------------------------------------
 
-    def _update_target(self, tau: float) -> None:
-        """target <- tau * online + (1 - tau) * target (tau = 1: a hard copy)."""
-        for t, o in zip(self.target.weights, self.online.weights, strict=True):
-            t.assign(o.value if tau >= 1.0 else tau * o.value + (1.0 - tau) * t.value)
-
-    # Weights for acting elsewhere (Ray actors) ----------------------------------------------------
-
-    def online_weights(self) -> list[np.ndarray]:
-        """The online network's weights as plain arrays (the same list on both backends)."""
-        return [np.asarray(w) for w in self.online.get_weights()]
-
-    def set_online_weights(self, weights: list[np.ndarray]) -> None:
-        self.online.set_weights(weights)
-
-    # Checkpoint state ---------------------------------------------------------------------------
-
-    def state(self) -> dict[str, list[np.ndarray]]:
-        return keras_state(self.online, self.target, self.optimizer)
-
-    def load_state(self, state: dict[str, list[np.ndarray]]) -> None:
-        load_keras_state(self.online, self.target, self.optimizer, state)
+    def act(self, obs: np.ndarray) -> int | np.ndarray:
+        """The greedy action for one stack ``(frame_stack, *frame_shape)``, or the actions for a batch
+        of stacks ``(n, frame_stack, *frame_shape)``, as the store returns them."""
+        learner = self._learner()
+        obs = np.asarray(obs)
+        assert self.stack_shape is not None
+        if obs.shape == self.stack_shape:
+            return learner.act(obs)
+        if obs.shape[1:] == self.stack_shape:
+            return learner.act_batch(obs)
+        raise TrainerError(f"act takes a stack shaped {self.stack_shape} or a batch of them, not {obs.shape}; "
+                           "stack frames oldest first, as the store returns them")
 
     @property
     def train_steps(self) -> int:
-        """Gradient steps taken (Adam's iteration counter, restored with the checkpoint)."""
-        return int(self.optimizer.iterations.value)
+        """Gradient steps taken (the optimizer's iteration counter)."""
+        return self._learner().train_steps
+
+    def _learner(self) -> Learner:
+        if self.learner is None:
+            raise TrainerError("the model is not built yet: fit it first (or pass an open ReplayStore)")
+        return self.learner
+
+    # Fitting ------------------------------------------------------------------------------------
+
+    def fit(self, env: Any, total_timesteps: int, *, eval_env: Any = None, eval_frequency: int = 0,
+            eval_episodes: int = 10, eval_epsilon: float = 0.0, eval_seed: int | None = None,
+            callbacks: Sequence[keras.callbacks.Callback] = (), checkpoint_dir: str | Path | None = None,
+            checkpoint_frequency: int = 100_000, verbose: int = 0, source: Source | None = None,
+            should_stop: Callable[[], bool] | None = None,
+            checkpoint_writer: Callable[[], None] | None = None) -> keras.callbacks.History:
+        """Act on ``env`` (a gymnasium env, or a vector env whose envs write one stream each) until the
+        run has taken ``total_timesteps`` env steps in all (a loaded agent goes on from its count;
+        one that took them already returns at once), learning from the store as it goes; returns
+        the callbacks' ``History``.
+
+        Every ``eval_frequency`` env steps (and at the end) ``eval_env`` plays ``eval_episodes``
+        games and an epoch ends (callbacks.py). With ``checkpoint_dir`` the agent is saved there
+        (``save``) every ``checkpoint_frequency`` env steps and at the end, also when a callback
+        stops the run (``model.stop_training = True``) or it is interrupted (Ctrl-C), so that
+        ``DQN.load`` resumes it after a crash with every transition the store committed.
+        ``source``, ``should_stop`` and ``checkpoint_writer`` are for ``replaystore-train`` (Ray
+        actors, signals, its run directory)."""
+        _check_count("total_timesteps", total_timesteps, least=1)
+        for name, value in (("eval_frequency", eval_frequency), ("eval_episodes", eval_episodes),
+                            ("checkpoint_frequency", checkpoint_frequency), ("verbose", verbose)):
+            _check_count(name, value, least=0)
+        if eval_env is not None and eval_episodes < 1:
+            raise TrainerError("eval_episodes is 0; evaluating eval_env needs at least one game (or pass no eval_env)")
+        if checkpoint_dir is not None and checkpoint_writer is not None:
+            raise TrainerError("pass checkpoint_dir or checkpoint_writer, not both")
+        config, state = self.config, self.state
+        vector = hasattr(env, "num_envs")
+        spaces = env_spaces(env)
+        streams = int(env.num_envs) if vector else 1
+        opened = self.store is None
+        if source is None:  # an existing store is checked against the env before the model is
+            self._open_store(*spaces, streams, create=False)
+        elif self.store is None:
+            raise TrainerError("fit(source=...) needs the agent's store open: pass a ReplayStore to DQN")
+        try:
+            learner = self._build(*spaces)
+        except BaseException:
+            if opened and self.store is not None:  # leave the store as it was found: closed
+                self.store.close()
+                self.store = None
+            raise
+        if state.global_step < total_timesteps and config.learning_starts >= total_timesteps:
+            raise TrainerError(f"learning_starts is {config.learning_starts:,}, not below total_timesteps "
+                               f"{total_timesteps:,}: the run would take no gradient step; lower learning_starts")
+        store = self._open_store(*spaces, streams, create=True) if source is None else self.store
+        assert store is not None
+        stop = should_stop or (lambda: False)
+        write = checkpoint_writer
+        if checkpoint_dir is not None:
+            directory = checkpoint_dir
+
+            def write() -> None:
+                self.save(directory)
+
+        if state.global_step >= total_timesteps:  # nothing to do: the store and the weights stay as they are
+            return Hooks(callbacks, learner, epochs=0, verbose=verbose, start_step=state.global_step,
+                         evaluating=False).history
+        if self.resumed and store.writing:
+            store.end_episode()  # the environment cannot be restored: its episode in progress ends as truncated
+        self.resumed = False
+        epochs = -(-(total_timesteps - state.global_step) // eval_frequency) if eval_frequency else 1
+        learning = Learning(config, store, learner, state)
+        hooks = Hooks(callbacks, learner, epochs=epochs, verbose=verbose, start_step=state.global_step,
+                      evaluating=eval_env is not None, replay_ratio=learning.replay_ratio)
+        owned = source is None
+        if source is None:
+            seed = config.seed + 7919 * state.resumes
+            acting = VectorActing if vector else EnvActing
+            source = acting(env, store, clip_reward=config.clip_reward, seed=seed,
+                            terminal_on_life_loss=config.terminal_on_life_loss)
+        seed = config.seed + 100_000 if eval_seed is None else eval_seed
+        evaluate = ((lambda: self.evaluate(eval_env, eval_episodes, epsilon=eval_epsilon, seed=seed))
+                    if eval_env is not None else None)
+        run = Run(config, store, learning, state, hooks, act=learner.act_batch, rng=self.rng,
+                  total_timesteps=total_timesteps, evaluate=evaluate, eval_frequency=eval_frequency,
+                  checkpoint=write, checkpoint_frequency=checkpoint_frequency, should_stop=stop)
+        hooks.train_begin()
+        try:
+            if config.ratio() > 0:
+                learning.start_thread(state.global_step)
+            run.loop(source)
+            learning.close()
+            run.finish(evaluate=not (stop() or hooks.stop_training))
+            if write is not None:
+                write()
+            elif store.writing:
+                store.flush()  # what was acted is durable, and visible to readers of the store
+        except KeyboardInterrupt:
+            learning.close()
+            if write is not None:
+                write()
+            raise
+        finally:
+            learning.close()
+            if owned:
+                source.close()
+        hooks.train_end(state.global_step)
+        return hooks.history
+
+    def evaluate(self, env: Any, episodes: int = 10, *, epsilon: float = 0.0, seed: int | None = None) -> list[float]:
+        """The raw returns of ``episodes`` whole games (all lives) played greedily (with
+        ``epsilon``-random moves) on ``env``, a gymnasium env or a vector env (whose envs play
+        ``episodes`` games between them, in equal shares)."""
+        learner = self._learner()
+        _check_count("episodes", episodes, least=1)
+        if not 0.0 <= epsilon <= 1.0:
+            raise TrainerError(f"epsilon is {epsilon!r}; it must be in [0, 1]")
+        rng = np.random.default_rng(self.config.seed + 100_000 if seed is None else seed)
+        assert self.stack_shape is not None
+        life_loss = self.config.terminal_on_life_loss
+        if hasattr(env, "num_envs"):
+            return _evaluate_vector(env, learner, episodes, epsilon, rng, self.stack_shape[0], life_loss)
+        return _evaluate_env(env, learner, episodes, epsilon, rng, self.stack_shape[0], life_loss)
+
+    # Saving -------------------------------------------------------------------------------------
+
+    def checkpoint_arrays(self) -> tuple[dict[str, list[np.ndarray]], dict[str, Any]]:
+        """What a checkpoint holds: the learner's arrays, and the run's counters (the store flushed
+        first, so a checkpoint never runs ahead of the replay data it trained on)."""
+        learner = self._learner()
+        if self.store is not None and self.store.writing:
+            self.store.flush()
+        self.state.rng = dict(self.rng.bit_generator.state)
+        self.state.train_steps = learner.train_steps
+        self.state.stored = len(self.store) if self.store is not None else 0
+        return learner.state(), self.state.to_json()
+
+    def save(self, path: str | Path) -> Path:
+        """Save the agent in directory ``path``: ``model.keras`` (the model, loadable with
+        ``keras.saving.load_model``), ``checkpoint.npz`` (online and target weights, the optimizer's
+        state, the run's counters and generator) and ``agent.json`` (the hyperparameters, the
+        optimizer's configuration, where the store is). The store itself stays where it is, flushed:
+        it is the replay half of the checkpoint. Each file is replaced atomically."""
+        directory = Path(path)
+        directory.mkdir(parents=True, exist_ok=True)
+        arrays, state = self.checkpoint_arrays()
+        self._learner().sync_model()
+        checkpoint.save_model(directory / MODEL_FILE, self.model)
+        checkpoint.save(directory, arrays, state)
+        doc = {"config": dataclasses.asdict(self.config), "store": _store_ref(self.location, directory),
+               "optimizer": keras.optimizers.serialize(self.optimizer), "buffer_size": self.buffer_size,
+               "frame_stack": self.frame_stack, "storage_options": self.storage_options}
+        checkpoint.write_atomically(directory / AGENT_FILE, json.dumps(doc, indent=2, default=str).encode())
+        return directory
+
+    @classmethod
+    def load(cls, path: str | Path, *, store: ReplayStore | str | Path | None = None,
+             custom_objects: dict[str, Any] | None = None) -> DQN:
+        """The agent ``save`` wrote in ``path``, with its store reopened for appending (or ``store``):
+        ``fit`` then goes on from the saved step count, with every transition the store committed."""
+        directory = Path(path)
+        if not (directory / AGENT_FILE).is_file() or not (directory / MODEL_FILE).is_file():
+            raise TrainerError(f"{directory} holds no saved agent ({AGENT_FILE} and {MODEL_FILE}); pass the directory "
+                               "DQN.save or fit(checkpoint_dir=...) wrote")
+        try:
+            doc = json.loads((directory / AGENT_FILE).read_text())
+            model = keras.saving.load_model(directory / MODEL_FILE, custom_objects=custom_objects, compile=False)
+            optimizer = keras.optimizers.deserialize(doc["optimizer"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise TrainerError(f"cannot load the agent in {directory}: {exc}") from exc
+        saved = checkpoint.load(directory)
+        if saved is None:
+            raise TrainerError(f"{directory} holds no checkpoint.npz; the agent was not saved there")
+        agent = cls(model, store if store is not None else _store_at(doc["store"], directory), optimizer=optimizer,
+                    buffer_size=doc.get("buffer_size", 1_000_000), frame_stack=doc.get("frame_stack"),
+                    storage_options=doc.get("storage_options"), **doc["config"])
+        agent.restore(*saved)
+        return agent
+
+    def restore(self, arrays: dict[str, list[np.ndarray]], state: dict[str, Any]) -> None:
+        """Take a checkpoint's arrays and counters (``checkpoint_arrays``); the next ``fit`` goes on."""
+        if self.learner is None:
+            if self.store is None:
+                options: dict[str, Any] = {"storage_options": self.storage_options} if self.storage_options else {}
+                self.store = ReplayStore.open(self.location, mode="a", cache_bytes=self.cache_bytes, **options)
+            self._build(self.store.observation_space, self.store.action_space)
+        self._learner().load_state(arrays)
+        self.state = RunState.from_json(state)
+        if self.state.rng is not None:
+            self.rng.bit_generator.state = self.state.rng
+        self.state.resumes += 1
+        self.resumed = True
+
+    def close(self) -> None:
+        """Close the store (flushing what was added)."""
+        if self.store is not None:
+            self.store.close()
+
+
+def env_spaces(env: Any) -> tuple[Any, Any]:
+    """The observation space of one frame and the action space of ``env`` (a gymnasium env or a
+    vector env); TrainerError unless they are a Box and a Discrete."""
+    import gymnasium as gym
+
+    vector = hasattr(env, "num_envs")
+    observation_space = vector_frame_space(env) if vector else env.observation_space
+    action_space = env.single_action_space if vector else env.action_space
+    if not isinstance(action_space, gym.spaces.Discrete):
+        raise TrainerError(f"the environment's action space is {action_space}; DQN needs a Discrete one "
+                           "(one Q-value per action)")
+    if not isinstance(observation_space, gym.spaces.Box):
+        raise TrainerError(f"the environment's observation space is {observation_space}; the store keeps Box "
+                           "observations (images or vectors)")
+    return observation_space, action_space
+
+
+def _evaluate_env(env: Any, learner: Learner, episodes: int, epsilon: float, rng: np.random.Generator, stack: int,
+                  life_loss: bool) -> list[float]:
+    space = env.observation_space
+    stacker = FrameStacker(stack, space.shape, space.dtype)
+    returns = []
+    for i in range(episodes):
+        obs, info = env.reset(seed=int(rng.integers(2**31)) if i == 0 else None)
+        lives, total = info.get("lives"), 0.0
+        stacker.reset(obs)
+        while True:
+            action = int(rng.integers(env.action_space.n)) if rng.random() < epsilon else learner.act(stacker.stack)
+            obs, reward, terminated, truncated, info = env.step(action)
+            total += float(reward)
+            if terminated or truncated:
+                returns.append(total)
+                break
+            now = info.get("lives")
+            if life_loss and now is not None and lives is not None and now < lives:
+                stacker.reset(obs)  # the agent learned on stacks that restart at a lost life
+            else:
+                stacker.push(obs)
+            lives = now
+    return returns
+
+
+def _evaluate_vector(envs: Any, learner: Learner, episodes: int, epsilon: float, rng: np.random.Generator,
+                     stack: int, life_loss: bool) -> list[float]:
+    obs, info = envs.reset(seed=int(rng.integers(2**31)))
+    frames = vector_frames(obs)
+    stacks = np.repeat(frames[:, None], stack, axis=1)
+    n = int(envs.num_envs)
+    # each env plays its share of the games, so that short games are not over-counted (taking the
+    # first `episodes` to end would favour them)
+    quota = np.full(n, episodes // n) + (np.arange(n) < episodes % n)
+    played = np.zeros(n, dtype=np.int64)
+    totals, returns = np.zeros(n), list[float]()
+    resetting = np.zeros(n, dtype=bool)
+    lives = np.asarray(info["lives"]) if "lives" in info else None
+    while len(returns) < episodes:
+        actions = learner.act_batch(stacks)
+        explore = rng.random(n) < epsilon
+        actions = np.where(explore, rng.integers(int(envs.single_action_space.n), size=n), actions)
+        obs, reward, terminated, truncated, info = envs.step(actions)
+        frames = vector_frames(obs)
+        totals += np.where(resetting, 0.0, reward)
+        done = terminated | truncated
+        for i in np.flatnonzero(done & ~resetting):
+            if played[i] < quota[i]:
+                returns.append(float(totals[i]))
+                played[i] += 1
+        totals[done] = 0.0
+        now = np.asarray(info["lives"]) if "lives" in info else None
+        lost = (now < lives) & ~resetting if life_loss and now is not None and lives is not None else np.zeros(n, bool)
+        stacks[:, :-1] = stacks[:, 1:]
+        stacks[:, -1] = frames
+        restart = resetting | lost
+        stacks[restart] = frames[restart][:, None]
+        resetting, lives = done, now
+    return returns
+
+
+def _store_ref(location: str | Path, directory: Path) -> str:
+    """Where the store is, as ``agent.json`` keeps it: a local path relative to the agent's directory
+    (so the two move together), a URL as it is."""
+    text = str(location)
+    if "://" in text:
+        return text
+    return os.path.relpath(Path(text).resolve(), directory.resolve())
+
+
+def _store_at(ref: str, directory: Path) -> str | Path:
+    return ref if "://" in ref or os.path.isabs(ref) else directory / ref
+
+
+def _check_count(name: str, value: Any, *, least: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < least:
+        raise TrainerError(f"{name} is {value!r}; it must be an integer >= {least}")

@@ -1,6 +1,8 @@
-"""The trainer's hyperparameters: one ``Args`` dataclass (cleanrl's names), its command line, and the
-rules for ``--resume`` (the run's saved ``args.json`` wins; only a few flags may change).
+"""The command line's flags: one ``Args`` dataclass (cleanrl's names), its parser, and the rules for
+``--resume`` (the run's saved ``args.json`` wins; only a few flags may change, and those given are
+recorded in it, so a later plain ``--resume`` goes on with them).
 
+The hyperparameters among the flags are ``DQNConfig``'s (config.py); ``config(args)`` makes one.
 Defaults are for a real Atari run on a GPU machine (cleanrl's dqn_atari.py: 10M steps, a 1M buffer,
 learning from step 80k). Short CPU runs pass smaller numbers; CartPole settings are in
 tools/learning_curve.py.
@@ -14,9 +16,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-
-class TrainerError(Exception):
-    """A bad argument or run directory; the CLI prints ``error: <message>`` and exits 1."""
+from .config import DQNConfig, TrainerError
+from .envs import is_atari
 
 
 @dataclasses.dataclass
@@ -44,12 +45,12 @@ class Args:
     alpha: float = dataclasses.field(default=0.6, metadata={"help": "priority exponent (with --prioritized)"})
     beta: float = dataclasses.field(default=0.4, metadata={"help": "importance-weight exponent (with --prioritized)"})
     hidden_sizes: str = dataclasses.field(default="120,84", metadata={"help": "MLP layer widths for vector observations"})
-    frame_stack: int = dataclasses.field(default=0, metadata={"help": "frames per observation (0: 4 for images, 1 for vectors)"})
+    frame_stack: int = dataclasses.field(default=0, metadata={"help": "frames per observation (default: 4 for images, 1 for vectors)"})
     terminal_on_life_loss: bool = dataclasses.field(default=True, metadata={"help": "Atari: a lost life ends the episode for learning"})
     clip_reward: bool = dataclasses.field(default=True, metadata={"help": "Atari: learn from sign(reward)"})
     checkpoint_frequency: int = dataclasses.field(default=100_000, metadata={"help": "steps between checkpoints"})
     eval_frequency: int = dataclasses.field(default=0, metadata={"help": "steps between evaluations (0: only at the end)"})
-    eval_episodes: int = dataclasses.field(default=0, metadata={"help": "episodes per evaluation (0: no evaluation)"})
+    eval_episodes: int = dataclasses.field(default=0, metadata={"help": "episodes per evaluation (0: no evaluation); with --num-envs > 1 played side by side on up to 32 envs"})
     eval_epsilon: float = dataclasses.field(default=0.0, metadata={"help": "epsilon while evaluating"})
     cache_mb: int = dataclasses.field(default=256, metadata={"help": "the store's compressed-chunk cache in MiB"})
     sample_threads: int = dataclasses.field(default=2, metadata={"help": "threads that sample batches ahead of the learner"})
@@ -58,7 +59,7 @@ class Args:
                 "auto: batch-size / train-frequency (8 with the defaults: the data reuse of lockstep DQN); "
                 "0: lockstep (acting stops for a gradient step every --train-frequency env steps)"})
     steps_per_call: int = dataclasses.field(default=0, metadata={
-        "help": "gradient steps per compiled call, on one block of that many batches (0: the backend's default, "
+        "help": "gradient steps per compiled call, on one block of that many batches (default: the backend's, "
                 "8 on TensorFlow, 32 on JAX)"})
     actors: int = dataclasses.field(default=0, metadata={
         "help": "Ray actor processes that act, each stepping --num-envs envs into its own streams of the store, "
@@ -67,90 +68,99 @@ class Args:
         "help": "with --actors: how many times one actor may die and be restarted on its streams before the run "
                 "ends with its error"})
     ray_address: str = dataclasses.field(default="", metadata={
-        "help": "with --actors: the address of a running Ray cluster to join (empty: start a local Ray)"})
-    progress: bool = dataclasses.field(default=True, metadata={"help": "show a live progress bar"})
+        "help": "with --actors: the address of a running Ray cluster to join (default: start a local Ray)"})
+    progress: bool = dataclasses.field(default=True, metadata={"help": "show a live progress bar on a terminal (elsewhere, and with --no-progress: a log line every 30 s)"})
 
 
 #: Flags that ``--resume`` accepts: how long to go on and how to report, not what is learned.
 RESUMABLE = ("total_timesteps", "checkpoint_frequency", "eval_frequency", "eval_episodes", "progress", "sample_threads",
              "steps_per_call", "ray_address", "lease_ttl", "actor_restarts")
+ARGS_FILE = "args.json"
+#: Defaults the help text states in words instead (an empty string or 0 that means "pick for me").
+UNSTATED = ("run_dir", "store", "frame_stack", "steps_per_call", "ray_address")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="replaystore-train",
-        description="Train a DQN (Keras 3) on a gymnasium environment; the replay buffer is a replaystore on disk.",
-        epilog="Resume a stopped or crashed run with: replaystore-train --resume RUN_DIR",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    parser.add_argument("--resume", metavar="RUN_DIR", default=None,
-                        help="continue the run in RUN_DIR (its saved arguments are used)")
+def _help(field: dataclasses.Field[Any]) -> str:
+    text = str(field.metadata["help"])
+    if field.name in UNSTATED or "default" in text:
+        return text
+    default = field.default
+    if isinstance(default, bool):
+        shown = f"--{field.name.replace('_', '-')}" if default else f"--no-{field.name.replace('_', '-')}"
+    elif isinstance(default, int) and not isinstance(default, bool) and abs(default) >= 10_000:
+        shown = f"{default:_}"
+    else:
+        shown = str(default)
+    return f"{text} (default: {shown})"
+
+
+def _add_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per ``Args`` field (``--flag`` / ``--no-flag`` for booleans)."""
     for field in dataclasses.fields(Args):
         flag = "--" + field.name.replace("_", "-")
         if field.type in (bool, "bool"):
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=field.default,
-                                help=field.metadata["help"])
+            parser.add_argument(flag, dest=field.name, action=argparse.BooleanOptionalAction, help=_help(field))
         else:
             kind = {"int": int, "float": float, "str": str}[field.type if isinstance(field.type, str) else field.type.__name__]
-            parser.add_argument(flag, type=kind, default=field.default, help=field.metadata["help"])
+            parser.add_argument(flag, dest=field.name, type=kind, metavar=field.name.upper(), help=_help(field))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line. Flags not given are absent from the parsed namespace (``argument_default``
+    is SUPPRESS), which is how ``parse`` tells what was given from what was defaulted."""
+    parser = argparse.ArgumentParser(
+        prog="replaystore-train", argument_default=argparse.SUPPRESS,
+        description="Train a DQN (Keras 3) on a gymnasium environment; the replay buffer is a replaystore on disk. "
+                    "The same agent is a Python API: replaystore.trainer.DQN (docs/trainer.md).",
+        epilog="Resume a stopped or crashed run with: replaystore-train --resume RUN_DIR [--total-timesteps N]",
+    )
+    parser.add_argument("--resume", metavar="RUN_DIR",
+                        help="continue the run in RUN_DIR with its saved arguments; only "
+                             + ", ".join("--" + n.replace("_", "-") for n in RESUMABLE) + " may be given, and are saved")
+    _add_flags(parser)
     return parser
 
 
 def parse(argv: list[str] | None) -> tuple[Args, bool]:
-    """Parse the command line into ``Args`` and whether it resumes a run (then ``args.json`` is loaded)."""
-    parser = build_parser()
-    ns = parser.parse_args(argv)
-    if ns.resume is None:
-        args = Args(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(Args)})
+    """Parse the command line into ``Args`` and whether it resumes a run (then ``args.json`` is
+    loaded, the flags given replace its values, and it is written back by ``save``)."""
+    given = vars(build_parser().parse_args(argv))
+    resume = given.pop("resume", None)
+    if resume is None:
+        args = Args(**given)
         if not args.run_dir:
             args.run_dir = str(Path("runs") / f"{args.env_id.replace('/', '_')}-{args.seed}")
         check(args)
         return args, False
-    given = _explicit(parser, argv)
-    changed = sorted(set(given) - set(RESUMABLE) - {"resume"})
+    changed = sorted(set(given) - set(RESUMABLE))
     if changed:
         flags = ", ".join("--" + name.replace("_", "-") for name in changed)
         raise TrainerError(f"{flags} cannot change when resuming; --resume takes the run's saved arguments and only "
                            f"{', '.join('--' + n.replace('_', '-') for n in RESUMABLE)}")
-    args = load(Path(ns.resume))
-    for name in given:
-        if name != "resume":
-            setattr(args, name, getattr(ns, name))
-    args.run_dir = ns.resume
+    args = load(Path(resume))
+    for name, value in given.items():
+        setattr(args, name, value)
+    args.run_dir = resume
     check(args)
     return args, True
 
 
-def _explicit(parser: argparse.ArgumentParser, argv: list[str] | None) -> list[str]:
-    """The destinations given on the command line (not defaulted)."""
-    quiet = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
-    for action in parser._actions:
-        if action.option_strings and action.dest != "help":
-            kwargs: dict[str, Any] = {"dest": action.dest}
-            if isinstance(action, argparse.BooleanOptionalAction):
-                kwargs["action"] = argparse.BooleanOptionalAction
-            else:
-                kwargs["type"] = action.type
-            quiet.add_argument(*action.option_strings, **kwargs)
-    return list(vars(quiet.parse_known_args(argv)[0]))
-
-
 def check(args: Args) -> None:
     """Refuse values no run can use, naming the flag and its range."""
-    positive = ("total_timesteps", "buffer_size", "batch_size", "train_frequency", "target_network_frequency",
-                "n_step", "checkpoint_frequency", "cache_mb", "sample_threads")
+    positive = ("total_timesteps", "buffer_size", "checkpoint_frequency", "cache_mb")
     for name in positive:
         if getattr(args, name) < (0 if name == "cache_mb" else 1):
             raise TrainerError(f"--{name.replace('_', '-')} is {getattr(args, name)}; it must be a positive integer")
-    replay_ratio(args)
-    for name in ("learning_starts", "eval_frequency", "eval_episodes", "frame_stack", "steps_per_call"):
+    for name in ("eval_frequency", "eval_episodes", "frame_stack"):
         if getattr(args, name) < 0:
             raise TrainerError(f"--{name.replace('_', '-')} is {getattr(args, name)}; it must be >= 0")
-    for name in ("gamma", "tau", "start_e", "end_e", "exploration_fraction", "alpha", "beta", "eval_epsilon"):
-        if not 0.0 <= getattr(args, name) <= 1.0:
-            raise TrainerError(f"--{name.replace('_', '-')} is {getattr(args, name)}; it must be in [0, 1]")
-    if not args.learning_rate > 0:
-        raise TrainerError(f"--learning-rate is {args.learning_rate}; it must be > 0")
+    if not 0.0 <= args.eval_epsilon <= 1.0:
+        raise TrainerError(f"--eval-epsilon is {args.eval_epsilon}; it must be in [0, 1]")
+    try:
+        settings = config(args)
+    except TrainerError as exc:  # the API's message names the keyword; the command line's the flag
+        name = str(exc).split(" ", 1)[0]
+        raise TrainerError("--" + name.replace("_", "-") + " " + str(exc).split(" ", 1)[1]) from None
     if args.buffer_size < max(args.batch_size, 2):
         raise TrainerError(f"--buffer-size {args.buffer_size} is smaller than --batch-size {args.batch_size}; "
                            "the replay store must hold at least one batch (DQN usually keeps 10^5-10^6 steps)")
@@ -160,7 +170,7 @@ def check(args: Args) -> None:
         raise TrainerError(f"--actors is {args.actors}; it must be between 0 and 256")
     if not 0 <= args.actor_restarts <= 1000:
         raise TrainerError(f"--actor-restarts is {args.actor_restarts}; it must be between 0 and 1000")
-    if args.actors and replay_ratio(args) <= 0:
+    if args.actors and settings.ratio() <= 0:
         raise TrainerError("--actors needs the decoupled learner: give --replay-ratio auto or a number > 0, not 0")
     streams = num_streams(args)
     if args.buffer_size % streams:
@@ -173,24 +183,21 @@ def check(args: Args) -> None:
     hidden_sizes(args)
 
 
+def config(args: Args) -> DQNConfig:
+    """The hyperparameters among the flags, checked (reward clipping and life loss for ALE ids only)."""
+    atari = is_atari(args.env_id)
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(DQNConfig) if hasattr(args, f.name)}
+    values.update(clip_reward=atari and args.clip_reward, terminal_on_life_loss=atari and args.terminal_on_life_loss)
+    settings = DQNConfig(**values)
+    settings.check()
+    if settings.replay_ratio != "auto":
+        settings.replay_ratio = settings.ratio()
+    return settings
+
+
 def num_streams(args: Args) -> int:
     """The store's streams: one per env, of every actor process."""
     return args.num_envs * max(1, args.actors)
-
-
-def replay_ratio(args: Args) -> float:
-    """``--replay-ratio`` as a number: ``auto`` is batch-size / train-frequency; 0 means lockstep."""
-    value = args.replay_ratio
-    if value == "auto":
-        return args.batch_size / args.train_frequency
-    try:
-        ratio = float(value)
-    except (TypeError, ValueError):
-        ratio = float("nan")
-    if not ratio >= 0 or ratio == float("inf"):
-        raise TrainerError(f"--replay-ratio is {value!r}; give a number >= 0 (sampled per inserted transition; "
-                           "0 for lockstep) or auto")
-    return ratio
 
 
 def hidden_sizes(args: Args) -> list[int]:
@@ -201,9 +208,6 @@ def hidden_sizes(args: Args) -> list[int]:
     if not sizes or min(sizes) < 1:
         raise TrainerError(f"--hidden-sizes is {args.hidden_sizes!r}; give layer widths like 120,84")
     return sizes
-
-
-ARGS_FILE = "args.json"
 
 
 def store_path(args: Args) -> str | Path:
@@ -217,7 +221,10 @@ def store_options(args: Args) -> dict[str, Any]:
 
 
 def save(args: Args, run_dir: Path) -> None:
-    (run_dir / ARGS_FILE).write_text(json.dumps(dataclasses.asdict(args), indent=2) + "\n")
+    """Write ``args.json`` (atomically: a resume reads it back)."""
+    from .checkpoint import write_atomically
+
+    write_atomically(run_dir / ARGS_FILE, (json.dumps(dataclasses.asdict(args), indent=2) + "\n").encode())
 
 
 def load(run_dir: Path) -> Args:

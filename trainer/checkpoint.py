@@ -1,50 +1,79 @@
-"""Atomic checkpoints: one ``checkpoint.npz`` per run, replaced whole.
+"""Atomic checkpoints: files replaced whole, so a crash at any moment leaves the previous version or
+the new one, never a torn file.
 
-It holds the online and target weights, the optimizer's variables (Adam's moments and iteration
-count) and a JSON ``state`` (global step, epsilon, episode counters, RNG states). It is written to a
-temporary file, fsynced, then renamed over the old one, so a crash at any moment leaves either the
-previous checkpoint or the new one, never a torn file. The replay store is not in it: the store on
-disk is the replay half of the checkpoint, flushed just before each one is written.
+``checkpoint.npz`` holds the online and target weights, the optimizer's variables (Adam's moments
+and iteration count) and a JSON ``state`` (the run's counters and its exploration generator, state.py).
+Every file is written to a temporary name in the same directory, fsynced, renamed over the old one,
+and the directory fsynced. The replay store is not in it: the store on disk is the replay half of
+the checkpoint, flushed just before each one is written.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
-from trainer.args import TrainerError
+from .config import TrainerError
 
 CHECKPOINT = "checkpoint.npz"
 PARTS = ("online", "target", "optimizer")
 
 
-def save(run_dir: Path, arrays: dict[str, list[np.ndarray]], state: dict[str, Any]) -> Path:
-    """Write ``arrays`` (``Agent.state()``) and ``state`` atomically to ``run_dir/checkpoint.npz``."""
-    payload = {f"{part}/{i:04d}": np.asarray(a) for part in PARTS for i, a in enumerate(arrays[part])}
-    payload["state"] = np.frombuffer(json.dumps(state).encode(), dtype=np.uint8)
-    path = run_dir / CHECKPOINT
-    fd, tmp = tempfile.mkstemp(prefix=".checkpoint-", suffix=".npz.tmp", dir=run_dir)
+@contextlib.contextmanager
+def replacing(path: Path) -> Iterator[IO[bytes]]:
+    """A file to write ``path``'s new contents to; renamed over ``path`` (fsynced) when the block ends
+    without an error, removed otherwise."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=f"{path.suffix}.tmp", dir=path.parent)
     try:
         os.fchmod(fd, 0o644)
         with os.fdopen(fd, "wb") as f:
-            np.savez(f, **payload)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    dir_fd = os.open(run_dir, os.O_RDONLY)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data``, whole."""
+    with replacing(path) as f:
+        f.write(data)
+
+
+def save(run_dir: Path, arrays: dict[str, list[np.ndarray]], state: dict[str, Any]) -> Path:
+    """Write ``arrays`` (``Learner.state()``) and ``state`` atomically to ``run_dir/checkpoint.npz``."""
+    payload: dict[str, Any] = {f"{part}/{i:04d}": np.asarray(a) for part in PARTS for i, a in enumerate(arrays[part])}
+    payload["state"] = np.frombuffer(json.dumps(state).encode(), dtype=np.uint8)
+    path = run_dir / CHECKPOINT
+    with replacing(path) as f:
+        np.savez(f, **payload)
     return path
+
+
+def save_model(path: Path, model: Any) -> None:
+    """``model.save`` (a ``.keras`` file), replaced atomically."""
+    tmp = path.with_name(f".{path.stem}-saving.keras")  # Keras wants the .keras suffix on the name it writes
+    try:
+        model.save(tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def load(run_dir: Path) -> tuple[dict[str, list[np.ndarray]], dict[str, Any]] | None:
@@ -67,5 +96,5 @@ def load(run_dir: Path) -> tuple[dict[str, list[np.ndarray]], dict[str, Any]] | 
 
 def remove_partials(run_dir: Path) -> None:
     """Delete temporary files left by a crash while a checkpoint was being written."""
-    for tmp in run_dir.glob(".checkpoint-*.npz.tmp"):
+    for tmp in [*run_dir.glob(".*.tmp"), *run_dir.glob(".*-saving.keras")]:
         tmp.unlink(missing_ok=True)

@@ -2,9 +2,9 @@
 
 ``make_env`` builds any gymnasium env with a Discrete action space. ``ALE/...`` ids get the standard
 Atari preprocessing (AtariPreprocessing on a ``frameskip=1`` base env: 84x84 gray, frame skip 4, up
-to 30 no-op starts). ``RecordEpisodeStatistics`` sits outside, so logged returns are raw game scores;
-reward clipping and "terminal on life loss" are done by the training loop (``life_lost``), which
-ends the *store's* episode at a lost life without resetting the game (like cleanrl's EpisodicLife).
+to 30 no-op starts); rewards stay raw game scores. Reward clipping and "terminal on life loss" are
+done by the acting (acting.py), which ends the *store's* episode at a lost life without resetting the
+game (like cleanrl's EpisodicLife).
 
 ``FrameStacker`` builds the agent's observation exactly as the store builds a stack at sample time:
 the last ``k`` frames of the store's episode, the episode's first frame repeated as padding (the
@@ -19,7 +19,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from trainer.args import TrainerError
+from .config import TrainerError
 
 
 def is_atari(env_id: str) -> bool:
@@ -32,6 +32,7 @@ def make_env(env_id: str) -> gym.Env:
         import ale_py
 
         gym.register_envs(ale_py)
+    env: gym.Env
     try:
         if is_atari(env_id):
             env = gym.wrappers.AtariPreprocessing(gym.make(env_id, frameskip=1), noop_max=30, frame_skip=4,
@@ -49,7 +50,7 @@ def make_env(env_id: str) -> gym.Env:
         env.close()
         raise TrainerError(f"{env_id} has observation space {env.observation_space}; the trainer needs a Box "
                            "(images or vectors)")
-    return gym.wrappers.RecordEpisodeStatistics(env)
+    return env
 
 
 def make_vector_env(env_id: str, num_envs: int) -> Any:
@@ -83,6 +84,14 @@ def atari_game(env_id: str) -> str:
     raise TrainerError(f"{env_id} names no ALE game ale-py has; use an id such as ALE/Breakout-v5")
 
 
+def vector_frame_space(envs: Any) -> gym.spaces.Box:
+    """A vector env's observation space of one frame (``vector_frames``' rows)."""
+    space = envs.single_observation_space
+    if len(space.shape) == 3 and space.shape[0] == 1:
+        return gym.spaces.Box(space.low[0], space.high[0], space.shape[1:], space.dtype)
+    return space
+
+
 def vector_frames(obs: np.ndarray) -> np.ndarray:
     """A vector env's observations as one frame per env (AtariVectorEnv adds a stack axis of 1)."""
     return obs[:, 0] if obs.ndim == 4 and obs.shape[1] == 1 else obs
@@ -91,14 +100,6 @@ def vector_frames(obs: np.ndarray) -> np.ndarray:
 def default_frame_stack(observation_space: gym.spaces.Box) -> int:
     """4 for images (2-D or 3-D frames), 1 for vectors."""
     return 4 if len(observation_space.shape) >= 2 else 1
-
-
-def life_lost(info: dict[str, Any], lives: int | None) -> tuple[bool, int | None]:
-    """Whether the step that returned ``info`` cost a life, and the lives now (None if not Atari)."""
-    now = info.get("lives")
-    if now is None:
-        return False, None
-    return lives is not None and int(now) < lives, int(now)
 
 
 class FrameStacker:

@@ -1,115 +1,140 @@
-"""What the trainer tells people: TensorBoard scalars and a live progress bar (or log lines).
+"""What ``replaystore-train`` tells people, as a callback of ``DQN.fit`` (callbacks.py's own hooks):
+TensorBoard scalars, ``evals.jsonl``, and a live progress bar on a terminal or a log line every
+``LINE_SECONDS`` elsewhere (a CI log, ``nohup``, a file).
 
-TensorBoard tags (under ``run_dir/tb``): ``charts/episodic_return``, ``charts/episodic_length``,
-``charts/epsilon``, ``charts/SPS``, ``losses/td_loss``, ``losses/q_values``, ``replay/size``,
-``replay/cache_hit_rate``, ``replay/sample_ms``, and ``eval/mean_return`` when evaluating. With
-``--replay-ratio``: ``replay/inserted``, ``replay/sampled``, ``replay/ratio`` (sampled per inserted
+TensorBoard tags (under ``run_dir/tb``, and in ``run_dir/scalars.jsonl``: scalars.py): ``charts/episodic_return`` and ``charts/episodic_length``
+(game episodes: the raw score over all lives), ``charts/epsilon``, ``charts/SPS``,
+``losses/td_loss``, ``losses/q_values``, ``replay/size``, ``replay/cache_hit_rate``,
+``replay/sample_ms``, and ``eval/mean_return`` when evaluating. With the decoupled learner
+(``--replay-ratio``): ``replay/inserted``, ``replay/sampled``, ``replay/ratio`` (sampled per inserted
 since learning started), ``replay/sample_age`` (mean env steps since the sampled transitions were
 added), ``charts/learner_steps_per_s``, ``replay/learner_wait_s`` and ``replay/actor_wait_s``
 (seconds each side has waited for the other, cumulative).
+
+The bar's and the log lines' ``score`` is the mean game score of the last 20 games (all lives, raw
+rewards), the number Atari papers report. The store's episodes are not games: with
+``--terminal-on-life-loss`` (the Atari default) each life is an episode for learning, with clipped
+rewards, so ``replaystore inspect`` shows more, shorter episodes with smaller returns.
 """
 
 from __future__ import annotations
 
 import collections
+import json
 import time
 from pathlib import Path
+from typing import Any
 
-import tensorflow as tf
+import keras
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-#: Steps between progress refreshes and between log lines without a bar.
-REFRESH_STEPS = 100
+from .scalars import Scalars
+
+#: Seconds between two log lines when there is no progress bar.
+LINE_SECONDS = 30.0
+EVALS = "evals.jsonl"
+#: ``on_steps`` logs that are TensorBoard tags under another name
+TAGS = {"epsilon": "charts/epsilon", "replay_size": "replay/size", "cache_hit_rate": "replay/cache_hit_rate"}
 
 
-class Report:
-    """TensorBoard writer plus a rich progress bar (``progress=False``: a plain line now and then)."""
+class Report(keras.callbacks.Callback):
+    """TensorBoard, ``evals.jsonl`` and the console, for a run directory."""
 
-    def __init__(self, run_dir: Path, *, total: int, start: int, progress: bool) -> None:
-        self.writer = tf.summary.create_file_writer(str(run_dir / "tb"))
-        self.returns: collections.deque[float] = collections.deque(maxlen=20)
-        self.total = total
-        self.start_step = start
+    def __init__(self, run_dir: Path, *, total: int, start: int, progress: bool, console: Console | None = None) -> None:
+        super().__init__()
+        self.run_dir = run_dir
+        self.writer = Scalars(run_dir)
+        self.console = console or Console(soft_wrap=True)
+        self.scores: collections.deque[float] = collections.deque(maxlen=20)
+        self.total, self.start_step = total, start
         self.start_time = time.perf_counter()
-        self.console = Console()
-        self._train_sums = [0.0, 0.0, 0.0]
-        self._n_train = 0
-        self._last = (start, self.start_time)
+        self._last = (start, self.start_time)  # for charts/SPS between two on_steps
+        self._line_at: float | None = self.start_time  # None once closed
         self.learner = ""  # the latest averaged loss and Q, once learning has started
-        self.line_every = max(REFRESH_STEPS, (total - start) // 20)
-        self.last_line = start
+        self.epsilon, self.replay_size = 1.0, 0
+        self.step = start
         self.progress: Progress | None = None
-        if progress:
+        if progress and self.console.is_terminal:
             self.progress = Progress(
                 TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("{task.fields[sps]:>5.0f} SPS  return {task.fields[ret]}  eps {task.fields[eps]:.3f}  "
+                TextColumn("{task.fields[sps]:>5.0f} SPS  score {task.fields[score]}  eps {task.fields[eps]:.3f}  "
                            "replay {task.fields[size]:,}{task.fields[learner]}"),
                 TimeRemainingColumn(), console=self.console, refresh_per_second=4,
             )
-            self.task = self.progress.add_task("train", total=total, completed=start, sps=0.0, ret="-", eps=1.0, size=0,
-                                           learner="")
+            self.task = self.progress.add_task("train", total=total, completed=start, sps=0.0, score="-", eps=1.0,
+                                               size=0, learner="")
             self.progress.start()
+
+    # Numbers ------------------------------------------------------------------------------------
 
     def sps(self, step: int) -> float:
         return (step - self.start_step) / max(time.perf_counter() - self.start_time, 1e-9)
 
-    def recent_return(self) -> str:
-        return f"{sum(self.returns) / len(self.returns):.1f}" if self.returns else "-"
+    def score(self) -> str:
+        return f"{sum(self.scores) / len(self.scores):.1f}" if self.scores else "-"
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
-        with self.writer.as_default(step=step):
-            for tag, value in values.items():
-                tf.summary.scalar(tag, value)
+        self.writer.write(step, values)
 
-    def episode(self, step: int, episodic_return: float, length: int) -> None:
-        self.returns.append(float(episodic_return))
-        self.scalars(step, {"charts/episodic_return": episodic_return, "charts/episodic_length": length})
+    # replaystore's hooks (callbacks.py) ---------------------------------------------------------
 
-    def trained(self, loss: float, q_mean: float, sample_s: float) -> None:
-        """Count one gradient step (averaged into the next ``periodic`` write)."""
-        self._train_sums[0] += loss
-        self._train_sums[1] += q_mean
-        self._train_sums[2] += sample_s
-        self._n_train += 1
+    def on_episode_end(self, step: int, logs: dict[str, float]) -> None:
+        self.scores.append(float(logs["return"]))
+        self.scalars(step, {"charts/episodic_return": logs["return"], "charts/episodic_length": logs["length"]})
 
-    def periodic(self, step: int, *, epsilon: float, replay_size: int, cache_hit_rate: float,
-                 extra: dict[str, float] | None = None) -> None:
-        """Write the step-level scalars, with the learner's averaged since the last call (and
-        ``extra``: the decoupled learner's, trainer/learn.py)."""
+    def on_steps(self, step: int, logs: dict[str, float]) -> None:
+        """The step-level scalars, with the learner's averaged since the last call."""
         now = time.perf_counter()
-        values = {"charts/epsilon": epsilon, "replay/size": replay_size, "replay/cache_hit_rate": cache_hit_rate}
+        self.step = step
+        values = {TAGS.get(name, name): value for name, value in logs.items()}
         if step > self._last[0]:  # (a second write at the same step has no rate to give)
             values["charts/SPS"] = (step - self._last[0]) / max(now - self._last[1], 1e-9)
         self._last = (step, now)
-        values.update(extra or {})
-        if self._n_train:
-            loss, q, sample_s = (v / self._n_train for v in self._train_sums)
-            values.update({"losses/td_loss": loss, "losses/q_values": q, "replay/sample_ms": 1000 * sample_s})
-            self.learner = f"  loss {loss:.4f}  Q {q:.3f}"
-            self._train_sums = [0.0, 0.0, 0.0]
-            self._n_train = 0
+        if "losses/td_loss" in values:
+            self.learner = f"  loss {values['losses/td_loss']:.4f}  Q {values['losses/q_values']:.3f}"
         self.scalars(step, values)
 
-    def tick(self, step: int, *, epsilon: float, replay_size: int) -> None:
-        """Called every REFRESH_STEPS steps."""
+    def on_progress(self, step: int, logs: dict[str, float]) -> None:
+        self.epsilon, self.replay_size = logs["epsilon"], int(logs["replay_size"])
+        self.step = step
         if self.progress is not None:
-            self.progress.update(self.task, completed=step, sps=self.sps(step), ret=self.recent_return(), eps=epsilon,
-                                 size=replay_size, learner=self.learner)
-        elif step - self.last_line >= self.line_every or step >= self.total:
-            self.last_line = step
-            self.print(f"step {step:,}/{self.total:,}  {self.sps(step):.0f} SPS  return {self.recent_return()}  "
-                       f"eps {epsilon:.3f}  replay {replay_size:,}{self.learner}")
+            self.progress.update(self.task, completed=step, sps=self.sps(step), score=self.score(), eps=self.epsilon,
+                                 size=self.replay_size, learner=self.learner)
+        elif self._line_at is not None and time.perf_counter() - self._line_at >= LINE_SECONDS:
+            self.line(step)
+
+    def line(self, step: int) -> None:
+        self._line_at = time.perf_counter()
+        self.print(f"train {step:,}/{self.total:,}  {self.sps(step):.0f} SPS  score {self.score()}  "
+                   f"eps {self.epsilon:.3f}  replay {self.replay_size:,}{self.learner}")
+
+    def on_evaluation(self, step: int, logs: dict[str, Any]) -> None:
+        returns, mean = logs["returns"], logs["mean_return"]
+        self.scalars(step, {"eval/mean_return": mean})
+        record = {"step": step, "mean_return": mean, "returns": returns, "time": time.time(), "eval_s": logs["eval_s"]}
+        with open(self.run_dir / EVALS, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        self.print(f"eval at step {step:,}: mean score {mean:.1f} over {len(returns)} games")
+
+    # Keras' hooks -------------------------------------------------------------------------------
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        self.close()
+
+    # The console --------------------------------------------------------------------------------
 
     def print(self, message: str) -> None:
+        """A line above the bar (or a plain line), never cut."""
         self.console.print(message, highlight=False, soft_wrap=True)
 
-    def flush(self) -> None:
-        self.writer.flush()
-
     def close(self) -> None:
+        """Stop the bar (or write a last log line), and flush TensorBoard; idempotent."""
         if self.progress is not None:
+            self.progress.update(self.task, completed=self.step)
             self.progress.stop()
             self.progress = None
-        self.writer.flush()
+        elif self.step > self.start_step and self._line_at is not None:
+            self.line(self.step)
+        self._line_at = None
         self.writer.close()

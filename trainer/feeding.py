@@ -1,9 +1,9 @@
-"""The learner's side of the training loop: the sampling pipeline and the gradient steps due.
+"""Feeding the learner: the sampling pipeline and the gradient steps due.
 
 The loop says how many gradient steps are due (one per ``train_frequency`` env steps once learning
-has started) and ``Learning`` takes them, ``--steps-per-call`` K at a time: each call of the agent's
-``train_block`` runs K gradient steps on a block of K batches, compiled as one call, on the backend
-Keras runs on:
+has started) and ``Learning`` takes them, ``steps_per_call`` K at a time: each call of the learner's
+``train_block`` (learner.py) runs K gradient steps on a block of K batches, compiled as one call, on
+the backend Keras runs on:
 
 - **TensorFlow** (the default): blocks from ``store.as_dataset(..., blocks=True)`` (tf.data), one
   ``tf.function`` call each (a ``tf.while_loop`` over the block); with K = 1, batches from
@@ -12,16 +12,19 @@ Keras runs on:
   feeder thread; one ``jax.jit`` call each (``lax.scan``).
 
 Due steps accumulate and each full block is taken; steps still due when the run stops carry over
-(``state["due_steps"]``, checkpointed), so a run takes its gradient steps at most one block late.
-With ``--prioritized`` the new priorities are written after each call.
+(``state.due_steps``, checkpointed), so a run takes its gradient steps at most one block late. With
+prioritized replay the new priorities are written after each call.
 
-With ``--replay-ratio R`` (> 0) the gradient steps are not taken inside the acting loop: a learner
-thread takes them as fast as the ratio allows (ratio.py), while the loop acts and only reports each
-env step to the limiter. Checkpoints pause the learner between two calls (``paused``).
+With a replay ratio R (> 0, the default) the gradient steps are not taken inside the acting loop: a
+learner thread takes them as fast as the ratio allows (ratio.py), while the loop acts and only
+reports each env step to the limiter. Checkpoints pause the learner between two calls (``paused``).
+Each call's loss, mean Q and sampling time are queued (``done``) for the acting thread, which hands
+them to the callbacks: callbacks run on one thread only.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import threading
 import time
@@ -31,27 +34,28 @@ from typing import Any
 import numpy as np
 
 from replaystore import ReplayStore
-from trainer import args as arguments
-from trainer.args import Args
-from trainer.ratio import RatioLimiter
+
+from .config import DQNConfig
+from .learner import Learner
+from .ratio import RatioLimiter
+from .state import RunState
 
 PRIORITY_EPS = 1e-6
-#: Gradient steps per compiled call when ``--steps-per-call`` is not given, per backend
-#: (docs/benchmarks.md, "The learner").
-DEFAULT_STEPS_PER_CALL = {"tensorflow": 8, "jax": 32}
 
 
 class Learning:
     """Starts the sampling pipeline once learning starts and takes the gradient steps the loop asks for."""
 
-    def __init__(self, args: Args, store: ReplayStore, agent: Any, report: Any, state: dict[str, Any]) -> None:
+    def __init__(self, config: DQNConfig, store: ReplayStore, learner: Learner, state: RunState) -> None:
         """``state``: the run's checkpointed state, where the steps due but not yet taken are kept
         (``due_steps``), so that a resumed run takes them."""
-        self.args, self.store, self.agent, self.report, self.state = args, store, agent, report, state
-        self.jax = agent.backend == "jax"
-        self.steps_per_call = args.steps_per_call or DEFAULT_STEPS_PER_CALL[agent.backend]
+        self.args, self.store, self.agent, self.state = config, store, learner, state
+        self.jax = learner.backend == "jax"
+        self.steps_per_call = config.calls(learner.backend)
         self.source: Any = None  # the dataset iterator (TF) or the device blocks (JAX)
-        state.setdefault("due_steps", 0)
+        #: each call's (mean loss, mean Q(s, a), sampling seconds a step), for the acting thread to report
+        self.done: collections.deque[tuple[float, float, float]] = collections.deque()
+        self.learned = learner.train_steps  # gradient steps taken, this run's before this fit included
         self.limiter: RatioLimiter | None = None  # decoupled (--replay-ratio > 0): the learner thread's
         self._lock = threading.Lock()  # held by the learner thread during a call, and by checkpoints
         self._thread: threading.Thread | None = None
@@ -66,9 +70,9 @@ class Learning:
         return self.limiter is not None
 
     def start_thread(self, global_step: int) -> None:
-        """Run the learner on its own thread, held to ``--replay-ratio`` (ratio.py)."""
+        """Run the learner on its own thread, held to the replay ratio (ratio.py)."""
         args = self.args
-        self.limiter = RatioLimiter(arguments.replay_ratio(args), args.batch_size, args.learning_starts,
+        self.limiter = RatioLimiter(args.ratio(), args.batch_size, args.learning_starts,
                                     steps_per_call=self.steps_per_call, inserted=global_step,
                                     learned=int(self.agent.train_steps))
         self._since = (self.limiter.learned, time.perf_counter())
@@ -132,13 +136,18 @@ class Learning:
             self._ages.clear()
         return out
 
+    def replay_ratio(self, step: int) -> float:
+        """Transitions sampled per transition inserted since learning started (NaN before it did)."""
+        inserted = step - self.args.learning_starts
+        return self.learned * self.args.batch_size / inserted if inserted > 0 else float("nan")
+
     @property
     def started(self) -> bool:
         return self.source is not None
 
     def start(self, global_step: int) -> None:
         args, store, k = self.args, self.store, self.steps_per_call
-        kwargs = {"n_step": args.n_step, "gamma": args.gamma, "prioritized": args.prioritized, "alpha": args.alpha,
+        kwargs: dict[str, Any] = {"n_step": args.n_step, "gamma": args.gamma, "prioritized": args.prioritized, "alpha": args.alpha,
                   "beta": args.beta, "threads": args.sample_threads, "seed": args.seed * 1_000_003 + global_step}
         if self.jax:
             self.source = store.jax_blocks(args.batch_size, batches_per_block=k, **kwargs)
@@ -158,10 +167,10 @@ class Learning:
         """Take ``n`` more gradient steps: every full block of them now, the rest later."""
         if not self.started:
             return
-        self.state["due_steps"] += n
-        while self.state["due_steps"] >= self.steps_per_call:
+        self.state.due_steps += n
+        while self.state.due_steps >= self.steps_per_call:
             self._call()
-            self.state["due_steps"] -= self.steps_per_call
+            self.state.due_steps -= self.steps_per_call
 
     def _call(self) -> None:
         """One learner call: ``steps_per_call`` gradient steps on the next block."""
@@ -173,8 +182,8 @@ class Learning:
         self._note_ages(index)
         if self.args.prioritized:
             self.store.update_priorities(index.ravel(), abs_td.ravel() + PRIORITY_EPS)
-        for i in range(len(loss)):
-            self.report.trained(float(loss[i]), float(q_mean[i]), sample_s / len(loss))
+        self.learned += len(loss)
+        self.done.append((float(np.mean(loss)), float(np.mean(q_mean)), sample_s / len(loss)))
 
     def close(self) -> None:
         """Stop the learner thread (after its current call), then the sampling workers (the

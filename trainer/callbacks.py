@@ -1,0 +1,128 @@
+"""Keras callbacks, the Keras way: what ``DQN.fit`` tells them, and when.
+
+- ``on_train_begin`` / ``on_train_end``: once a ``fit``.
+- ``on_epoch_begin`` / ``on_epoch_end``: an epoch is one evaluation period (``eval_frequency`` env
+  steps; the whole run when there is none); its ``logs`` carry ``eval_return`` (the mean raw return
+  of the evaluation that ends it) when there is an evaluation environment.
+- ``on_train_batch_begin`` / ``on_train_batch_end``: one compiled learner call (``steps_per_call``
+  gradient steps).
+
+``logs`` hold ``loss`` (the TD loss, so ``TerminateOnNaN`` and ``EarlyStopping(monitor="loss")``
+work unchanged), ``q_values`` (the mean Q(s, a) of the sampled moves), ``episodic_return`` (the mean
+raw game return of the episodes finished lately), ``sps`` (env steps a second), ``replay_ratio``
+(transitions sampled per transition inserted since learning started) and, at an epoch's end,
+``eval_return``. A value not known yet (no episode finished, no gradient step taken) is NaN.
+
+Callbacks always run on the thread that called ``fit``, also when the learner runs on its own
+thread. Before ``on_epoch_end`` and ``on_train_end`` the model's variables hold the learner's
+current weights (so ``ModelCheckpoint`` saves them); after ``on_train_end`` the learner takes back
+whatever a callback put there (``EarlyStopping(restore_best_weights=True)``). Setting
+``model.stop_training = True`` ends the run after the current step, with a checkpoint.
+
+A callback may also define replaystore's own hooks: ``on_episode_end(step, logs)`` (``logs``:
+``return``, ``length``), ``on_steps(step, logs)`` (every ``REPORT_STEPS`` env steps: ``epsilon``,
+``replay_size``, ``cache_hit_rate``, the learner's averages and the replay ratio's details),
+``on_progress(step, logs)`` (every ``TICK_STEPS``: ``epsilon``, ``replay_size``) and
+``on_evaluation(step, logs)`` (``returns``: each game's, ``mean_return``, ``eval_s``: seconds spent). ``replaystore-train``'s TensorBoard tags, progress bar and
+``evals.jsonl`` are such a callback (report.py).
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import keras
+
+from .learner import Learner
+
+#: replaystore's own hooks, which a callback may define besides Keras' (see the module docstring)
+OWN_HOOKS = ("on_episode_end", "on_steps", "on_progress", "on_evaluation")
+
+
+class Hooks:
+    """The run's callbacks (a Keras ``CallbackList`` with a ``History``) and the logs they are given."""
+
+    def __init__(self, callbacks: Sequence[keras.callbacks.Callback], learner: Learner, *, epochs: int,
+                 verbose: int, start_step: int, evaluating: bool,
+                 replay_ratio: Callable[[int], float] = lambda step: math.nan) -> None:
+        self.learner = learner
+        self.model = learner.model
+        self.model.stop_training = False
+        self.list = keras.callbacks.CallbackList(list(callbacks), add_history=True, add_progbar=verbose > 0,
+                                                 model=self.model, epochs=epochs, steps=None, verbose=verbose)
+        self.history: keras.callbacks.History = next(c for c in self.list.callbacks
+                                                     if isinstance(c, keras.callbacks.History))
+        self.extra = [c for c in callbacks if any(hasattr(c, hook) for hook in OWN_HOOKS)]
+        self.evaluating = evaluating
+        self.returns: collections.deque[float] = collections.deque(maxlen=20)
+        self.start_step, self.start_time = start_step, time.perf_counter()
+        self.batch = 0
+        self._epoch: list[tuple[float, float]] = []  # this epoch's (loss, q) per learner call
+        self._ratio = replay_ratio
+
+    @property
+    def stop_training(self) -> bool:
+        return bool(getattr(self.model, "stop_training", False))
+
+    def logs(self, step: int, **extra: float) -> dict[str, float]:
+        """The logs every hook gets: the latest return, the speed and the replay ratio, and ``extra``."""
+        ret = sum(self.returns) / len(self.returns) if self.returns else math.nan
+        sps = (step - self.start_step) / max(time.perf_counter() - self.start_time, 1e-9)
+        return {"episodic_return": ret, "sps": sps, "replay_ratio": self._ratio(step), **extra}
+
+    # Keras hooks --------------------------------------------------------------------------------
+
+    def train_begin(self) -> None:
+        self.list.on_train_begin({})
+
+    def epoch_begin(self, epoch: int) -> None:
+        self._epoch = []
+        self.list.on_epoch_begin(epoch, {})
+
+    def learner_call(self, step: int, loss: float, q: float, **extra: float) -> None:
+        """One learner call's hooks (its ``steps_per_call`` steps' mean loss and Q)."""
+        self.list.on_train_batch_begin(self.batch, {})
+        self._epoch.append((loss, q))
+        self.list.on_train_batch_end(self.batch, self.logs(step, loss=loss, q_values=q, **extra))
+        self.batch += 1
+
+    def epoch_end(self, epoch: int, step: int, eval_return: float | None) -> dict[str, float]:
+        calls = self._epoch
+        loss = sum(c[0] for c in calls) / len(calls) if calls else math.nan
+        q = sum(c[1] for c in calls) / len(calls) if calls else math.nan
+        logs = self.logs(step, loss=loss, q_values=q)
+        if self.evaluating:
+            logs["eval_return"] = math.nan if eval_return is None else eval_return
+        self.learner.sync_model()
+        self.list.on_epoch_end(epoch, logs)
+        return logs
+
+    def train_end(self, step: int) -> None:
+        self.learner.sync_model()
+        self.list.on_train_end(self.logs(step))
+        self.learner.pull_model()
+
+    # replaystore's own hooks --------------------------------------------------------------------
+
+    def episode(self, step: int, game_return: float, length: int) -> None:
+        self.returns.append(game_return)
+        self._own("on_episode_end", step, {"return": game_return, "length": length})
+
+    def steps(self, step: int, logs: dict[str, float]) -> None:
+        self._own("on_steps", step, logs)
+
+    def progress(self, step: int, logs: dict[str, float]) -> None:
+        self._own("on_progress", step, logs)
+
+    def evaluated(self, step: int, logs: dict[str, Any]) -> None:
+        self._own("on_evaluation", step, logs)
+
+    def _own(self, hook: str, *args: Any) -> None:
+        for callback in self.extra:
+            method = getattr(callback, hook, None)
+            if method is not None:
+                method(*args)

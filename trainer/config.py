@@ -1,0 +1,101 @@
+"""DQN's hyperparameters, with cleanrl's names, and their checks: one dataclass that ``DQN`` takes as
+keywords and ``replaystore-train`` fills from its flags. A value no run can use is refused with one
+line naming it, its range and (where it helps) what to pass instead."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+
+class TrainerError(Exception):
+    """A bad argument, model or run directory; the command line prints ``error: <message>`` and exits 1."""
+
+
+#: Gradient steps per compiled learner call when ``steps_per_call`` is 0, per Keras backend
+#: (docs/benchmarks.md, "The learner").
+DEFAULT_STEPS_PER_CALL = {"tensorflow": 8, "jax": 32}
+
+
+@dataclasses.dataclass
+class DQNConfig:
+    """What DQN learns with (``DQN(model, store, **these)``); the defaults are cleanrl's dqn_atari.py."""
+
+    gamma: float = 0.99  # discount factor
+    n_step: int = 1  # n-step returns (sampled by the store)
+    batch_size: int = 32  # transitions per gradient step
+    learning_starts: int = 80_000  # env steps of acting before the first gradient step
+    train_frequency: int = 4  # env steps per gradient step
+    target_network_frequency: int = 1000  # env steps between target updates
+    tau: float = 1.0  # target update rate (1.0: a hard copy)
+    learning_rate: float = 1e-4  # Adam's, when no optimizer is given
+    start_e: float = 1.0  # epsilon at the start
+    end_e: float = 0.01  # epsilon after the schedule
+    exploration_fraction: float = 0.10  # fraction of total_timesteps over which epsilon falls
+    prioritized: bool = False  # proportional prioritized replay
+    alpha: float = 0.6  # priority exponent
+    beta: float = 0.4  # importance-weight exponent
+    replay_ratio: str | float = "auto"  # sampled per inserted transition on the learner's own thread; 0: lockstep
+    steps_per_call: int = 0  # gradient steps per compiled call (0: the backend's default)
+    sample_threads: int = 2  # threads (and decode processes) sampling blocks ahead of the learner
+    clip_reward: bool = False  # learn from sign(reward) (Atari)
+    terminal_on_life_loss: bool = False  # a lost life (info["lives"]) ends the episode for learning (Atari)
+    seed: int = 1  # seeds exploration and the environments
+
+    def check(self) -> None:
+        """Refuse values no run can use, naming the keyword and its range."""
+        for name in ("n_step", "batch_size", "train_frequency", "target_network_frequency", "sample_threads"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise TrainerError(f"{name} is {value!r}; it must be a positive integer")
+        for name in ("learning_starts", "steps_per_call"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise TrainerError(f"{name} is {value!r}; it must be an integer >= 0")
+        for name in ("gamma", "tau", "start_e", "end_e", "exploration_fraction", "alpha", "beta"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
+                raise TrainerError(f"{name} is {value!r}; it must be a number in [0, 1]")
+        if isinstance(self.learning_rate, bool) or not isinstance(self.learning_rate, int | float) or not self.learning_rate > 0:
+            raise TrainerError(f"learning_rate is {self.learning_rate!r}; it must be > 0")
+        self.ratio()
+
+    def ratio(self) -> float:
+        """``replay_ratio`` as a number: ``auto`` is batch_size / train_frequency; 0 means lockstep."""
+        value = self.replay_ratio
+        if value == "auto":
+            return self.batch_size / self.train_frequency
+        try:
+            ratio = float(value)
+        except (TypeError, ValueError):
+            ratio = float("nan")
+        if not ratio >= 0 or math.isinf(ratio):
+            raise TrainerError(f"replay_ratio is {value!r}; give a number >= 0 (sampled per inserted transition; 0 "
+                               "for lockstep) or 'auto'")
+        return ratio
+
+    def calls(self, backend: str) -> int:
+        """Gradient steps per compiled learner call on ``backend``."""
+        return self.steps_per_call or DEFAULT_STEPS_PER_CALL.get(backend, 8)
+
+    def target_every(self) -> int:
+        """Gradient steps between target updates."""
+        return max(1, self.target_network_frequency // self.train_frequency)
+
+
+def config_from(values: dict[str, Any]) -> DQNConfig:
+    """A checked ``DQNConfig`` from keywords; an unknown keyword is refused, naming the known ones."""
+    known = {f.name for f in dataclasses.fields(DQNConfig)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise TrainerError(f"unknown hyperparameter {unknown[0]!r}; DQN takes {', '.join(sorted(known))}")
+    config = DQNConfig(**values)
+    config.check()
+    return config
+
+
+def linear_schedule(start_e: float, end_e: float, duration: float, t: int) -> float:
+    """Epsilon at step ``t``: from ``start_e`` down to ``end_e`` over ``duration`` steps, then flat."""
+    slope = (end_e - start_e) / max(duration, 1.0)
+    return max(slope * t + start_e, end_e)

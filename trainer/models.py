@@ -1,0 +1,124 @@
+"""Q-networks: the ready-made ones (the Nature DQN CNN for image stacks, an MLP for vectors) and the
+checks any model handed to ``DQN`` passes before anything runs.
+
+A Q-network takes the stack exactly as the store returns it: ``(batch, frame_stack, *frame_shape)``
+in the store's dtype (uint8 for Atari frames, float32 for CartPole's vectors), frames oldest first,
+and returns one Q-value per action, ``(batch, n_actions)``. Scaling, a channels-last layout and
+casts belong inside the model (``Rescaling``, ``Permute``): the model is then the whole function from
+what is stored to Q-values, and it saves and loads as one ``.keras`` file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import keras
+import numpy as np
+from keras import layers
+
+from .config import TrainerError
+
+
+class ModelError(TrainerError, ValueError):
+    """A model ``DQN`` cannot train (its output, its inputs, or state the loss does not update)."""
+
+
+@keras.saving.register_keras_serializable(package="replaystore")
+class Dueling(layers.Layer):
+    """A dueling Q head (Wang et al. 2016): from features, a state value ``V`` and an advantage per
+    action ``A``, combined as ``Q = V + A - mean(A)``. Saved and loaded with the model (registered
+    as ``replaystore>Dueling``)."""
+
+    def __init__(self, n_actions: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.n_actions = int(n_actions)
+        self.value = layers.Dense(1, name="value")
+        self.advantage = layers.Dense(self.n_actions, name="advantage")
+
+    def build(self, input_shape: Any) -> None:
+        self.value.build(input_shape)
+        self.advantage.build(input_shape)
+
+    def call(self, features: Any) -> Any:
+        advantage = self.advantage(features)
+        return self.value(features) + advantage - keras.ops.mean(advantage, axis=1, keepdims=True)
+
+    def compute_output_shape(self, input_shape: Any) -> tuple[Any, ...]:
+        return (input_shape[0], self.n_actions)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "n_actions": self.n_actions}
+
+
+def _head(x: Any, n_actions: int, dueling: bool) -> Any:
+    return Dueling(n_actions, name="q_values")(x) if dueling else layers.Dense(n_actions, name="q_values")(x)
+
+
+def nature_cnn(stack_shape: Sequence[int], n_actions: int, *, dtype: Any = "uint8", dueling: bool = False,
+               name: str = "nature_cnn") -> keras.Model:
+    """The Nature DQN network (Mnih et al. 2015) for stacks of 2-D frames ``(frame_stack, height, width)``:
+    scaled by 1/255, the stack made the channels, three convolutions and a 512-unit layer; with
+    ``dueling`` a ``Dueling`` head."""
+    inputs = keras.Input(shape=tuple(stack_shape), dtype=np.dtype(dtype).name, name="stack")
+    x = layers.Rescaling(1.0 / 255.0)(inputs)
+    x = layers.Permute((2, 3, 1))(x)  # channels-last: the stack becomes the channels
+    x = layers.Conv2D(32, 8, strides=4, activation="relu")(x)
+    x = layers.Conv2D(64, 4, strides=2, activation="relu")(x)
+    x = layers.Conv2D(64, 3, strides=1, activation="relu")(x)
+    x = layers.Flatten()(x)
+    x = layers.Dense(512, activation="relu")(x)
+    return keras.Model(inputs, _head(x, n_actions, dueling), name=name)
+
+
+def mlp(stack_shape: Sequence[int], n_actions: int, *, hidden_sizes: Sequence[int] = (120, 84), dtype: Any = "float32",
+        dueling: bool = False, name: str = "mlp") -> keras.Model:
+    """A multilayer perceptron of ``hidden_sizes`` ReLU layers over the flattened stack (cleanrl's
+    CartPole network is 120, 84); with ``dueling`` a ``Dueling`` head."""
+    inputs = keras.Input(shape=tuple(stack_shape), dtype=np.dtype(dtype).name, name="stack")
+    x = layers.Flatten()(layers.Rescaling(1.0)(inputs))  # Rescaling casts to float32
+    for width in hidden_sizes:
+        x = layers.Dense(int(width), activation="relu")(x)
+    return keras.Model(inputs, _head(x, n_actions, dueling), name=name)
+
+
+def q_network(stack_shape: Sequence[int], dtype: Any, n_actions: int, *, hidden_sizes: Sequence[int],
+              name: str = "online") -> keras.Model:
+    """What ``replaystore-train`` builds: ``nature_cnn`` for stacks of 2-D frames, else ``mlp``."""
+    if len(stack_shape) == 3:
+        return nature_cnn(stack_shape, n_actions, dtype=dtype, name=name)
+    return mlp(stack_shape, n_actions, hidden_sizes=hidden_sizes, dtype=dtype, name=name)
+
+
+def check_model(model: Any, stack_shape: Sequence[int], dtype: Any, n_actions: int) -> None:
+    """Refuse, with one line saying why and what to do, a model ``DQN`` cannot train on these stacks
+    (``(batch, *stack_shape)`` of ``dtype``) and actions: not a Keras model, one that cannot take the
+    stacks, one whose output is not one Q-value per action, one with nothing to train, or one with
+    state that training updates outside its trainable weights (the loss would leave it stale)."""
+    if not isinstance(model, keras.Model):
+        raise ModelError(f"the model is a {type(model).__name__}, not a keras.Model; build one that maps "
+                         f"stacks of shape {tuple(stack_shape)} to {n_actions} Q-values (replaystore.trainer.nature_cnn "
+                         "and mlp are ready-made)")
+    probe = np.zeros((2, *stack_shape), dtype=np.dtype(dtype))
+    try:
+        out = model(probe)  # builds a subclassed model
+    except Exception as exc:  # noqa: BLE001 - whatever the model raised, said in one line
+        raise ModelError(f"the model cannot take the store's stacks, shaped (batch, {', '.join(map(str, stack_shape))}) "
+                         f"of {np.dtype(dtype).name} ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); its input "
+                         "must be that stack (frames oldest first; scale and transpose inside the model)") from exc
+    shape = tuple(int(d) for d in keras.ops.shape(out))
+    if shape != (2, n_actions):
+        raise ModelError(f"the model outputs shape {shape[1:]} per stack, but the environment has {n_actions} actions: "
+                         f"its last layer must give one Q-value per action (Dense({n_actions}))")
+    if not model.trainable_variables:
+        raise ModelError("the model has no trainable weights; DQN learns its Q-values by gradient steps")
+    frozen = [v.value for v in model.non_trainable_variables]
+    if frozen:
+        params = [v.value for v in model.trainable_variables]
+        _, after = model.stateless_call(params, frozen, probe, training=True)
+        changed = [v.path for v, a, b in zip(model.non_trainable_variables, frozen, after, strict=True)
+                   if not np.array_equal(np.asarray(a), np.asarray(b))]
+        if changed:
+            raise ModelError(f"the model updates non-trainable state while training ({', '.join(changed[:3])}: "
+                             "BatchNormalization's moving statistics, Dropout's seed, ...), which DQN's loss does "
+                             "not carry; remove those layers (LayerNormalization needs no such state)")

@@ -1,0 +1,63 @@
+"""A run directory's store: created with the run, or reopened in place to resume (``replaystore-train``
+and its Ray actors)."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from replaystore import ReplayStore, StoreLockedError
+
+from . import args as arguments
+from .args import Args
+from .config import TrainerError
+
+STORE = "replay.zarr"
+
+
+def open_writing(args: Args, *, streams: Any, cache_bytes: int) -> ReplayStore:
+    """Open the run's store (``streams`` of it) for writing. On object storage the streams of a
+    process that died stay leased until the lease expires (``--lease-ttl``): wait for that."""
+    deadline = time.monotonic() + (args.lease_ttl + 15 if args.store else 0)
+    while True:
+        try:
+            return ReplayStore.open(arguments.store_path(args), mode="a", streams=streams, cache_bytes=cache_bytes,
+                                    **arguments.store_options(args))
+        except StoreLockedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
+
+
+def open_store(args: Args, env: Any, *, resuming: bool) -> ReplayStore:
+    """Create the run directory and its store, or reopen them in place to resume."""
+    run_dir = Path(args.run_dir)
+    path = arguments.store_path(args)
+    cache_bytes = args.cache_mb * 2**20
+    if resuming:
+        if isinstance(path, Path) and not path.exists():
+            raise TrainerError(f"cannot resume: {run_dir} has no {STORE}; it holds no run")
+        store = open_writing(args, streams=None, cache_bytes=cache_bytes)
+        if (store.observation_space.shape != env.observation_space.shape or store.frame_stack != args.frame_stack
+                or store.action_space.n != env.action_space.n):
+            store.close()
+            raise TrainerError(f"{path} stores {store.observation_space} x{store.frame_stack} with "
+                               f"{store.action_space}, which does not match {args.env_id}; it was not written by this run")
+        return store
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise TrainerError(f"{run_dir} already holds files; continue that run with --resume {run_dir}, "
+                           "or pick a new --run-dir")
+    made = not run_dir.exists()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        store = ReplayStore.create(path, args.buffer_size, env.observation_space, env.action_space, args.frame_stack,
+                                   cache_bytes=cache_bytes, num_streams=arguments.num_streams(args),
+                                   **arguments.store_options(args))
+    except BaseException:
+        if made:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    arguments.save(args, run_dir)
+    return store
