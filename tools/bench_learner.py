@@ -66,7 +66,7 @@ def child(args: argparse.Namespace) -> dict:
     backend = keras.backend.backend()
     store = ReplayStore.open(STORE)
     k = int(args.steps_per_call)
-    if importlib.util.find_spec("trainer") is not None:  # the trainer before the API (an older checkout)
+    if importlib.util.find_spec("replaystore.trainer") is None:  # the trainer before the API (an older checkout)
         learning, agent = old_learner(store, k, args.threads, backend)
     else:
         from replaystore.trainer.config import DQNConfig

@@ -39,7 +39,7 @@ def run(backend: str, n: int, decoupled: bool, args: argparse.Namespace, root: P
     if args.sample_threads:
         cmd += ["--sample-threads", str(args.sample_threads)]
     t0 = time.perf_counter()
-    out = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=Path(__file__).parent.parent,
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False,
                          env={**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3"})
     wall = time.perf_counter() - t0
     if out.returncode != 0:
