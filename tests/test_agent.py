@@ -300,3 +300,34 @@ def test_a_run_killed_inside_fit_resumes_with_dqn_load(tmp_path: Path) -> None:
         np.testing.assert_array_equal(store.ring.action[:committed], actions)  # nothing committed was lost
         assert store.ring.is_last[committed - 1]  # the episode the kill left unfinished was closed
         assert store.added >= committed + 300
+
+
+class Fixed(gym.Env):
+    """Episodes of exactly ``length`` steps, 1 point each: a game's score is its length."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, length: int) -> None:
+        self.length, self.t = length, 0
+
+    def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(4, np.float32), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+        self.t += 1
+        return np.zeros(4, np.float32), 1.0, self.t >= self.length, False, {}
+
+
+def test_a_vector_env_evaluates_each_env_for_its_share_of_the_games(tmp_path: Path) -> None:
+    """Short games end first: taking the first games to end would score only those."""
+    agent = DQN(cartpole_model(), tmp_path / "replay.zarr", **SMALL)
+    agent.fit(gym.make("CartPole-v1"), 150)
+    envs = gym.vector.SyncVectorEnv([lambda: Fixed(2), lambda: Fixed(10)],
+                                    autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
+    assert sorted(agent.evaluate(envs, episodes=4)) == [2, 2, 10, 10]
+    assert sorted(agent.evaluate(envs, episodes=3)) == [2, 2, 10]
+    assert sorted(agent.evaluate(envs, episodes=1)) == [2]
+    agent.close()

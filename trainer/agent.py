@@ -37,7 +37,8 @@ from . import checkpoint
 from .acting import EnvActing, VectorActing
 from .callbacks import Hooks
 from .config import TrainerError, config_from
-from .envs import FrameStacker, vector_frame_space, vector_frames
+from .envs import vector_frame_space
+from .evaluation import evaluate_env, evaluate_vector
 from .feeding import Learning
 from .learner import MAX_GRAD_NORM, Learner, make_learner
 from .models import check_model
@@ -269,8 +270,8 @@ class DQN:
         assert self.stack_shape is not None
         life_loss = self.config.terminal_on_life_loss
         if hasattr(env, "num_envs"):
-            return _evaluate_vector(env, learner, episodes, epsilon, rng, self.stack_shape[0], life_loss)
-        return _evaluate_env(env, learner, episodes, epsilon, rng, self.stack_shape[0], life_loss)
+            return evaluate_vector(env, learner, episodes, epsilon, rng, self.stack_shape[0], life_loss)
+        return evaluate_env(env, learner, episodes, epsilon, rng, self.stack_shape[0], life_loss)
 
     # Saving -------------------------------------------------------------------------------------
 
@@ -362,67 +363,6 @@ def env_spaces(env: Any) -> tuple[Any, Any]:
         raise TrainerError(f"the environment's observation space is {observation_space}; the store keeps Box "
                            "observations (images or vectors)")
     return observation_space, action_space
-
-
-def _evaluate_env(env: Any, learner: Learner, episodes: int, epsilon: float, rng: np.random.Generator, stack: int,
-                  life_loss: bool) -> list[float]:
-    space = env.observation_space
-    stacker = FrameStacker(stack, space.shape, space.dtype)
-    returns = []
-    for i in range(episodes):
-        obs, info = env.reset(seed=int(rng.integers(2**31)) if i == 0 else None)
-        lives, total = info.get("lives"), 0.0
-        stacker.reset(obs)
-        while True:
-            action = int(rng.integers(env.action_space.n)) if rng.random() < epsilon else learner.act(stacker.stack)
-            obs, reward, terminated, truncated, info = env.step(action)
-            total += float(reward)
-            if terminated or truncated:
-                returns.append(total)
-                break
-            now = info.get("lives")
-            if life_loss and now is not None and lives is not None and now < lives:
-                stacker.reset(obs)  # the agent learned on stacks that restart at a lost life
-            else:
-                stacker.push(obs)
-            lives = now
-    return returns
-
-
-def _evaluate_vector(envs: Any, learner: Learner, episodes: int, epsilon: float, rng: np.random.Generator,
-                     stack: int, life_loss: bool) -> list[float]:
-    obs, info = envs.reset(seed=int(rng.integers(2**31)))
-    frames = vector_frames(obs)
-    stacks = np.repeat(frames[:, None], stack, axis=1)
-    n = int(envs.num_envs)
-    # each env plays its share of the games, so that short games are not over-counted (taking the
-    # first `episodes` to end would favour them)
-    quota = np.full(n, episodes // n) + (np.arange(n) < episodes % n)
-    played = np.zeros(n, dtype=np.int64)
-    totals, returns = np.zeros(n), list[float]()
-    resetting = np.zeros(n, dtype=bool)
-    lives = np.asarray(info["lives"]) if "lives" in info else None
-    while len(returns) < episodes:
-        actions = learner.act_batch(stacks)
-        explore = rng.random(n) < epsilon
-        actions = np.where(explore, rng.integers(int(envs.single_action_space.n), size=n), actions)
-        obs, reward, terminated, truncated, info = envs.step(actions)
-        frames = vector_frames(obs)
-        totals += np.where(resetting, 0.0, reward)
-        done = terminated | truncated
-        for i in np.flatnonzero(done & ~resetting):
-            if played[i] < quota[i]:
-                returns.append(float(totals[i]))
-                played[i] += 1
-        totals[done] = 0.0
-        now = np.asarray(info["lives"]) if "lives" in info else None
-        lost = (now < lives) & ~resetting if life_loss and now is not None and lives is not None else np.zeros(n, bool)
-        stacks[:, :-1] = stacks[:, 1:]
-        stacks[:, -1] = frames
-        restart = resetting | lost
-        stacks[restart] = frames[restart][:, None]
-        resetting, lives = done, now
-    return returns
 
 
 def _store_ref(location: str | Path, directory: Path) -> str:

@@ -1,0 +1,73 @@
+"""Evaluation: whole games (all lives, raw rewards) played greedily, or with ``epsilon``-random
+moves, by a learner on a gymnasium env or a vector env (``DQN.evaluate``). On a vector env each env
+plays its share of the games, so that short games are not over-counted."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .envs import FrameStacker, vector_frames
+from .learner import Learner
+
+
+def evaluate_env(env: Any, learner: Learner, episodes: int, epsilon: float, rng: np.random.Generator, stack: int,
+                  life_loss: bool) -> list[float]:
+    space = env.observation_space
+    stacker = FrameStacker(stack, space.shape, space.dtype)
+    returns = []
+    for i in range(episodes):
+        obs, info = env.reset(seed=int(rng.integers(2**31)) if i == 0 else None)
+        lives, total = info.get("lives"), 0.0
+        stacker.reset(obs)
+        while True:
+            action = int(rng.integers(env.action_space.n)) if rng.random() < epsilon else learner.act(stacker.stack)
+            obs, reward, terminated, truncated, info = env.step(action)
+            total += float(reward)
+            if terminated or truncated:
+                returns.append(total)
+                break
+            now = info.get("lives")
+            if life_loss and now is not None and lives is not None and now < lives:
+                stacker.reset(obs)  # the agent learned on stacks that restart at a lost life
+            else:
+                stacker.push(obs)
+            lives = now
+    return returns
+
+
+def evaluate_vector(envs: Any, learner: Learner, episodes: int, epsilon: float, rng: np.random.Generator,
+                     stack: int, life_loss: bool) -> list[float]:
+    obs, info = envs.reset(seed=int(rng.integers(2**31)))
+    frames = vector_frames(obs)
+    stacks = np.repeat(frames[:, None], stack, axis=1)
+    n = int(envs.num_envs)
+    # each env plays its share of the games, so that short games are not over-counted (taking the
+    # first `episodes` to end would favour them)
+    quota = np.full(n, episodes // n) + (np.arange(n) < episodes % n)
+    played = np.zeros(n, dtype=np.int64)
+    totals, returns = np.zeros(n), list[float]()
+    resetting = np.zeros(n, dtype=bool)
+    lives = np.asarray(info["lives"]) if "lives" in info else None
+    while len(returns) < episodes:
+        actions = learner.act_batch(stacks)
+        explore = rng.random(n) < epsilon
+        actions = np.where(explore, rng.integers(int(envs.single_action_space.n), size=n), actions)
+        obs, reward, terminated, truncated, info = envs.step(actions)
+        frames = vector_frames(obs)
+        totals += np.where(resetting, 0.0, reward)
+        done = terminated | truncated
+        for i in np.flatnonzero(done & ~resetting):
+            if played[i] < quota[i]:
+                returns.append(float(totals[i]))
+                played[i] += 1
+        totals[done] = 0.0
+        now = np.asarray(info["lives"]) if "lives" in info else None
+        lost = (now < lives) & ~resetting if life_loss and now is not None and lives is not None else np.zeros(n, bool)
+        stacks[:, :-1] = stacks[:, 1:]
+        stacks[:, -1] = frames
+        restart = resetting | lost
+        stacks[restart] = frames[restart][:, None]
+        resetting, lives = done, now
+    return returns
