@@ -331,3 +331,30 @@ def test_a_vector_env_evaluates_each_env_for_its_share_of_the_games(tmp_path: Pa
     assert sorted(agent.evaluate(envs, episodes=3)) == [2, 2, 10]
     assert sorted(agent.evaluate(envs, episodes=1)) == [2]
     agent.close()
+
+
+class Unsavable(keras.Model):
+    """A subclassed model whose ``__init__`` takes an argument and that has no ``get_config``."""
+
+    def __init__(self, n_actions: int) -> None:
+        super().__init__()
+        self.hidden, self.out = keras.layers.Dense(16, activation="relu"), keras.layers.Dense(n_actions)
+
+    def call(self, stacks: Any) -> Any:
+        return self.out(self.hidden(keras.ops.reshape(keras.ops.cast(stacks, "float32"), (-1, 4))))
+
+
+def test_a_model_that_cannot_be_saved_is_refused_before_a_checkpointed_fit(tmp_path: Path) -> None:
+    """Not at the first checkpoint, after minutes of training; without checkpoint_dir it trains."""
+    agent = DQN(Unsavable(2), tmp_path / "replay.zarr", **SMALL)
+    with pytest.raises(ModelError) as caught:
+        agent.fit(gym.make("CartPole-v1"), 300, checkpoint_dir=tmp_path / "agent")
+    assert "cannot be saved: Keras needs Unsavable.get_config()" in str(caught.value)
+    assert "\n" not in str(caught.value)
+    assert not (tmp_path / "replay.zarr").exists() and not (tmp_path / "agent").exists()
+    agent.fit(gym.make("CartPole-v1"), 300)
+    assert agent.train_steps > 0
+    with pytest.raises(ModelError):
+        agent.save(tmp_path / "agent")
+    assert not (tmp_path / "agent").exists()
+    agent.close()

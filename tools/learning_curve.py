@@ -82,9 +82,11 @@ def api_child(kind: str, run_dir: Path, seed: int) -> None:
 
     flags = PRESETS["CartPole-v1"]["flags"]
 
+    @keras.saving.register_keras_serializable(package="learning_curve")
     class TwoLayers(keras.Model):
-        def __init__(self, n_actions: int) -> None:
-            super().__init__()
+        def __init__(self, n_actions: int, **kwargs: object) -> None:
+            super().__init__(**kwargs)
+            self.n_actions = n_actions
             self.hidden = [layers.Dense(256, activation="relu"), layers.Dense(256, activation="relu")]
             self.out = layers.Dense(n_actions)
 
@@ -93,6 +95,9 @@ def api_child(kind: str, run_dir: Path, seed: int) -> None:
             for layer in self.hidden:
                 x = layer(x)
             return self.out(x)
+
+        def get_config(self) -> dict:
+            return {**super().get_config(), "n_actions": self.n_actions}
 
     keras.utils.set_random_seed(seed)
     if kind == "functional-dueling":

@@ -41,7 +41,7 @@ from .envs import vector_frame_space
 from .evaluation import evaluate_env, evaluate_vector
 from .feeding import Learning
 from .learner import MAX_GRAD_NORM, Learner, make_learner
-from .models import check_model
+from .models import check_model, check_savable
 from .run import Run, Source
 from .state import RunState
 
@@ -184,6 +184,8 @@ class DQN:
             raise TrainerError("eval_episodes is 0; evaluating eval_env needs at least one game (or pass no eval_env)")
         if checkpoint_dir is not None and checkpoint_writer is not None:
             raise TrainerError("pass checkpoint_dir or checkpoint_writer, not both")
+        if checkpoint_dir is not None:
+            check_savable(self.model)  # (save writes it; refused now, not at the first checkpoint)
         config, state = self.config, self.state
         vector = hasattr(env, "num_envs")
         spaces = env_spaces(env)
@@ -292,6 +294,7 @@ class DQN:
         state, the run's counters and generator) and ``agent.json`` (the hyperparameters, the
         optimizer's configuration, where the store is). The store itself stays where it is, flushed:
         it is the replay half of the checkpoint. Each file is replaced atomically."""
+        check_savable(self.model)
         directory = Path(path)
         directory.mkdir(parents=True, exist_ok=True)
         arrays, state = self.checkpoint_arrays()

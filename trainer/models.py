@@ -90,6 +90,18 @@ def q_network(stack_shape: Sequence[int], dtype: Any, n_actions: int, *, hidden_
     return mlp(stack_shape, n_actions, hidden_sizes=hidden_sizes, dtype=dtype, name=name)
 
 
+def check_savable(model: Any) -> None:
+    """Refuse, before anything runs, a model that ``model.save`` cannot write (a subclassed model
+    whose ``__init__`` takes arguments and that has no ``get_config``): checkpoints write it."""
+    try:
+        model.get_config()
+    except NotImplementedError:
+        name = type(model).__name__
+        raise ModelError(f"the model ({name}) cannot be saved: Keras needs {name}.get_config() to write it "
+                         f"(its __init__ takes arguments); give {name} a get_config() returning them and register "
+                         "it with @keras.saving.register_keras_serializable(), or fit without checkpoint_dir") from None
+
+
 def check_model(model: Any, stack_shape: Sequence[int], dtype: Any, n_actions: int) -> None:
     """Refuse, with one line saying why and what to do, a model ``DQN`` cannot train on these stacks
     (``(batch, *stack_shape)`` of ``dtype``) and actions: not a Keras model, one that cannot take the
