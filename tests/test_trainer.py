@@ -184,3 +184,27 @@ def test_learning_starts_not_below_total_is_refused(tmp_path: Path, capsys: pyte
     err = capsys.readouterr().err
     assert "--learning-starts 80,000 is not below --total-timesteps 1,000" in err and err.count("\n") == 1
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "no state", "state not json"])
+def test_resume_with_a_damaged_checkpoint_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                      damage: str) -> None:
+    """Not a zipfile.BadZipFile traceback: exit 1, one line naming the file, before the store is opened."""
+    (tmp_path / "args.json").write_text(json.dumps({"env_id": "CartPole-v1", "run_dir": str(tmp_path)}))
+    path = checkpoint.save(tmp_path, {"online": [np.ones(3, np.float32)], "target": [np.ones(3, np.float32)],
+                                      "optimizer": [np.zeros(1, np.int64)]}, {"global_step": 5})
+    good = path.read_bytes()
+    if damage == "garbage":
+        path.write_bytes(b"not a zip file at all" * 10)
+    elif damage == "truncated":
+        path.write_bytes(good[: len(good) // 2])
+    else:
+        arrays = {"online/0": np.ones(3, np.float32), "target/0": np.ones(3, np.float32), "optimizer/0": np.zeros(1)}
+        if damage == "state not json":
+            arrays["state"] = np.frombuffer(b"{not json", dtype=np.uint8)
+        with open(path, "wb") as f:
+            np.savez(f, **arrays)
+    assert main(["--resume", str(tmp_path), "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot resume: {path} is damaged") and err.count("\n") == 1, err
+    assert not (tmp_path / "replay.zarr").exists()

@@ -338,8 +338,16 @@ class DQN:
                 options: dict[str, Any] = {"storage_options": self.storage_options} if self.storage_options else {}
                 self.store = ReplayStore.open(self.location, mode="a", cache_bytes=self.cache_bytes, **options)
             self._build(self.store.observation_space, self.store.action_space)
-        self._learner().load_state(arrays)
-        self.state = RunState.from_json(state)
+        try:
+            self._learner().load_state(arrays)
+        except (ValueError, IndexError) as exc:
+            raise TrainerError(f"the checkpoint's arrays do not fit this model ({exc}); restore a checkpoint "
+                               "written by the same model") from None
+        try:
+            self.state = RunState.from_json(state)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise TrainerError(f"the checkpoint's state is damaged ({type(exc).__name__}: {exc}); put back a copy "
+                               "of checkpoint.npz, or start a new run") from None
         if self.state.rng is not None:
             self.rng.bit_generator.state = self.state.rng
         self.state.resumes += 1

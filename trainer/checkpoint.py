@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import tempfile
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -89,8 +90,14 @@ def load(run_dir: Path) -> tuple[dict[str, list[np.ndarray]], dict[str, Any]] | 
                 part, _ = key.split("/")
                 arrays[part].append(data[key])
             state = json.loads(data["state"].tobytes().decode())
-    except (OSError, ValueError, KeyError) as exc:
-        raise TrainerError(f"cannot resume: {path} is unreadable ({exc})") from exc
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+        raise TrainerError(f"cannot resume: {path} is damaged ({type(exc).__name__}: {exc}); the networks cannot be "
+                           "restored from it: put back a copy of the file, or start a new run (the replay store "
+                           "is untouched)") from exc
+    if set(arrays) != set(PARTS) or not all(arrays.values()) or not isinstance(state, dict) \
+            or not isinstance(state.get("global_step"), int):
+        raise TrainerError(f"cannot resume: {path} is damaged (not the arrays and state a checkpoint holds); put "
+                           "back a copy of the file, or start a new run (the replay store is untouched)")
     return arrays, state
 
 
