@@ -15,6 +15,7 @@ from replaystore.errors import (
     StoreLockedError,
     StoreNotFoundError,
     StoreWriteError,
+    UnsafePathError,
 )
 from replaystore.format.schema import FORMAT_VERSION, CodecSpec, Layout
 from replaystore.sampling.assemble import Batch
@@ -42,5 +43,6 @@ __all__ = [
     "StoreLockedError",
     "StoreNotFoundError",
     "StoreWriteError",
+    "UnsafePathError",
 ]
 __version__ = "0.1.0"

@@ -80,6 +80,12 @@ class LockUnavailableError(ReplayStoreError, OSError):
     ``fcntl``)."""
 
 
+class UnsafePathError(ReplayStoreError, PermissionError):
+    """A path would make the store write, truncate or delete outside its own directory: a symbolic
+    link (or a non-regular file) where the store keeps its own files, or a compaction whose
+    destination and source are nested. Nothing was written."""
+
+
 class StoreReadError(ReplayStoreError, OSError):
     """Reading a store on object storage failed: the server does not answer, or refused the request."""
 

@@ -30,6 +30,7 @@ episode before it). The report counts those steps (``steps_unjoined``).
 
 from __future__ import annotations
 
+import errno
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -44,6 +45,7 @@ from replaystore.errors import (
     ConfigError,
     CorruptStoreError,
     StoreExistsError,
+    UnsafePathError,
 )
 from replaystore.format.schema import (
     SCALAR_FIELDS,
@@ -103,11 +105,27 @@ def compact_store(src: str | Path, dst: str | Path | None = None, *, capacity: i
         source.close()
 
 
+def _place(backend: Backend) -> str:
+    """Where a store is, as a prefix: its real directory (links followed) or its URL, with a slash."""
+    return str(getattr(backend, "root", backend.where)).rstrip("/") + "/"
+
+
+def _nested(a: Backend, b: Backend) -> bool:
+    """One store's place inside the other's (not the same place: that is refused as existing)."""
+    pa, pb = _place(a), _place(b)
+    return pa != pb and (pa.startswith(pb) or pb.startswith(pa))
+
+
 def _compact(source: Source, src: str | Path, dst: str | Path | None, *, capacity: int | None,
              codec: CodecSpec | None, chunk_len: int | None, shard_len: int | None, num_streams: int | None,
              drop_damaged: bool, progress: Progress | None) -> CompactReport:
     schema, layout = source.schema, source.layout
     target = source.backend if dst is None else open_backend(dst)
+    if dst is not None and _nested(source.backend, target):
+        inner, outer = (target, source.backend) if _place(target).startswith(_place(source.backend)) else (source.backend, target)
+        raise UnsafePathError(errno.EINVAL, f"{inner.where} is inside {outer.where}: compact never writes a store inside "
+                              "another or around it (compacting one of them later would delete the other); choose a "
+                              f"DST outside {src}, or leave DST out to compact {src} in place")
     if dst is not None and target.exists():
         raise StoreExistsError(f"{target.where} already exists; choose a new DST, or leave DST out to compact {src} "
                                "in place")

@@ -25,7 +25,13 @@ import shutil
 import sys
 from pathlib import Path
 
-from replaystore.errors import CorruptStoreError, FormatVersionError, StoreExistsError, StoreNotFoundError
+from replaystore.errors import (
+    CorruptStoreError,
+    FormatVersionError,
+    StoreExistsError,
+    StoreNotFoundError,
+    UnsafePathError,
+)
 from replaystore.format.schema import (
     ATTR_KEY,
     LOCAL_FORMAT_VERSION,
@@ -65,8 +71,11 @@ class LocalBackend(Backend):
 
     def __init__(self, root: Path) -> None:
         super().__init__()
-        self.root = root
+        # A root that is a symbolic link is followed, once: every file the store writes, and a
+        # compaction's swap, happen in the directory it points to, and the link itself stays.
+        self.root = Path(os.path.realpath(root))
         self.where = str(root)
+        self._walked = False  # the tree checked for links, before the first write (claim)
         self._doc: dict | None = None  # the root zarr.json as read (version 1 commits rewrite it)
         self._locks: dict[int, WriterLock] = {}
         self._synced: set[Path] = set()  # directories renamed into since the last commit
@@ -238,6 +247,9 @@ class LocalBackend(Backend):
     # Writing
 
     def claim(self, k: int) -> State:
+        if not self._walked:
+            refuse_links(self.root, self.where)
+            self._walked = True
         self._lock(k).acquire()
         if self.format_version == ROOT_STATE_VERSION:
             self._doc = self._read_root()  # (re-)read under the lock: the last writer may just have committed
@@ -316,6 +328,19 @@ class LocalBackend(Backend):
             keys.add(shard_key(FRAMES, shard, ndim))
             keys.update(shard_key(name, shard, 0) for name in SCALAR_FIELDS)
         return keys
+
+
+def refuse_links(root: Path, where: str) -> None:
+    """``UnsafePathError`` if anything inside the store is a symbolic link: the writer writes,
+    renames and deletes files there, and must never do it through a link to somewhere else."""
+    for top, dirs, files in os.walk(root, followlinks=False):
+        for name in (*dirs, *files):
+            path = Path(top) / name
+            if path.is_symlink() and name != LOCK_NAME:  # (the lock says so itself, opened O_NOFOLLOW)
+                raise UnsafePathError(errno.ELOOP, f"{path} is a symbolic link (to {os.readlink(path)}) inside the store "
+                                      f"{where}; a store written through links could write outside itself, so it is "
+                                      "opened for writing only without them: replace the link with the file or "
+                                      "directory itself, or open the store with mode='r' to read it")
 
 
 def exchange(a: Path, b: Path) -> None:

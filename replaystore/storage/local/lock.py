@@ -4,6 +4,8 @@
 SIGKILLed writer never blocks the next one; no pid-liveness guessing is needed. The file also records
 the holder's pid, host and start time so the refusal can say who holds it. Readers take no lock.
 
+The lock file is opened without following a symbolic link and must be a regular file
+(``UnsafePathError`` otherwise): it is truncated and written, and must never be a file elsewhere.
 Every way the lock can fail is named: another writer (``StoreLockedError``, naming it), a filesystem
 without locks such as NFS without lockd, a directory that cannot be written, a platform without
 ``fcntl`` (``LockUnavailableError``), no descriptors left (``TooManyOpenFilesError``). The lock's
@@ -16,10 +18,11 @@ import errno
 import json
 import os
 import socket
+import stat
 import time
 from pathlib import Path
 
-from replaystore.errors import LockUnavailableError, StoreLockedError, TooManyOpenFilesError
+from replaystore.errors import LockUnavailableError, StoreLockedError, TooManyOpenFilesError, UnsafePathError
 
 try:
     import fcntl
@@ -48,9 +51,14 @@ class WriterLock:
             raise LockUnavailableError(errno.ENOSYS, f"cannot open {store} for writing: this platform has no fcntl "
                                        "(POSIX file locks), which the writer lock needs; open it with mode='r' to "
                                        "read it, or write it on Linux or macOS")
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:  # never through a symbolic link: the lock is truncated and written (O_NOFOLLOW)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                         | getattr(os, "O_CLOEXEC", 0), 0o644)
         except OSError as exc:
+            if exc.errno == errno.ELOOP or (exc.errno == errno.EISDIR and self.path.is_symlink()):
+                raise UnsafePathError(exc.errno, f"{self.path} is a symbolic link (to {os.readlink(self.path)}); the "
+                                      "store writes its lock only inside its own directory, never through a link: "
+                                      f"remove the link (rm {self.path}) and open the store again") from None
             if exc.errno in (errno.EMFILE, errno.ENFILE):
                 raise TooManyOpenFilesError(exc.errno, f"cannot create the writer lock {self.path}: this process has "
                                             "too many open files; close replay stores you no longer use, or raise "
@@ -58,6 +66,10 @@ class WriterLock:
             raise LockUnavailableError(exc.errno, f"cannot create the writer lock {self.path} ({exc.strerror}); "
                                        "the store's directory must be writable to open it for writing: open it "
                                        "with mode='r' to read it") from exc
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO, a device: never truncated or written
+            os.close(fd)
+            raise UnsafePathError(errno.EINVAL, f"{self.path} is not a regular file; the store's writer lock must be "
+                                  f"one: remove it (rm {self.path}) and open the store again")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
