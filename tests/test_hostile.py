@@ -140,3 +140,81 @@ def test_compact_refuses_a_destination_that_reaches_its_source_through_a_link(fi
     with pytest.raises(StoreExistsError):  # the source itself, under another name
         compact_store(filled, link)
     _holds_everything(filled)
+
+
+# Decompression bombs --------------------------------------------------------------------------------
+
+BOMB_GIB = 4
+CHILD = r"""
+import resource, subprocess, sys
+import numpy as np
+from replaystore import ChunkChecksumError, ReplayStore
+path, how = sys.argv[1], sys.argv[2]
+if how == "sample without libzstd":  # numcodecs decodes instead
+    import replaystore.storage.decoders
+    replaystore.storage.decoders.LIBZSTD = None
+    how = "sample"
+store = ReplayStore.open(path) if how in ("sample", "blocks", "processes") else None
+vm = next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmSize:"))
+resource.setrlimit(resource.RLIMIT_AS, (vm + 2**30, vm + 2**30))  # a GiB more than now; the bomb is 4
+try:
+    if how == "sample":
+        for i in range(200):
+            store.sample(32, rng=np.random.default_rng(i))
+    elif how in ("blocks", "processes"):
+        blocks = store.blocks(16, batches_per_block=4, threads=2, seed=0, processes=how == "processes")
+        for _ in range(100):
+            next(blocks).release()
+    else:
+        from replaystore.cli import main
+        sys.exit(main([how, path] + (["--drop-damaged", "--quiet"] if how == "compact" else [])))
+except ChunkChecksumError as exc:
+    print("refused:", exc)
+    sys.exit(3)
+print("no error")
+"""
+
+
+def _bomb(chunk: np.ndarray) -> bytes:
+    """A zstd frame that declares no size and decompresses to BOMB_GIB GiB of zeros."""
+    import zstandard
+
+    out = zstandard.ZstdCompressor(level=1, write_content_size=False).compressobj()
+    zeros = bytes(2**26)
+    parts = [out.compress(zeros) for _ in range(BOMB_GIB * 16)]
+    return b"".join(parts) + out.flush()
+
+
+@pytest.mark.parametrize("how", ["sample", "sample without libzstd", "blocks", "processes", "verify", "compact"])
+def test_a_decompression_bomb_is_refused_within_a_chunks_memory(filled: Path, how: str) -> None:
+    """Chunk 0 of shard 0 of the frames replaced by a frame (crc32c right) that inflates to 4 GiB:
+    every decoder refuses it naming the chunk, in a process limited to 1 GiB more than it holds."""
+    import subprocess
+    import sys
+
+    from conftest import rewrite_obs_shard
+
+    pytest.importorskip("zstandard")
+    first = [True]
+
+    def encode(chunk: np.ndarray) -> bytes:
+        import zstandard
+
+        if first[0]:
+            first[0] = False
+            return _bomb(chunk)
+        return zstandard.ZstdCompressor().compress(chunk.tobytes())
+
+    rewrite_obs_shard(filled, 0, 4, encode)
+    done = subprocess.run([sys.executable, "-c", CHILD, str(filled), how], capture_output=True, text=True, timeout=300)
+    if how == "verify":
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert "chunk 0 of shard 0" in done.stdout + done.stderr
+    elif how == "compact":
+        assert done.returncode == 0, done.stdout + done.stderr
+        with ReplayStore.open(filled) as store:
+            assert 0 < len(store) < 40
+            store.sample(8, rng=np.random.default_rng(0))
+    else:
+        assert done.returncode == 3, done.stdout + done.stderr
+        assert "chunk 0 of shard 0 of 'obs'" in done.stdout and "MemoryError" not in done.stdout + done.stderr
