@@ -218,3 +218,56 @@ def test_a_decompression_bomb_is_refused_within_a_chunks_memory(filled: Path, ho
     else:
         assert done.returncode == 3, done.stdout + done.stderr
         assert "chunk 0 of shard 0 of 'obs'" in done.stdout and "MemoryError" not in done.stdout + done.stderr
+
+
+# Values at the edges ---------------------------------------------------------------------------------
+
+
+def _float_store(path: Path, streams: int = 1) -> ReplayStore:
+    import gymnasium as gym
+
+    return ReplayStore.create(path, 64, gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(2), 1,
+                              num_streams=streams)
+
+
+@pytest.mark.parametrize("reward", [1e39, -1e39, np.float64(3.5e38)])
+def test_a_reward_beyond_float32_is_refused_not_stored_as_inf(tmp_path: Path, reward: float) -> None:
+    from replaystore import InvalidTransitionError
+
+    store = _float_store(tmp_path / "r.zarr")
+    obs = np.zeros(4, np.float32)
+    store.add(obs, 0, 1.0, obs + 1, False, False)
+    with pytest.raises(InvalidTransitionError, match="beyond float32 .* scale or clip the reward"):
+        store.add(obs + 1, 0, reward, obs + 2, False, False)
+    store.add(obs + 1, 0, float(np.finfo(np.float32).max), obs + 2, True, False)  # the largest float32 is kept
+    assert len(store) == 2 and np.isfinite(store.sample(2, rng=np.random.default_rng(0)).reward).all()
+    store.close()
+    batch = _float_store(tmp_path / "b.zarr", streams=2)
+    with pytest.raises(InvalidTransitionError, match=r"reward\[1\] is .* beyond float32"):
+        batch.add_batch(np.zeros((2, 4), np.float32), [0, 1], [0.0, reward], np.ones((2, 4), np.float32),
+                        [False, False], [False, False])
+    assert len(batch) == 0
+    batch.close()
+
+
+def test_nan_observations_are_refused_inf_and_out_of_bounds_kept(tmp_path: Path) -> None:
+    import gymnasium as gym
+
+    from replaystore import InvalidTransitionError
+
+    store = _float_store(tmp_path / "f.zarr")
+    obs = np.zeros(4, np.float32)
+    bad = np.array([0.0, np.nan, 1.0, 2.0], np.float32)
+    with pytest.raises(InvalidTransitionError, match="next_obs holds NaN"):
+        store.add(obs, 0, 0.0, bad, False, False)
+    with pytest.raises(InvalidTransitionError, match="obs holds NaN"):
+        store.add(bad, 0, 0.0, obs, False, False)
+    assert len(store) == 0
+    store.add(obs, 0, 0.0, np.array([np.inf, -np.inf, 1e30, 0.0], np.float32), True, False)
+    assert len(store) == 1 and np.isinf(store.sample(1, rng=np.random.default_rng(0)).next_obs).sum() == 2
+    store.close()
+    bounded = ReplayStore.create(tmp_path / "box.zarr", 64, gym.spaces.Box(-1.0, 1.0, (4,), np.float32),
+                                 gym.spaces.Discrete(2), 1)
+    bounded.add(obs, 0, 0.0, np.full(4, 5.0, np.float32), True, False)  # outside the Box: kept, as the env gave it
+    assert len(bounded) == 1
+    bounded.close()

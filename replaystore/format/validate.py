@@ -60,6 +60,7 @@ def check_obs(schema: Schema, path: str | Path, value: Any, name: str) -> np.nda
                 f"convert it with .astype({spec.dtype!r}) or create a store for {arr.dtype}"
             )
         arr = arr.astype(np.dtype(spec.dtype))
+    _refuse_nan(arr, name, path)
     return arr
 
 def check_action(schema: Schema, path: str | Path, action: Any) -> int:
@@ -83,7 +84,29 @@ def check_reward(reward: Any) -> float:
     value = float(r)
     if not math.isfinite(value):
         raise InvalidTransitionError(f"reward is {value}; rewards must be finite (check the env or clip the reward)")
+    if not _fits_float32(value):
+        raise InvalidTransitionError(f"reward is {value}, beyond float32 (the store's reward dtype; largest "
+                                     f"{FLOAT32_MAX:.4g}), where it would be stored as inf: scale or clip the reward")
     return value
+
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _fits_float32(value: float) -> bool:
+    """Whether a finite ``value`` stays finite cast to float32 (rounding may take a value just above
+    the largest float32 down to it; above that it becomes inf)."""
+    with np.errstate(over="ignore"):
+        return bool(np.isfinite(np.float32(value)))
+
+
+def _refuse_nan(arr: np.ndarray, name: str, path: str | Path) -> None:
+    """NaN observations are refused (inf and values outside the Box's bounds are kept): a NaN in a
+    stack makes every Q-value computed from it NaN, and the loss with it."""
+    if arr.dtype.kind == "f" and np.isnan(arr).any():
+        raise InvalidTransitionError(f"{name} holds NaN ({int(np.isnan(arr).sum())} values); {path} refuses NaN "
+                                     "observations (one poisons every Q-value computed from it): check the env's "
+                                     "observation, or replace NaN before adding; nothing was written")
 
 def check_flag(flag: Any, name: str) -> bool:
     f = np.asarray(flag)
@@ -215,6 +238,10 @@ def check_rows(schema: Schema, path: str | Path, n: int, obs: Any, action: Any, 
         if not math.isfinite(value):
             raise InvalidTransitionError(f"reward[{i}] is {value}; rewards must be finite (check the env or clip the "
                                          "reward); nothing was written")
+        if not _fits_float32(value):
+            raise InvalidTransitionError(f"reward[{i}] is {value}, beyond float32 (the store's reward dtype; largest "
+                                         f"{FLOAT32_MAX:.4g}), where it would be stored as inf: scale or clip the "
+                                         "reward; nothing was written")
     flags = []
     for value, name in ((terminated, "terminated"), (truncated, "truncated")):
         f = rows(value, name, ())
@@ -233,4 +260,5 @@ def check_obs_rows(spec: Any, path: str | Path, arr: np.ndarray, name: str) -> n
                 f"{name} has dtype {arr.dtype}, but {path} stores {spec.dtype} observations; "
                 f"convert it with .astype({spec.dtype!r}) or create a store for {arr.dtype}")
         arr = arr.astype(np.dtype(spec.dtype))
+    _refuse_nan(arr, name, path)
     return arr
