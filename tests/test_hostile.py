@@ -271,3 +271,42 @@ def test_nan_observations_are_refused_inf_and_out_of_bounds_kept(tmp_path: Path)
     bounded.add(obs, 0, 0.0, np.full(4, 5.0, np.float32), True, False)  # outside the Box: kept, as the env gave it
     assert len(bounded) == 1
     bounded.close()
+
+
+# Output for machines, and pipes -----------------------------------------------------------------------
+
+
+def _strict(text: str) -> object:
+    import json
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"not strict JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_infinite_bounds_are_strict_json_in_zarr_json_and_inspect(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    import gymnasium as gym
+
+    space = gym.make("CartPole-v1").observation_space  # two of its bounds are infinite
+    path = tmp_path / "cartpole.zarr"
+    store = ReplayStore.create(path, 64, space, gym.spaces.Discrete(2), 1)
+    store.add(np.zeros(4, np.float32), 0, 1.0, np.ones(4, np.float32), True, False)
+    store.close()
+    for doc in path.rglob("zarr.json"):
+        _strict(doc.read_text())
+    assert cli_main(["inspect", "--json", str(path)]) == 0
+    low = _strict(capsys.readouterr().out)["schema"]["observation_space"]["low"]  # type: ignore[index]
+    assert low[1] == "-inf" and isinstance(low[0], float)
+    with ReplayStore.open(path) as again:  # and back
+        assert again.observation_space == space
+
+
+def test_a_closed_pipe_ends_the_cli_quietly(filled: Path) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(f"{sys.executable} -m replaystore.cli inspect {filled} | true; "
+                          "echo ${PIPESTATUS[0]}", shell=True, executable="/bin/bash", capture_output=True, text=True)
+    assert done.stderr == "" and done.stdout.strip() == "141"

@@ -69,3 +69,18 @@ def test_without_either_only_json_lines(tmp_path: Path, monkeypatch: pytest.Monk
 def test_a_line_cut_by_a_crash_is_left_out(tmp_path: Path) -> None:
     (tmp_path / "scalars.jsonl").write_text(json.dumps({"step": 1, "time": 0.0, "x": 1.0}) + '\n{"step": 2, "ti')
     assert read(tmp_path) == [{"step": 1, "time": 0.0, "x": 1.0}]
+
+
+def test_json_lines_are_strict_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A value not known yet (NaN) and infinities are strings: jq and JavaScript read every line."""
+    _hide(monkeypatch, "tensorflow", "tensorboardX")
+    writer = Scalars(tmp_path)
+    writer.write(1, {"replay/ratio": float("nan"), "a": float("inf"), "b": float("-inf"), "c": 2.0})
+    writer.close()
+
+    def refuse(constant: str) -> None:
+        raise ValueError(constant)
+
+    line = (tmp_path / "scalars.jsonl").read_text()
+    record = json.loads(line, parse_constant=refuse)
+    assert (record["replay/ratio"], record["a"], record["b"], record["c"]) == ("nan", "inf", "-inf", 2.0)

@@ -1,6 +1,6 @@
 """A run's scalars, written twice: as TensorBoard event files under ``run_dir/tb`` and as JSON lines
-in ``run_dir/scalars.jsonl`` (one object per write: ``step``, ``time`` and the tags' values), which
-needs nothing installed and is what tools/ read.
+in ``run_dir/scalars.jsonl`` (one object per write: ``step``, ``time`` and the tags' values; strict
+JSON, a value not known yet is ``"nan"``), which needs nothing installed and is what tools/ read.
 
 TensorBoard's files are written by TensorFlow's summary writer where TensorFlow is installed (the
 ``train`` extra), else by tensorboardX where that is (a JAX-only GPU box: ``pip install
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -41,8 +42,8 @@ class Scalars:
 
     def write(self, step: int, values: dict[str, float]) -> None:
         record: dict[str, Any] = {"step": step, "time": time.time()}
-        record.update((tag, float(value)) for tag, value in values.items())
-        self._file.write(json.dumps(record) + "\n")
+        record.update((tag, _strict(float(value))) for tag, value in values.items())
+        self._file.write(json.dumps(record, allow_nan=False) + "\n")
         if self._tf is not None:
             with self._writer.as_default(step=step):
                 for tag, value in values.items():
@@ -68,6 +69,14 @@ class Scalars:
             self._writer.close()
         elif self._tbx is not None:
             self._tbx.close()
+
+
+def _strict(value: float) -> float | str:
+    """A value for strict JSON: NaN (a value not known yet) and infinities as strings, as the store's
+    own JSON keeps them (docs/format.md)."""
+    if math.isfinite(value):
+        return value
+    return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
 
 
 def read(run_dir: Path) -> list[dict[str, Any]]:

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
+import signal
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from replaystore.errors import ReplayStoreError
 
@@ -24,12 +28,24 @@ def _inspect(args: argparse.Namespace) -> int:
 
         info["plot"] = str(plot_store(args.path, args.plot))
     if args.json:
-        print(json.dumps(info, indent=2))
+        print(json.dumps(strict_json(info), indent=2, allow_nan=False))
     else:
         print("\n".join(format_summary(info)))
         if args.plot:
             print(f"plot              {info['plot']}")
     return 0
+
+
+def strict_json(value: Any) -> Any:
+    """``value`` with every non-finite float as the string ``"inf"``, ``"-inf"`` or ``"nan"`` (as the
+    store's zarr.json keeps them, docs/format.md): strict JSON, which jq and JavaScript read."""
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [strict_json(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return value
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -110,9 +126,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
+    except BrokenPipeError:  # `replaystore inspect ... | head`: the reader left; end quietly
+        _quiet_stdout()
+        return 128 + signal.SIGPIPE
     except (ReplayStoreError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

@@ -146,10 +146,18 @@ class State:
 
 
 def _compact_bound(bound: np.ndarray) -> Any:
+    """A Box bound for JSON: one number when uniform, else nested lists; infinities (and NaN) as the
+    strings ``"inf"``/``"-inf"`` (``"nan"``) anywhere, so the document is strict JSON."""
     flat = np.asarray(bound).ravel()
     if flat.size and np.all(flat == flat[0]):
         return _json_number(flat[0])
-    return np.asarray(bound).tolist()
+    return _json_numbers(np.asarray(bound).tolist())
+
+
+def _json_numbers(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_json_numbers(v) for v in value]
+    return _json_number(value)
 
 
 def _json_number(x: Any) -> Any:
