@@ -310,3 +310,85 @@ def test_a_closed_pipe_ends_the_cli_quietly(filled: Path) -> None:
     done = subprocess.run(f"{sys.executable} -m replaystore.cli inspect {filled} | true; "
                           "echo ${PIPESTATUS[0]}", shell=True, executable="/bin/bash", capture_output=True, text=True)
     assert done.stderr == "" and done.stdout.strip() == "141"
+
+
+# The command line's refusals ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--level", "99"], "zstd level is 99, outside -7..22"),
+    (["--codec", "blosc:nope"], "blosc cname is 'nope'"),
+    (["--shard-len", "0"], "shard_len 0"),
+    (["--chunk-len", "0"], "obs_chunk_len 0"),
+    (["--chunk-len", "5"], "shard_len a multiple of obs_chunk_len"),
+])
+def test_compact_refuses_bad_layouts_in_one_line(filled: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                 flags: list[str], message: str) -> None:
+    """Not a numcodecs traceback, and 0 is not silently taken for "the default"."""
+    before = snapshot(filled)
+    assert cli_main(["compact", str(filled), str(tmp_path / "new.zarr"), "--quiet", *flags]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "new.zarr").exists() and snapshot(filled) == before
+
+
+def test_inspect_plot_reports_the_file_it_wrote(filled: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    (tmp_path / "plots").mkdir()
+    for given, written in ((tmp_path / "chart", tmp_path / "chart.png"), (tmp_path / "plots", tmp_path / "plots" / "replay.png"),
+                           (tmp_path / "chart.svg", tmp_path / "chart.svg")):
+        assert cli_main(["inspect", str(filled), "--plot", str(given)]) == 0
+        assert f"plot              {written}" in capsys.readouterr().out and written.is_file()
+    assert cli_main(["inspect", str(filled), "--plot", str(tmp_path / "chart.zarr")]) == 1
+    assert "name the file .png" in capsys.readouterr().err and not (tmp_path / "chart.zarr").exists()
+
+
+def test_a_shard_file_replaced_by_a_directory_is_damage_not_a_traceback(filled: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from replaystore import ChunkChecksumError
+    from replaystore.format.shards import shard_key
+
+    shard = filled / shard_key("obs", 0, 2)
+    shard.unlink()
+    shard.mkdir()
+    with ReplayStore.open(filled) as store, pytest.raises(ChunkChecksumError, match="is not a regular file"):
+        for i in range(50):
+            store.sample(16, rng=np.random.default_rng(i))
+    assert cli_main(["verify", str(filled), "--quiet"]) == 2
+    assert "DAMAGED obs shard 0" in capsys.readouterr().out
+    assert cli_main(["compact", str(filled), "--drop-damaged", "--quiet"]) == 0
+    with ReplayStore.open(filled) as store:
+        assert 0 < len(store) < 40
+        store.sample(8, rng=np.random.default_rng(0))
+
+
+def _without_dac(*argv: str) -> list[str]:
+    """``argv`` run as root without the capabilities that override file permissions."""
+    import shutil
+
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to drop CAP_DAC_OVERRIDE")
+    return ["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner", *argv]
+
+
+def test_a_read_only_store_compacts_into_a_new_dst_and_is_refused_in_place(filled: Path, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    (filled / "writer.lock").unlink(missing_ok=True)
+    before = snapshot(filled)
+    for p in [filled, *filled.rglob("*")]:
+        p.chmod(p.stat().st_mode & ~0o222)
+    try:
+        run = [sys.executable, "-m", "replaystore.cli", "compact", str(filled)]
+        done = subprocess.run(_without_dac(*run, str(tmp_path / "copy.zarr"), "--quiet"), capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        done = subprocess.run(_without_dac(*run, "--quiet"), capture_output=True, text=True)
+        assert done.returncode == 1 and "cannot compact" in done.stderr and "into a new DST" in done.stderr
+        assert done.stderr.count("\n") == 1, done.stderr
+    finally:
+        for p in [filled, *filled.rglob("*")]:
+            p.chmod(p.stat().st_mode | 0o200)
+    assert snapshot(filled) == before
+    with ReplayStore.open(tmp_path / "copy.zarr") as copy:
+        assert len(copy) == 40

@@ -144,7 +144,7 @@ def _compact(source: Source, src: str | Path, dst: str | Path | None, *, capacit
     per_stream = new_capacity // n_new
     new_layout = _new_layout(schema, layout, per_stream, codec=codec, chunk_len=chunk_len, shard_len=shard_len)
     validate_layout(new_layout, per_stream)
-    source.hold()
+    source.hold(in_place=dst is None)
     staged = target.staging()
     report = source.verify(None if progress is None else lambda d, t: progress("verify", d, t))
     fatal = [p for p in report.problems if p.array == "metadata"]
@@ -210,8 +210,8 @@ def _new_layout(schema: Schema, layout: Layout, capacity: int, *, codec: CodecSp
     base = layout
     if shard_len is None and capacity < layout.shard_len:
         base = replace(layout, shard_len=default_layout(schema.observation.frame_bytes, capacity).shard_len)
-    new_shard = shard_len or base.shard_len
-    new_chunk = chunk_len or min(base.obs_chunk_len, new_shard)
+    new_shard = base.shard_len if shard_len is None else shard_len  # (0 is refused by validate_layout, not ignored)
+    new_chunk = min(base.obs_chunk_len, new_shard) if chunk_len is None else chunk_len
     return Layout(shard_len=new_shard, obs_chunk_len=new_chunk, codec=codec or layout.codec)
 
 

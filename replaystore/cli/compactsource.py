@@ -10,10 +10,12 @@ objects never change), so writers may go on: what they commit later is not in th
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Callable
 from pathlib import Path
 
 from replaystore.cli.verify import Report, verify_store
+from replaystore.errors import LockUnavailableError
 from replaystore.format.schema import State
 from replaystore.storage.choose import open_backend
 from replaystore.storage.reader import FrameReader
@@ -30,11 +32,22 @@ class Source:
         self.states: list[State] = []
         self._reader: FrameReader | None = None
 
-    def hold(self) -> None:
-        """Keep writers from changing what is compacted, where they could."""
+    def hold(self, *, in_place: bool) -> None:
+        """Keep writers from changing what is compacted, where they could. Compacting into a new
+        DST only reads the source: a source this process cannot write (a read-only directory or
+        file system, where no lock can be created) is read without its locks."""
         if not self.backend.views_are_snapshots:
             for k in range(self.schema.num_streams):
-                self.backend.claim(k)
+                try:
+                    self.backend.claim(k)
+                except LockUnavailableError as exc:
+                    if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+                        raise
+                    if in_place:
+                        raise LockUnavailableError(exc.errno, f"cannot compact {self.backend.where} in place: this "
+                                                   "process cannot write it; compact it into a new DST "
+                                                   f"(replaystore compact {self.backend.where} DST), which only "
+                                                   "reads it") from None
 
     def verify(self, progress: Callable[[int, int], None] | None) -> Report:
         """The source verified; the commits it checked are the ones compacted (``states``)."""

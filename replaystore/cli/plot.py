@@ -21,12 +21,18 @@ SAMPLES = 4
 
 
 def plot_store(path: str | Path, out: str | Path, *, samples: int = SAMPLES, seed: int = 0) -> Path:
-    """Draw the store at ``path`` into the image ``out`` (any format matplotlib writes, by suffix)."""
+    """Draw the store at ``path`` into the image ``out`` (any format matplotlib writes, by suffix; no
+    suffix: PNG, ``.png`` added; an existing directory: ``<store name>.png`` in it); returns the file
+    written."""
     try:
         from matplotlib.figure import Figure
     except ImportError as exc:
         raise ConfigError("inspect --plot needs matplotlib: pip install 'replaystore[plot]'") from exc
     out = Path(out)
+    if out.is_dir():
+        out = out / f"{Path(str(path).rstrip('/')).stem or 'store'}.png"
+    elif not out.suffix:
+        out = out.with_name(out.name + ".png")
     with ReplayStore.open(path) as store:
         eps = [episodes(store, j) for j in range(store.num_streams)]
         k = store.frame_stack
@@ -62,7 +68,10 @@ def plot_store(path: str | Path, out: str | Path, *, samples: int = SAMPLES, see
                     a.set_xlabel("observation component", fontsize=7)
                     fig.colorbar(im, ax=a)
         fig.suptitle(f"{path}: {len(store):,} transitions, capacity {store.capacity:,}", fontsize=10)
-        fig.savefig(out, dpi=90)
+        try:
+            fig.savefig(out, dpi=90)
+        except ValueError as exc:  # a suffix matplotlib does not write
+            raise ConfigError(f"cannot draw {out}: {exc}; name the file .png, .svg or .pdf") from None
     return out
 
 

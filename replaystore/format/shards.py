@@ -59,8 +59,8 @@ def numcodecs_codec(codec: CodecSpec) -> Any:
 
 
 def validate_codec(codec: CodecSpec) -> None:
-    """Raise ``ConfigError`` unless ``codec`` is one replaystore can write."""
-    zarr_compressors(codec)
+    """Raise ``ConfigError`` unless ``codec`` is one replaystore can write (its ranges checked here,
+    before zarr or numcodecs see it)."""
     if codec.name == "zstd" and not -7 <= codec.level <= 22:
         raise ConfigError(f"zstd level is {codec.level}, outside -7..22; use 1..9 (3 is the default)")
     if codec.name == "blosc":
@@ -68,6 +68,10 @@ def validate_codec(codec: CodecSpec) -> None:
             raise ConfigError(f"blosc cname is {codec.cname!r}; use lz4, lz4hc, zstd, zlib or blosclz")
         if not 0 <= codec.level <= 9:
             raise ConfigError(f"blosc level is {codec.level}, outside 0..9")
+    try:
+        zarr_compressors(codec)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"codec {codec.name!r} (level {codec.level}) cannot be written: {exc}") from None
 
 
 def array_metadata(*, length: int, item_shape: tuple[int, ...], dtype: str, chunk_len: int, shard_len: int,

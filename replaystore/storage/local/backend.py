@@ -236,7 +236,7 @@ class LocalBackend(Backend):
         for name, k, j in wanted:
             try:
                 out.append(self._path(name, k, j).read_bytes())
-            except FileNotFoundError:
+            except (FileNotFoundError, IsADirectoryError, NotADirectoryError):  # (no shard file there: missing)
                 out.append(None)
         return out
 

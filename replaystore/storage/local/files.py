@@ -39,6 +39,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import stat
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -286,6 +287,13 @@ class ShardFiles(DeferredReads, FrameShards):
         except BaseException:
             os.close(fd)
             raise
+        if not stat.S_ISREG(st.st_mode):  # a directory or a device where a shard file should be
+            os.close(fd)
+            raise ChunkChecksumError(
+                f"shard {shard} of '{NAME}' ({path}) is not a regular file; the store is damaged: run "
+                "`replaystore verify`, and `replaystore compact --drop-damaged` to keep the rest",
+                array=NAME, shard=shard, chunk=None,
+            )
         with self._pins:
             self._fds += 1
         return fd, (st.st_ino, st.st_dev, st.st_mtime_ns, st.st_size)
@@ -346,4 +354,4 @@ _SEEK_LOCK = threading.Lock()
 _pread = getattr(os, "pread", None) or _pread_fallback
 _fadvise: Any = getattr(os, "posix_fadvise", None)
 _WILLNEED = getattr(os, "POSIX_FADV_WILLNEED", None) if _fadvise is not None else None
-_O_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+_O_READ = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)  # (a FIFO in a shard's place: no blocking)
