@@ -392,3 +392,70 @@ def test_a_read_only_store_compacts_into_a_new_dst_and_is_refused_in_place(fille
     assert snapshot(filled) == before
     with ReplayStore.open(tmp_path / "copy.zarr") as copy:
         assert len(copy) == 40
+
+
+def test_compact_on_object_storage_refuses_a_destination_under_its_source_prefix(s3_url: str) -> None:
+    """The same rule for key prefixes: under SRC/ is refused; a sibling whose name merely starts
+    with SRC's is not inside it."""
+    from replaystore.storage.objects.bucket import Bucket
+
+    store = ReplayStore.create(s3_url, 64, *__import__("conftest").small_spaces(), 2)
+    fill(store, 40)
+    store.close()
+
+    def objects() -> dict[str, str]:
+        return {m["path"]: m["e_tag"] for m in Bucket(s3_url).list(None)}
+
+    before = objects()
+    with pytest.raises(UnsafePathError, match="is inside"):
+        compact_store(s3_url, s3_url + "/inner.zarr")
+    assert objects() == before
+    assert compact_store(s3_url, s3_url + "2").transitions_after == 40  # replay.zarr2: beside it, not inside
+    assert objects() == before
+
+
+# Damaged metadata: refused when the store opens, naming the file and the key ----------------------------
+
+
+@pytest.mark.parametrize(("where", "value", "message"), [
+    (("state", "added"), -5, "attributes.state.added is -5, outside"),
+    (("state", "added"), "x", "attributes.state.added is 'x' (str), expected int"),
+    (("state", "episode_in_progress"), 3, "attributes.state.episode_in_progress is 3 (int), expected bool"),
+    (("schema", "capacity"), "big", "attributes.schema.capacity is 'big' (str), expected int"),
+    (("schema", "frame_stack"), 0, "attributes.schema.frame_stack is 0, outside [1, 1024]"),
+    (("layout", "shard_len"), 2**40, "attributes.layout.shard_len is 1099511627776, outside"),
+    (("layout", "codec"), {"name": "lzma"}, "attributes.layout.codec has no 'level'"),
+])
+def test_damaged_attributes_are_named_with_their_file_and_key(filled: Path, where: tuple[str, str], value: object,
+                                                              message: str) -> None:
+    import json
+
+    from replaystore import CorruptStoreError
+
+    doc = json.loads((filled / "zarr.json").read_text())
+    doc["attributes"]["replaystore"][where[0]][where[1]] = value
+    (filled / "zarr.json").write_text(json.dumps(doc))
+    for mode in ("r", "a"):
+        with pytest.raises(CorruptStoreError) as caught:
+            ReplayStore.open(filled, mode=mode)
+        assert str(caught.value).startswith(f"{filled}/zarr.json {message}") and "\n" not in str(caught.value)
+
+
+def test_declared_sizes_beyond_the_machine_are_refused_before_anything_is_allocated(filled: Path) -> None:
+    """The root and every array's zarr.json agreeing on a 10^12-step ring: refused by the memory
+    estimate, not by a MemoryError (or the OOM killer) halfway through opening."""
+    import json
+
+    from replaystore import ConfigError
+
+    doc = json.loads((filled / "zarr.json").read_text())
+    doc["attributes"]["replaystore"]["schema"]["capacity"] = 10**12
+    (filled / "zarr.json").write_text(json.dumps(doc))
+    for array in filled.iterdir():
+        meta = array / "zarr.json"
+        if array.is_dir() and meta.exists():
+            d = json.loads(meta.read_text())
+            d["shape"][0] = 10**12
+            meta.write_text(json.dumps(d))
+    with pytest.raises(ConfigError, match="would need about .* MB of RAM"):
+        ReplayStore.open(filled)
