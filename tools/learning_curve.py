@@ -171,14 +171,9 @@ def run_one(env_id: str, backend: str, seed: int, out: Path, extra: list[str], a
 
 def evaluations(run_dir: Path) -> list[dict]:
     """The run's evaluations so far (evals.jsonl; a line being written is left out)."""
-    path, records = run_dir / "evals.jsonl", []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return records
+    from replaystore.trainer.scalars import read_lines
+
+    return read_lines(run_dir / "evals.jsonl")
 
 
 def machine() -> str:

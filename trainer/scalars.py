@@ -82,8 +82,13 @@ def _strict(value: float) -> float | str:
 def read(run_dir: Path) -> list[dict[str, Any]]:
     """The records of ``run_dir/scalars.jsonl``, in the order written (a last line cut by a crash
     is left out)."""
+    return read_lines(Path(run_dir) / SCALARS)
+
+
+def read_lines(path: Path) -> list[dict[str, Any]]:
+    """The JSON lines of ``path`` (``scalars.jsonl``, ``evals.jsonl``), none if it does not exist; a
+    line that does not parse (the last one, cut by a crash or being written) is left out."""
     records = []
-    path = Path(run_dir) / SCALARS
     if path.exists():
         for line in path.read_text().splitlines():
             try:
