@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import fill, snapshot
 from hostile import Sentinel, filled_store, holds_everything
@@ -167,3 +168,50 @@ def test_compact_on_object_storage_refuses_a_destination_under_its_source_prefix
     assert objects() == before
 
 
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path):
+    """A 2 MB tmpfs: real ENOSPC."""
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    where = tmp_path / "tiny"
+    where.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(where)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    yield where
+    subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def _noisy_store(path: Path, steps: int) -> None:
+    """Frames of noise (they do not compress): ~7 KB a step on disk."""
+    import gymnasium as gym
+
+    store = ReplayStore.create(path, 1024, gym.spaces.Box(0, 255, (84, 84), np.uint8), gym.spaces.Discrete(4), 4)
+    rng = np.random.default_rng(0)
+    obs = rng.integers(0, 256, (84, 84), dtype=np.uint8)
+    for i in range(steps):
+        nxt = rng.integers(0, 256, (84, 84), dtype=np.uint8)
+        store.add(obs, 0, 1.0, nxt, i % 50 == 49, False)
+        obs = rng.integers(0, 256, (84, 84), dtype=np.uint8) if i % 50 == 49 else nxt
+    store.close()
+
+
+@pytest.mark.parametrize("where", ["new DST", "in place"])
+def test_compact_on_a_full_disk_keeps_nothing_of_the_copy_and_the_source_whole(tmp_path: Path, tiny_disk: Path,
+                                                                              capsys: pytest.CaptureFixture[str],
+                                                                              where: str) -> None:
+    src = tiny_disk / "src.zarr" if where == "in place" else tmp_path / "src.zarr"
+    _noisy_store(src, 150 if where == "in place" else 600)  # in place: ~1.1 MB, and no room for a second copy
+    before = snapshot(src)
+    argv = ["compact", str(src)] + ([str(tiny_disk / "dst.zarr")] if where == "new DST" else []) + ["--quiet"]
+    assert cli_main(argv) == 1
+    err = capsys.readouterr().err
+    assert "disk full while writing the compacted copy" in err and "is unchanged" in err and err.count("\n") == 1
+    assert "flush()" not in err
+    assert snapshot(src) == before
+    assert [p.name for p in tiny_disk.iterdir()] == (["src.zarr"] if where == "in place" else [])
+    with ReplayStore.open(src) as store:
+        assert len(store) == (150 if where == "in place" else 600)

@@ -31,6 +31,7 @@ episode before it). The report counts those steps (``steps_unjoined``).
 from __future__ import annotations
 
 import errno
+import os
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -45,6 +46,7 @@ from replaystore.errors import (
     ConfigError,
     CorruptStoreError,
     StoreExistsError,
+    StoreWriteError,
     UnsafePathError,
 )
 from replaystore.format.schema import (
@@ -172,14 +174,22 @@ def _compact(source: Source, src: str | Path, dst: str | Path | None, *, capacit
     before = source.nbytes()
     if staged.exists():
         staged.destroy()  # this process's own leftover
-    new = ReplayStore.create(staged.where, new_capacity, schema.observation.to_space(), schema.action.to_space(),
-                             schema.frame_stack, layout=new_layout, cache_bytes=0, num_streams=n_new)
     try:  # from here on, what is at ``staged`` is this run's unfinished copy
+        new = ReplayStore.create(staged.where, new_capacity, schema.observation.to_space(), schema.action.to_space(),
+                                 schema.frame_stack, layout=new_layout, cache_bytes=0, num_streams=n_new)
         episodes = _build(new, source.reader(), stride, targets, progress)
         check = verify_store(staged.where)
         if not check.ok:
             raise CorruptStoreError(f"the compacted copy failed verification ({check.problems[0].message}); "
                                     f"{src} is unchanged")
+    except StoreWriteError as exc:  # (its own advice, "call flush() again", is for a writer, not for compact)
+        _discard(staged)
+        full = exc.errno == errno.ENOSPC
+        why = "disk full" if full else f"could not write ({os.strerror(exc.errno or errno.EIO)})"
+        raise StoreWriteError(exc.errno, f"{why} while writing the compacted copy of {src} for {target.where}; "
+                              f"nothing of the copy is kept and {src} is unchanged: "
+                              f"{'free space there' if full else 'fix that'}"
+                              f"{', or choose another DST' if dst is not None else ''}, then compact again") from None
     except BaseException:
         _discard(staged)
         raise
