@@ -358,3 +358,38 @@ def test_a_model_that_cannot_be_saved_is_refused_before_a_checkpointed_fit(tmp_p
         agent.save(tmp_path / "agent")
     assert not (tmp_path / "agent").exists()
     agent.close()
+
+
+
+def test_the_actor_is_held_to_the_ratio_as_soon_as_the_learner_could_sample(tmp_path: Path) -> None:
+    """Not only once the learner has built its feed: building it (the JAX feeder, decode processes)
+    and compiling the first call take seconds on a busy machine, and acting on meanwhile ran a
+    short run far ahead of the ratio (its first epoch ended with no gradient step)."""
+    import threading
+
+    from replaystore.trainer.config import DQNConfig
+    from replaystore.trainer.feeding import Learning
+    from replaystore.trainer.learner import make_learner
+    from replaystore.trainer.ratio import RatioLimiter
+    from replaystore.trainer.state import RunState
+
+    store = ReplayStore.create(tmp_path / "replay.zarr", 512, gym.spaces.Box(-5, 5, (4,), np.float32),
+                               gym.spaces.Discrete(2), 1)
+    obs = np.zeros(4, np.float32)
+    for i in range(100):
+        store.add(obs + i, 0, 1.0, obs + i + 1, i % 20 == 19, False)
+        obs = obs if i % 20 != 19 else obs + 1000
+    config = DQNConfig(batch_size=16, learning_starts=50, steps_per_call=4, sample_threads=1)
+    learner = make_learner(cartpole_model(), keras.optimizers.Adam(1e-3), stack_shape=(1, 4), dtype=np.float32,
+                           target_every=config.target_every(), tau=1.0)
+    learning = Learning(config, store, learner, RunState())
+    learning.limiter = RatioLimiter(8, 16, 50, steps_per_call=4, inserted=100)  # no learner thread: it never starts
+    assert not learning.started
+    done = threading.Event()
+    actor = threading.Thread(target=lambda: (learning.acted(1), done.set()))
+    actor.start()
+    assert not done.wait(1.0)  # held: the learner is 25 steps behind a slack of 8
+    learning.limiter.close()
+    assert done.wait(5.0)
+    actor.join()
+    store.close()

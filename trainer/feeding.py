@@ -59,6 +59,7 @@ class Learning:
         self.limiter: RatioLimiter | None = None  # decoupled (--replay-ratio > 0): the learner thread's
         self._lock = threading.Lock()  # held by the learner thread during a call, and by checkpoints
         self._thread: threading.Thread | None = None
+        self._sampleable = False
         self.error: BaseException | None = None
         self._ages: list[float] = []
         self._since = (0, time.perf_counter())  # (gradient steps, time) at the last metrics()
@@ -84,10 +85,18 @@ class Learning:
         learner is too far behind. Raises the learner thread's error if it failed."""
         assert self.limiter is not None
         self.limiter.insert(n)
-        if wait and self.started:  # (until the learner has enough to sample, waiting for it could never end)
+        if wait and self.sampleable():  # (until the learner has enough to sample, waiting for it could never end)
             self.limiter.wait_actor()
         if self.error is not None:
             raise RuntimeError(f"the learner thread failed: {self.error!r}") from self.error
+
+    def sampleable(self) -> bool:
+        """Whether the store holds enough for the learner's first batch (then it stays so): from
+        then on the actor is held to the ratio, also while the learner builds its feed and compiles
+        its first call (acting on meanwhile would run ahead of the ratio by that long)."""
+        if not self._sampleable:
+            self._sampleable = self.started or len(self.store) >= self.args.batch_size + self.args.n_step
+        return self._sampleable
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
