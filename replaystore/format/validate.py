@@ -91,13 +91,15 @@ def check_reward(reward: Any) -> float:
 
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
+#: Half a float32 ulp above the largest float32 (2**103): below it a cast rounds down to FLOAT32_MAX,
+#: from it on (round half to even: the largest float32's mantissa is odd) it becomes inf.
+_FLOAT32_INF_FROM = FLOAT32_MAX + 2.0**103
 
 
 def _fits_float32(value: float) -> bool:
-    """Whether a finite ``value`` stays finite cast to float32 (rounding may take a value just above
-    the largest float32 down to it; above that it becomes inf)."""
-    with np.errstate(over="ignore"):
-        return bool(np.isfinite(np.float32(value)))
+    """Whether a finite ``value`` stays finite cast to float32 (a comparison, not a cast: this runs
+    on every ``add``)."""
+    return abs(value) < _FLOAT32_INF_FROM
 
 
 def _refuse_nan(arr: np.ndarray, name: str, path: str | Path) -> None:
