@@ -100,7 +100,7 @@ class ReplayStore:
         # (``as_dataset``) and the acting thread's ``add`` mostly run side by side.
         self._mutex = threading.RLock()
         self.rings = Rings(schema.num_streams, schema.stream_capacity, stream_stride(schema, layout),
-                           schema.frame_stack, layout.shard_len)
+                           schema.frame_stack, layout.shard_len, zero_padding=schema.frame_padding == "zero")
         self.reader = FrameReader(backend.frames, schema, layout, cache_bytes=cache_bytes,
                                   decode_threads=decode_threads, slots_of=self.rings.slots)
         self._view = View(backend, layout, self.rings, self.reader)
@@ -125,8 +125,12 @@ class ReplayStore:
     def create(cls, path: str | Path, capacity: int, observation_space: Any, action_space: Any, frame_stack: int = 1, *,
                layout: Layout | None = None, overwrite: bool = False, cache_bytes: int = DEFAULT_CACHE_BYTES,
                memory_budget: int | None = None, decode_threads: int = 1, num_streams: int = 1,
-               storage_options: dict[str, Any] | None = None) -> ReplayStore:
+               frame_padding: str = "reset", storage_options: dict[str, Any] | None = None) -> ReplayStore:
         """Create a store for ``capacity`` steps and open it for appending.
+
+        A sampled observation is a stack of ``frame_stack`` frames, oldest first; before its
+        episode's first step a stack holds that first frame again (``frame_padding="reset"``, as
+        gymnasium's ``FrameStackObservation`` does) or zeros (``"zero"``, as SB3's ``VecFrameStack``).
 
         ``num_streams`` > 1 makes a store of that many episode streams (one per environment of a
         vector env; see ``add_batch``), each a ring of ``capacity / num_streams`` steps. RAM: see
@@ -143,7 +147,8 @@ class ReplayStore:
             >>> store = ReplayStore.create("/tmp/doc2.zarr", 4096, gym.spaces.Box(0, 255, (84, 84), np.uint8),
             ...                            gym.spaces.Discrete(4), frame_stack=4, overwrite=True)  # doctest: +SKIP
         """
-        schema, layout = new_schema(capacity, observation_space, action_space, frame_stack, num_streams, layout)
+        schema, layout = new_schema(capacity, observation_space, action_space, frame_stack, num_streams, layout,
+                                    frame_padding)
         n = schema.num_streams
         backend = open_backend(path, storage_options)
         check_config(schema, layout, backend.where, writable=n, cache_bytes=cache_bytes, memory_budget=memory_budget,
@@ -238,7 +243,7 @@ class ReplayStore:
 
     def add_batch(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any,
                   info: Mapping[str, Any] | None = None, *, autoreset_mode: Any = "next_step",
-                  env_done: Any = None) -> None:
+                  env_done: Any = None, skip: Iterable[int] = ()) -> None:
         """Add one move to each stream this store writes, from a vector env's step: row ``i`` of
         every argument goes to stream ``store.writing[i]``, exactly as the vector env returns it::
 
@@ -251,7 +256,9 @@ class ReplayStore:
         (pass ``info``: its ``final_obs`` holds the true last observations) or ``"disabled"`` (you
         reset ended sub-envs and pass the reset observations as the next ``obs``). ``env_done``
         (next-step mode): the rows whose sub-env really ended, when that differs from
-        ``terminated | truncated`` (episodes that end at a lost life). docs/streams.md has the details.
+        ``terminated | truncated`` (episodes that end at a lost life). ``skip``: rows that carry no
+        move and are not written (a wrapper that recognised its env's reset rows itself; their
+        values are still checked). docs/streams.md has the details.
 
         Every row is checked before anything is written; each stream's move is all or nothing, and a
         ``StoreWriteError`` names the stream it failed on and those that kept their move.
@@ -261,10 +268,15 @@ class ReplayStore:
             self._writable("add")
             rows = check_rows(self.schema, self.path, len(self._writers), obs, action, reward, next_obs, terminated,
                               truncated)
-            add_rows(self._writers, self.schema, self.path, rows, mode=mode, env_done=env_done, info=info)
+            skipped = frozenset(int(i) for i in skip)
+            if any(not 0 <= i < len(self._writers) for i in skipped):
+                raise ConfigError(f"skip is {sorted(skipped)}; rows are 0..{len(self._writers) - 1}")
+            add_rows(self._writers, self.schema, self.path, rows, mode=mode, env_done=env_done, info=info,
+                     skip=skipped)
 
-    def end_episode(self) -> bool:
-        """Close the episode in progress in each stream this store writes as truncated (its last
+    def end_episode(self, streams: Iterable[int] | None = None) -> bool:
+        """Close the episode in progress in each stream this store writes (or in ``streams``, given
+        as rows of ``add_batch``: 0 is the first stream written here) as truncated (its last
         observation is kept); returns whether there was one. For a writer that cannot continue the
         episode, such as a trainer resuming after a crash: the environment's state is gone, so the
         next ``add`` must start a new episode.
@@ -275,7 +287,14 @@ class ReplayStore:
         """
         with self._mutex:
             self._writable("end the episode")
-            return any([writer.end_episode() for writer in self._writers])
+            writers = self._writers
+            if streams is not None:
+                rows = [int(i) for i in streams]
+                if any(not 0 <= i < len(writers) for i in rows):
+                    raise ConfigError(f"streams is {rows!r}; this store writes {len(writers)} streams, rows 0.."
+                                      f"{len(writers) - 1}")
+                writers = [writers[i] for i in rows]
+            return any([writer.end_episode() for writer in writers])
 
     def flush(self) -> None:
         """Make everything added so far durable; readers opened afterwards (or refreshed) see it."""

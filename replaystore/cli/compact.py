@@ -176,7 +176,8 @@ def _compact(source: Source, src: str | Path, dst: str | Path | None, *, capacit
         staged.destroy()  # this process's own leftover
     try:  # from here on, what is at ``staged`` is this run's unfinished copy
         new = ReplayStore.create(staged.where, new_capacity, schema.observation.to_space(), schema.action.to_space(),
-                                 schema.frame_stack, layout=new_layout, cache_bytes=0, num_streams=n_new)
+                                 schema.frame_stack, layout=new_layout, cache_bytes=0, num_streams=n_new,
+                                 frame_padding=schema.frame_padding)
         episodes = _build(new, source.reader(), stride, targets, progress)
         check = verify_store(staged.where)
         if not check.ok:

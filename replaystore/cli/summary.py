@@ -89,6 +89,7 @@ def inspect_store(path: str | Path) -> dict[str, Any]:
                 "action_space": dataclasses.asdict(schema.action),
                 "capacity": schema.capacity,
                 "frame_stack": schema.frame_stack,
+                "frame_padding": schema.frame_padding,
                 "num_streams": schema.num_streams,
             },
             "transitions": len(store),
@@ -125,7 +126,8 @@ def format_summary(info: dict[str, Any]) -> list[str]:
     lines = [
         f"replay store      {info['path']}  (format version {info['format_version']}"
         + (f", {s['num_streams']} streams)" if s["num_streams"] > 1 else ")"),
-        f"observations      Box{tuple(obs['shape'])} {obs['dtype']} [{obs['low']}, {obs['high']}], frame_stack {s['frame_stack']}",
+        f"observations      Box{tuple(obs['shape'])} {obs['dtype']} [{obs['low']}, {obs['high']}], frame_stack {s['frame_stack']}"
+        + (f" ({s['frame_padding']} padding)" if s["frame_stack"] > 1 else ""),
         f"actions           Discrete({s['action_space']['n']}, start={s['action_space']['start']})",
         f"capacity          {s['capacity']:,} steps; {info['live_steps']:,} live; {info['transitions']:,} sampleable transitions",
         (f"committed state   added={st['added']:,} oldest={st['oldest']:,} episodes_started={st['episodes']:,} "

@@ -46,6 +46,8 @@ SCALAR_FIELDS: dict[str, str] = {
     "priority": "float32",
 }
 MAX_CAPACITY = 2**40
+#: What a frame stack holds before its episode's first step (``Schema.frame_padding``).
+FRAME_PADDINGS = ("reset", "zero")
 #: Steps a stream may ever add (positions carry the stream in the bits above these: see storage/rings.py).
 MAX_POSITION = 2**46 - 1
 
@@ -94,6 +96,9 @@ class Schema:
     capacity: int
     frame_stack: int
     num_streams: int = 1
+    #: what a stack holds before its episode's first step: ``"reset"`` (that first frame again,
+    #: gymnasium's ``FrameStackObservation`` default) or ``"zero"`` (zeros, SB3's ``VecFrameStack``)
+    frame_padding: str = "reset"
 
     @property
     def stream_capacity(self) -> int:
@@ -235,6 +240,7 @@ def to_attrs(schema: Schema, layout: Layout, version: int) -> dict[str, Any]:
             "capacity": schema.capacity,
             "frame_stack": schema.frame_stack,
             **({} if version == ROOT_STATE_VERSION else {"num_streams": schema.num_streams}),
+            **({} if schema.frame_padding == "reset" else {"frame_padding": schema.frame_padding}),
         },
         "layout": {
             "shard_len": layout.shard_len,
@@ -325,6 +331,10 @@ def from_attrs(attrs: Any, *, path: str) -> tuple[Schema, Layout, int]:
     )
     capacity = _get_int(s, "capacity", f"{where}.schema", 2, MAX_CAPACITY)
     frame_stack = _get_int(s, "frame_stack", f"{where}.schema", 1, 1024)
+    padding = _get(s, "frame_padding", str, f"{where}.schema") if "frame_padding" in s else "reset"
+    if padding not in FRAME_PADDINGS:
+        raise CorruptStoreError(f"{where}.schema.frame_padding is {padding!r}, expected one of {FRAME_PADDINGS}; "
+                                "the store's zarr.json is damaged, or was written by a newer replaystore")
     num_streams = 1 if version == ROOT_STATE_VERSION else _get_int(s, "num_streams", f"{where}.schema", 1, MAX_STREAMS)
     if capacity % num_streams or capacity // num_streams < 2:
         raise CorruptStoreError(f"{where}.schema.capacity {capacity} does not split into {num_streams} streams")
@@ -347,7 +357,7 @@ def from_attrs(attrs: Any, *, path: str) -> tuple[Schema, Layout, int]:
         raise CorruptStoreError(f"{where}.layout {layout} does not fit capacity {capacity}")
     if version == ROOT_STATE_VERSION:
         root_state(attrs, path=path)  # checked now: the store's one commit
-    return Schema(box, discrete, capacity, frame_stack, num_streams), layout, version
+    return Schema(box, discrete, capacity, frame_stack, num_streams, padding), layout, version
 
 
 def root_state(attrs: Any, *, path: str) -> State:

@@ -21,6 +21,7 @@ from replaystore.errors import (
     InvalidTransitionError,
 )
 from replaystore.format.schema import (
+    FRAME_PADDINGS,
     MAX_CAPACITY,
     MAX_STREAMS,
     SCALAR_FIELDS,
@@ -118,7 +119,7 @@ def check_flag(flag: Any, name: str) -> bool:
 
 
 def new_schema(capacity: Any, observation_space: Any, action_space: Any, frame_stack: Any, num_streams: Any,
-               layout: Layout | None) -> tuple[Schema, Layout]:
+               layout: Layout | None, frame_padding: Any = "reset") -> tuple[Schema, Layout]:
     """The schema and layout of a new store, every argument of ``ReplayStore.create`` checked."""
     box = box_from_space(observation_space)
     discrete = discrete_from_space(action_space)
@@ -128,6 +129,9 @@ def new_schema(capacity: Any, observation_space: Any, action_space: Any, frame_s
     stack = int_in(frame_stack, 1, 1024)
     if stack is None:
         raise ConfigError(f"frame_stack is {frame_stack!r}; it must be an int between 1 and 1024 (4 for Atari)")
+    if frame_padding not in FRAME_PADDINGS:
+        raise ConfigError(f"frame_padding is {frame_padding!r}; use 'reset' (a stack repeats its episode's first frame, "
+                          "as gymnasium's FrameStackObservation does) or 'zero' (zeros, as SB3's VecFrameStack does)")
     n = int_in(num_streams, 1, MAX_STREAMS)
     if n is None:
         raise ConfigError(f"num_streams is {num_streams!r}; it must be an int between 1 and {MAX_STREAMS} "
@@ -138,7 +142,7 @@ def new_schema(capacity: Any, observation_space: Any, action_space: Any, frame_s
                           f"such as {lower} or {upper}")
     layout = layout or default_layout(box.frame_bytes, cap // n)
     validate_layout(layout, cap // n)
-    return Schema(box, discrete, cap, stack, n), layout
+    return Schema(box, discrete, cap, stack, n, str(frame_padding)), layout
 
 
 def int_in(value: Any, lo: int, hi: int) -> int | None:

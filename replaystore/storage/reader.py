@@ -92,6 +92,7 @@ class FrameReader:
         self.shard_len = layout.shard_len
         self.chunks_per_shard = layout.shard_len // layout.obs_chunk_len
         self.decoder = ChunkDecoder(layout.codec)
+        self.zero_padding = schema.frame_padding == "zero"  # positions < 0 are frames of zeros
         self.cache_bytes = cache_bytes
         self.live_regions = live_regions
         self.decode_threads = max(1, int(decode_threads))
@@ -157,6 +158,11 @@ class FrameReader:
         prefetcher plans its blocks this way: less GIL-holding work a batch than separate plans)."""
         positions = np.asarray(positions, dtype=np.int64)
         k, shape = positions.shape[0], positions.shape[1:]
+        zeros = positions.reshape(k, -1) < 0 if self.zero_padding else None  # a zero-padded stack's padding
+        if zeros is not None and zeros.any():
+            positions = np.maximum(positions, 0)  # any valid slot: these rows are filled with zeros below
+        else:
+            zeros = None
         slots = self.slots_of(positions.reshape(k, -1))
         m = slots.shape[1]
         parts = [[self._output(m)] if out is None else self._check_out(out, shape) for out in outs]
@@ -175,6 +181,10 @@ class FrameReader:
                         _scatter(parts[i], bounds[i], hit, buffer[slots[i, hit] - shard * self.shard_len])
             if taken.any():
                 rows = [np.flatnonzero(~taken[i]) for i in range(k)]
+        if zeros is not None:  # after the RAM-buffer frames, which may have been copied over them
+            for i in np.flatnonzero(zeros.any(axis=1)).tolist():
+                _fill_zero(parts[i], bounds[i], np.flatnonzero(zeros[i]))
+            rows = [r[~zeros[i, r]] for i, r in enumerate(rows)]
         counts = [r.size for r in rows]
         kept = slots.ravel() if sum(counts) == k * m else np.concatenate([slots[i, r] for i, r in enumerate(rows)])
         chunk_of = kept // self.chunk_len
@@ -379,6 +389,14 @@ class FrameReader:
 
 def _identity(positions: np.ndarray) -> np.ndarray:
     return positions
+
+
+def _fill_zero(parts: list[np.ndarray], bounds: list[int], rows: np.ndarray) -> None:
+    """Zero ``rows`` (ascending) of ``parts`` laid end to end."""
+    cuts = np.searchsorted(rows, bounds).tolist()
+    for part, start, a, b in zip(parts, bounds, cuts, cuts[1:]):
+        if a < b:
+            part[rows[a:b] - start] = 0
 
 
 def _scatter(parts: list[np.ndarray], bounds: list[int], rows: np.ndarray, values: np.ndarray) -> None:

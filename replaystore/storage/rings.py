@@ -25,6 +25,10 @@ SHIFT = MAX_POSITION.bit_length()  # 46: a stream may add 2**46 steps (70 trilli
 MASK = (1 << SHIFT) - 1
 
 
+#: The position of a frame that is all zeros: the padding of a zero-padded store's stacks.
+ZERO_FRAME = -1
+
+
 class Rings:
     """The store's scalar arrays (``size`` slots) and one ``Ring`` view per stream."""
 
@@ -36,8 +40,10 @@ class Rings:
     ep_step: np.ndarray
     priority: np.ndarray
 
-    def __init__(self, num_streams: int, stream_capacity: int, stride: int, frame_stack: int, shard_len: int) -> None:
+    def __init__(self, num_streams: int, stream_capacity: int, stride: int, frame_stack: int, shard_len: int, *,
+                 zero_padding: bool = False) -> None:
         self.num_streams = num_streams
+        self.zero_padding = zero_padding
         self.stream_capacity = stream_capacity
         self.stride = stride
         self.size = stride * num_streams
@@ -106,10 +112,15 @@ class Rings:
         return ks | lo, ks | hi
 
     def stack_positions(self, positions: np.ndarray) -> np.ndarray:
-        """``(len, frame_stack)`` global positions of the frames stacked at each step, oldest first."""
+        """``(len, frame_stack)`` global positions of the frames stacked at each step, oldest first.
+        A frame before its episode's first step is that first step again (reset padding) or, in a
+        zero-padded store, ``ZERO_FRAME`` (the reader fills it with zeros)."""
         offsets = np.arange(self.frame_stack - 1, -1, -1, dtype=np.int64)
         ep = self.ep_step[self.slots(positions)].astype(np.int64)
-        return positions[:, None] - np.minimum(offsets[None, :], ep[:, None])
+        stacks = positions[:, None] - np.minimum(offsets[None, :], ep[:, None])
+        if self.zero_padding and self.frame_stack > 1:
+            stacks[offsets[None, :] > ep[:, None]] = ZERO_FRAME
+        return stacks
 
     def mark_priority_dirty(self, slots: np.ndarray) -> None:
         """Note the scalar shards whose priorities changed, in each stream's own shard numbers."""

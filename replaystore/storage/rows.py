@@ -35,9 +35,10 @@ def autoreset_mode(mode: Any) -> str:
 
 
 def add_rows(writers: list[StreamWriter], schema: Schema, where: str | Path, rows: tuple[Any, ...], *, mode: str,
-             env_done: Any, info: Mapping[str, Any] | None) -> None:
+             env_done: Any, info: Mapping[str, Any] | None, skip: frozenset[int] = frozenset()) -> None:
     """Write ``rows`` (``check_rows``' checked obs, actions, rewards, next_obs, terminated, truncated)
-    into ``writers``, row ``i`` into ``writers[i]``."""
+    into ``writers``, row ``i`` into ``writers[i]``; the rows in ``skip`` carry no move and are
+    neither checked against their stream nor written."""
     obs_a, act, rew, next_a, term, trunc = rows
     n = len(writers)
     done = [t or u for t, u in zip(term, trunc)]
@@ -51,6 +52,8 @@ def add_rows(writers: list[StreamWriter], schema: Schema, where: str | Path, row
         next_a = _final_obs(schema, where, info, next_a, np.array(done))
     reset_rows = set()
     for i, writer in enumerate(writers):  # every row checked before any is written
+        if i in skip:
+            continue
         if mode == "next_step" and writer.reset_next is not None and not (
                 writer.reset_optional and (done[i] or not same(obs_a[i], writer.reset_next))):
             _check_reset_row(writer, i, obs_a[i], done[i] or ended[i], where)
@@ -59,6 +62,8 @@ def add_rows(writers: list[StreamWriter], schema: Schema, where: str | Path, row
             check_continues(writer, obs_a[i], f"obs[{i}]", where)
     kept: list[int] = []
     for i, writer in enumerate(writers):
+        if i in skip:
+            continue
         if i in reset_rows:
             writer.reset_next, writer.reset_optional = None, False
             continue

@@ -1,0 +1,361 @@
+"""A replay store as Stable-Baselines3's replay buffer: ``ReplayStoreBuffer``.
+
+For SB3 (DQN, QR-DQN: a Discrete action space and a Box observation space)::
+
+    from replaystore.integrations.sb3 import ReplayStoreBuffer
+    model = DQN("CnnPolicy", env, buffer_size=1_000_000,
+                replay_buffer_class=ReplayStoreBuffer, replay_buffer_kwargs={"path": "runs/replay.zarr"})
+
+and for a cleanrl-style script, in place of SB3's ``ReplayBuffer``::
+
+    rb = ReplayStoreBuffer(buffer_size, envs.single_observation_space, envs.single_action_space, device,
+                           n_envs=envs.num_envs, handle_timeout_termination=False, path="runs/replay.zarr")
+
+Each env of the vector env is one stream of the store. ``add(obs, next_obs, action, reward, done,
+infos)`` takes what SB3 passes: ``done`` with ``infos[i]["TimeLimit.truncated"]`` becomes
+``terminated``/``truncated`` (with ``handle_timeout_termination=False`` every ``done`` is terminal,
+as in SB3). Frame stacks made by ``VecFrameStack`` or ``FrameStackObservation`` are stored one frame
+per step and rebuilt exactly at sample time (integrations/stacking.py; the layout is detected from
+the first observations or taken from ``frame_stack``/``stack_axis``/``padding``). ``sample``
+returns SB3's ``ReplayBufferSamples`` of torch tensors on ``device``, normalized by a
+``VecNormalize`` passed as ``env`` as SB3 does; with ``n_steps > 1`` the rewards are n-step returns
+and ``discounts`` holds ``gamma ** m`` as in SB3's ``NStepReplayBuffer``.
+
+A buffer whose ``path`` already holds a store continues it (``DQN.load`` re-creates the buffer with
+the saved ``replay_buffer_kwargs``): every committed transition is sampled again, and the episodes
+that were in progress end there (truncated). ``save_replay_buffer``/``load_replay_buffer`` pickle
+the path only, after a flush that commits everything added so far.
+
+This module imports neither torch nor SB3 until ``ReplayStoreBuffer`` is first used
+(``pip install 'replaystore[sb3]'``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import numpy as np
+
+from replaystore.errors import ConfigError, InvalidTransitionError, StoreNotFoundError
+from replaystore.format.schema import box_from_space, discrete_from_space
+from replaystore.integrations.stacking import StackChecker, StackLayout, choose, from_frames
+from replaystore.store import DEFAULT_CACHE_BYTES, ReplayStore
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ReplayStoreBuffer", "StoreSide"]  # noqa: F822 (ReplayStoreBuffer: module __getattr__)
+
+
+class StoreSide:
+    """What the buffer does with the store, in numpy (no torch): the SB3 class converts at the edges.
+
+    ``path``: where the store is (a directory, or an ``s3://`` URL with ``storage_options``).
+    ``frame_stack`` (``"auto"``, 1 or k), ``stack_axis`` (0, -1) and ``padding`` (``"zero"``,
+    ``"reset"``): the stacking layout, see stacking.choose. ``overwrite``: replace a store at
+    ``path`` instead of continuing it. ``layout``, ``cache_bytes``: as for ``ReplayStore.create``.
+    """
+
+    def __init__(self, buffer_size: int, observation_space: Any, action_space: Any, n_envs: int, *, path: Any,
+                 frame_stack: Any = "auto", stack_axis: Any = None, padding: Any = None, n_steps: int = 1,
+                 gamma: float = 0.99, handle_timeout_termination: bool = True, overwrite: bool = False,
+                 layout: Any = None, cache_bytes: int = DEFAULT_CACHE_BYTES,
+                 storage_options: dict[str, Any] | None = None, seed: int | None = None) -> None:
+        if path is None or str(path) == "":
+            raise ConfigError("ReplayStoreBuffer needs a path: replay_buffer_kwargs={'path': 'runs/replay.zarr'}")
+        box_from_space(observation_space)  # refuses what a store cannot hold, before anything is made
+        discrete_from_space(action_space)
+        if isinstance(n_steps, bool) or not isinstance(n_steps, (int, np.integer)) or not 1 <= n_steps <= 1000:
+            raise ConfigError(f"n_steps is {n_steps!r}; it must be an int from 1 (one-step returns) to 1000")
+        if not 0.0 <= float(gamma) <= 1.0:
+            raise ConfigError(f"gamma is {gamma!r}; it must be in [0, 1]")
+        self.path = path
+        self.buffer_size, self.n_envs = int(buffer_size), int(n_envs)
+        self.observation_space, self.action_space = observation_space, action_space
+        self.obs_shape = tuple(int(s) for s in observation_space.shape)
+        self.options = {"frame_stack": frame_stack, "stack_axis": stack_axis, "padding": padding}
+        self.n_steps, self.gamma = int(n_steps), float(gamma)
+        self.handle_timeout_termination = bool(handle_timeout_termination)
+        self.overwrite = bool(overwrite)
+        self.layout_arg, self.cache_bytes, self.storage_options = layout, cache_bytes, storage_options
+        self.rng = np.random.default_rng(np.random.randint(2**31) if seed is None else seed)
+        self.store: ReplayStore | None = None
+        self.stacks: StackLayout | None = None
+        self.checker: StackChecker | None = None
+        self.skipped = 0  # autoreset rows recognised and not stored
+        if not self.overwrite:
+            self.reopen()
+
+    # ---------------------------------------------------------------------------------------------
+    # The store
+
+    def reopen(self) -> bool:
+        """Continue the store at ``path`` if there is one; returns whether there was."""
+        try:
+            store = ReplayStore.open(self.path, mode="a", cache_bytes=self.cache_bytes,
+                                     storage_options=self.storage_options)
+        except StoreNotFoundError:
+            return False
+        try:
+            self._check_fits(store)
+            stacks = from_frames(self.obs_shape, store.schema.observation.shape, store.frame_stack,
+                                 store.schema.frame_padding, str(store.path))
+            said = self.options["frame_stack"]
+            if said not in ("auto", None) and int(said) != stacks.frame_stack:
+                raise ConfigError(f"frame_stack is {said}, but the store at {store.path} holds stacks of "
+                                  f"{stacks.frame_stack}; pass its frame_stack or use a new path")
+            store.end_episode()  # the envs were reset: their episodes cannot go on
+        except BaseException:
+            store.close()
+            raise
+        self.store, self.stacks = store, stacks
+        self.checker = StackChecker(stacks, self.n_envs)
+        log.info("continuing replay store %s: %d transitions, %s", store.path, len(store), stacks.describe())
+        return True
+
+    def _check_fits(self, store: ReplayStore) -> None:
+        schema, where = store.schema, store.path
+        if schema.num_streams != self.n_envs:
+            raise ConfigError(f"the store at {where} has {schema.num_streams} streams, one per env, but this run has "
+                              f"{self.n_envs} envs; use as many envs, or a new path")
+        if np.dtype(schema.observation.dtype) != np.dtype(self.observation_space.dtype):
+            raise ConfigError(f"the store at {where} holds {schema.observation.dtype} observations, this env gives "
+                              f"{np.dtype(self.observation_space.dtype)}; use a new path")
+        if discrete_from_space(self.action_space) != schema.action:
+            raise ConfigError(f"the store at {where} holds actions of {schema.action}, this env's action space is "
+                              f"{self.action_space}; use a new path")
+
+    def create(self, first: np.ndarray) -> None:
+        """Make the store, its stacking layout found from ``first`` (the first observations)."""
+        stacks = choose(self.obs_shape, first, **self.options)
+        capacity = max(2, self.buffer_size // self.n_envs) * self.n_envs
+        self.store = ReplayStore.create(
+            self.path, capacity, stacks.frame_space(self.observation_space), self.action_space, stacks.frame_stack,
+            num_streams=self.n_envs, frame_padding=stacks.padding if stacks.frame_stack > 1 else "reset",
+            layout=self.layout_arg, overwrite=self.overwrite, cache_bytes=self.cache_bytes,
+            storage_options=self.storage_options)
+        self.stacks, self.checker = stacks, StackChecker(stacks, self.n_envs)
+        log.info("created replay store %s for %d steps: %s", self.store.path, capacity, stacks.describe())
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+
+    def flush(self) -> None:
+        if self.store is not None:
+            self.store.flush()
+
+    # ---------------------------------------------------------------------------------------------
+    # SB3's add and sample, in numpy
+
+    def add(self, obs: Any, next_obs: Any, action: Any, reward: Any, done: Any, infos: Any) -> None:
+        n = self.n_envs
+        obs_a = self._rows(obs, "obs")
+        next_a = self._rows(next_obs, "next_obs")
+        act = np.asarray(action)
+        if act.size != n:
+            raise InvalidTransitionError(f"action has shape {act.shape}; this buffer takes one action per env ({n})")
+        done_a = np.asarray(done).reshape(-1)
+        if done_a.shape != (n,):
+            raise InvalidTransitionError(f"done has shape {np.shape(done)}; this buffer takes one flag per env ({n})")
+        done_b = done_a.astype(bool)
+        timeouts = np.zeros(n, dtype=bool)
+        if self.handle_timeout_termination and isinstance(infos, (list, tuple)):
+            timeouts = np.array([bool(info.get("TimeLimit.truncated", False)) for info in infos], dtype=bool)
+        if self.store is None:
+            self.create(obs_a)
+        assert self.checker is not None and self.stacks is not None and self.store is not None
+        end, skip = self.checker.check(obs_a, next_a)
+        store = self.store
+        if end:
+            store.end_episode(streams=end)
+        stacks = self.stacks
+        store.add_batch(stacks.newest(obs_a), act.reshape(n), np.asarray(reward).reshape(n), stacks.newest(next_a),
+                        done_b & ~timeouts, done_b & timeouts, autoreset_mode="disabled", skip=skip)
+        self.checker.advance(next_a, done_b, skip)
+        self.skipped += len(skip)
+
+    def _rows(self, value: Any, name: str) -> np.ndarray:
+        arr = np.asarray(value)
+        if arr.shape != (self.n_envs, *self.obs_shape):
+            if arr.size == self.n_envs * math.prod(self.obs_shape):
+                return arr.reshape(self.n_envs, *self.obs_shape)
+            raise InvalidTransitionError(f"{name} has shape {arr.shape}; this buffer takes "
+                                         f"{(self.n_envs, *self.obs_shape)} (one row per env)")
+        return arr
+
+    def sample(self, batch_size: int, env: Any = None) -> dict[str, Any]:
+        """A batch as numpy arrays shaped as SB3's ``ReplayBufferSamples`` fields."""
+        if self.store is None:
+            raise ConfigError("the buffer is empty: add transitions before sampling")
+        store = self.store
+        held = len(store)
+        if 0 < held < batch_size:  # SB3 draws with replacement from what it has
+            parts = [self._draw(held) for _ in range(-(-batch_size // held))]
+            batch = {k: np.concatenate([p[k] for p in parts])[:batch_size] for k in parts[0]}
+        else:
+            batch = self._draw(batch_size)
+        stacks = self.stacks
+        assert stacks is not None
+        obs, next_obs = stacks.rebuild(batch["obs"]), stacks.rebuild(batch["next_obs"])
+        reward = batch["reward"].reshape(-1, 1)
+        if env is not None:
+            obs, next_obs = env.normalize_obs(obs), env.normalize_obs(next_obs)
+            if self.n_steps > 1 and getattr(env, "norm_reward", False):
+                raise ConfigError("n_steps > 1 with a VecNormalize that normalizes rewards: SB3 normalizes (and clips) "
+                                  "each step's reward before summing, which this buffer does not; use norm_reward=False "
+                                  "or n_steps=1")
+            reward = env.normalize_reward(reward).astype(np.float32)
+        terminated = batch["terminated"].reshape(-1, 1)
+        out = {"observations": obs, "actions": batch["action"].reshape(-1, 1), "next_observations": next_obs,
+               "dones": terminated.astype(np.float32), "rewards": reward, "discounts": None}
+        if self.n_steps > 1:  # gamma ** m; where the last move terminated SB3's target ignores it
+            full = np.float32(self.gamma) ** np.float32(self.n_steps)
+            out["discounts"] = np.where(terminated, full, batch["discount"].reshape(-1, 1)).astype(np.float32)
+        return out
+
+    def _draw(self, n: int) -> dict[str, np.ndarray]:
+        assert self.store is not None
+        b = self.store.sample(n, rng=self.rng, n_step=self.n_steps, gamma=self.gamma)
+        return {"obs": b.obs, "next_obs": b.next_obs, "action": b.action, "reward": b.reward,
+                "terminated": b.terminated, "discount": b.discount}
+
+    def __len__(self) -> int:
+        return 0 if self.store is None else len(self.store)
+
+
+_CLASS: Any = None
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ReplayStoreBuffer":
+        return buffer_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def buffer_class() -> Any:
+    """``ReplayStoreBuffer``, a subclass of SB3's ``ReplayBuffer`` (defined on first use: it needs SB3)."""
+    global _CLASS
+    if _CLASS is None:
+        _triton_before_tensorflow()
+        try:
+            import torch
+            from stable_baselines3.common.buffers import BaseBuffer, ReplayBuffer
+            from stable_baselines3.common.type_aliases import ReplayBufferSamples
+        except ImportError as exc:
+            raise ImportError("ReplayStoreBuffer needs Stable-Baselines3 and torch: pip install 'replaystore[sb3]'") from exc
+        _CLASS = _define(torch, BaseBuffer, ReplayBuffer, ReplayBufferSamples)
+    return _CLASS
+
+
+def _triton_before_tensorflow() -> None:
+    """Load torch's triton now if TensorFlow is not loaded yet. Both bundle LLVM: when TensorFlow is
+    loaded first, loading triton later (torch does it lazily, e.g. in SB3's first Adam) aborts the
+    process with "LLVM ERROR: inconsistency in registered CommandLine options". In the other order
+    both work. (SB3 loads TensorFlow itself, through tensorboard, where it is installed.)"""
+    import importlib.util
+    import sys
+    import warnings
+
+    if importlib.util.find_spec("triton") is None or "triton" in sys.modules:
+        return
+    if "tensorflow" in sys.modules:
+        warnings.warn("TensorFlow was imported before torch loaded triton; when torch loads it (SB3's optimizer does), "
+                      "LLVM aborts the process. Import replaystore.integrations.sb3 (or torch._dynamo) before "
+                      "tensorflow and stable_baselines3, or uninstall triton (torch on a CPU does not need it)",
+                      RuntimeWarning, stacklevel=3)
+        return
+    try:
+        import torch._dynamo  # noqa: F401  (loads triton)
+    except ImportError:
+        pass
+
+
+def _define(torch: Any, base_buffer: Any, replay_buffer: Any, samples: Any) -> Any:
+    class ReplayStoreBuffer(replay_buffer):  # type: ignore[misc, valid-type]
+        """SB3's ``ReplayBuffer`` interface over a replay store on disk (module docstring)."""
+
+        def __init__(self, buffer_size: int, observation_space: Any, action_space: Any, device: Any = "auto",
+                     n_envs: int = 1, optimize_memory_usage: bool = False, handle_timeout_termination: bool = True,
+                     *, path: Any = None, **kwargs: Any) -> None:
+            # BaseBuffer, not ReplayBuffer: nothing of the transitions is held in RAM
+            base_buffer.__init__(self, buffer_size, observation_space, action_space, device, n_envs=n_envs)
+            self.buffer_size = max(buffer_size // n_envs, 1)
+            self.optimize_memory_usage = optimize_memory_usage  # every frame is stored once anyway
+            self.handle_timeout_termination = handle_timeout_termination
+            self.side = StoreSide(buffer_size, observation_space, action_space, n_envs, path=path,
+                                  handle_timeout_termination=handle_timeout_termination, **kwargs)
+
+        @property
+        def path(self) -> Any:
+            return self.side.path
+
+        @property
+        def store(self) -> ReplayStore | None:
+            """The replay store (None until the first ``add`` of a new one)."""
+            return self.side.store
+
+        def add(self, obs: Any, next_obs: Any, action: Any, reward: Any, done: Any, infos: Any) -> None:
+            self.side.add(obs, next_obs, action, reward, done, infos)
+            self.pos += 1
+            if self.pos == self.buffer_size:
+                self.full, self.pos = True, 0
+
+        def sample(self, batch_size: int, env: Any = None) -> Any:
+            data = self.side.sample(batch_size, env)
+            device = self.device
+            fields = {k: None if v is None else torch.as_tensor(v, device=device) for k, v in data.items()}
+            return samples(**fields)
+
+        def size(self) -> int:
+            """Sampleable transitions in the store."""
+            return len(self.side)
+
+        def reset(self) -> None:
+            raise ConfigError(f"a replay store is not emptied in place; make a new buffer with another path, or "
+                              f"overwrite=True, to start again ({self.side.path} is unchanged)")
+
+        def flush(self) -> None:
+            """Commit everything added so far (it survives a crash from here on)."""
+            self.side.flush()
+
+        def close(self) -> None:
+            """Flush and release the store (its writer claim, its files)."""
+            self.side.close()
+
+        def __getstate__(self) -> dict[str, Any]:
+            # save_replay_buffer pickles the buffer: the transitions stay in the store, so the pickle
+            # holds where it is and how it is read; flushing first commits everything added so far
+            self.side.flush()
+            log.warning("ReplayStoreBuffer saved as its path: the %d transitions stay in the store at %s "
+                        "(flushed now); load_replay_buffer reopens it", len(self.side), self.side.path)
+            state = dict(self.__dict__)
+            side = self.side
+            state["side"] = {"buffer_size": side.buffer_size, "observation_space": side.observation_space,
+                             "action_space": side.action_space, "n_envs": side.n_envs, "path": side.path,
+                             **side.options, "n_steps": side.n_steps, "gamma": side.gamma,
+                             "handle_timeout_termination": side.handle_timeout_termination,
+                             "layout": side.layout_arg, "cache_bytes": side.cache_bytes,
+                             "storage_options": side.storage_options}
+            return state
+
+        def __setstate__(self, state: dict[str, Any]) -> None:
+            config = dict(state["side"])
+            self.__dict__.update({k: v for k, v in state.items() if k != "side"})
+            args = [config.pop(k) for k in ("buffer_size", "observation_space", "action_space", "n_envs")]
+            # the buffer it replaces may still hold the store's claim in this process: open on first use
+            self._pending = (args, config)
+            self.__dict__.pop("side", None)
+
+        def __getattr__(self, name: str) -> Any:
+            if name == "side" and "_pending" in self.__dict__:
+                args, config = self.__dict__.pop("_pending")
+                side = self.__dict__["side"] = StoreSide(*args, **config)
+                return side
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    ReplayStoreBuffer.__module__ = __name__
+    ReplayStoreBuffer.__qualname__ = "ReplayStoreBuffer"
+    return ReplayStoreBuffer
