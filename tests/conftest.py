@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
 from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import pytest
 from hypothesis import settings
+
+try:  # torch's triton before TensorFlow: both bundle LLVM, and triton loaded after TF aborts the process
+    import torch._dynamo  # noqa: F401
+except ImportError:
+    pass
 
 from replaystore import Layout, ReplayStore
 from replaystore.storage.local.lock import LOCK_NAME
@@ -205,3 +211,17 @@ def s3_url(s3_server, request: pytest.FixtureRequest) -> str:
     import uuid
 
     return f"s3://replay/{request.node.name[:40]}-{uuid.uuid4().hex[:8]}/replay.zarr"
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path):
+    """A 1 MiB tmpfs: a real disk that fills up (ENOSPC), mounted for the test."""
+    where = tmp_path / "tiny"
+    where.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.decode().strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)

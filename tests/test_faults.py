@@ -69,20 +69,6 @@ def fill_disk(where: Path) -> Path:
     return ballast
 
 
-@pytest.fixture
-def tiny_disk(tmp_path: Path):
-    """A 1 MiB tmpfs: a real disk that fills up (ENOSPC), mounted for the test."""
-    where = tmp_path / "tiny"
-    where.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.decode().strip()}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
-
-
 def add_until_a_write_fails(store: ReplayStore, start: int, episode_len: int) -> int:
     """Add transitions from ``start`` on, on a full disk, until one has to write a shard and cannot;
     check that it left RAM and disk exactly as they were, and return it."""

@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import weakref
 from typing import Any
 
 import numpy as np
@@ -84,6 +86,7 @@ class StoreSide:
         self.stacks: StackLayout | None = None
         self.checker: StackChecker | None = None
         self.skipped = 0  # autoreset rows recognised and not stored
+        self.handed_over = False  # a newer buffer of this process writes the store now
         if not self.overwrite:
             self.reopen()
 
@@ -91,7 +94,15 @@ class StoreSide:
     # The store
 
     def reopen(self) -> bool:
-        """Continue the store at ``path`` if there is one; returns whether there was."""
+        """Continue the store at ``path`` if there is one; returns whether there was. A buffer of
+        this process that still writes it (the one ``load_replay_buffer`` replaces) hands it over:
+        it is flushed and closed, and refuses further use."""
+        key = _key(self.path)
+        old = _WRITING.get(key)
+        if old is not None and old is not self and old.store is not None:
+            log.info("buffer handing its store %s over to a new buffer (load_replay_buffer)", self.path)
+            old.close()
+            old.handed_over = True
         try:
             store = ReplayStore.open(self.path, mode="a", cache_bytes=self.cache_bytes,
                                      storage_options=self.storage_options)
@@ -111,6 +122,7 @@ class StoreSide:
             raise
         self.store, self.stacks = store, stacks
         self.checker = StackChecker(stacks, self.n_envs)
+        _WRITING[key] = self
         log.info("continuing replay store %s: %d transitions, %s", store.path, len(store), stacks.describe())
         return True
 
@@ -136,6 +148,7 @@ class StoreSide:
             layout=self.layout_arg, overwrite=self.overwrite, cache_bytes=self.cache_bytes,
             storage_options=self.storage_options)
         self.stacks, self.checker = stacks, StackChecker(stacks, self.n_envs)
+        _WRITING[_key(self.path)] = self
         log.info("created replay store %s for %d steps: %s", self.store.path, capacity, stacks.describe())
 
     def close(self) -> None:
@@ -150,7 +163,13 @@ class StoreSide:
     # ---------------------------------------------------------------------------------------------
     # SB3's add and sample, in numpy
 
+    def _usable(self) -> None:
+        if self.handed_over:
+            raise ConfigError(f"this buffer handed its store {self.path} over to the buffer that replaced it "
+                              "(load_replay_buffer); use model.replay_buffer")
+
     def add(self, obs: Any, next_obs: Any, action: Any, reward: Any, done: Any, infos: Any) -> None:
+        self._usable()
         n = self.n_envs
         obs_a = self._rows(obs, "obs")
         next_a = self._rows(next_obs, "next_obs")
@@ -188,6 +207,7 @@ class StoreSide:
 
     def sample(self, batch_size: int, env: Any = None) -> dict[str, Any]:
         """A batch as numpy arrays shaped as SB3's ``ReplayBufferSamples`` fields."""
+        self._usable()
         if self.store is None:
             raise ConfigError("the buffer is empty: add transitions before sampling")
         store = self.store
@@ -224,6 +244,15 @@ class StoreSide:
 
     def __len__(self) -> int:
         return 0 if self.store is None else len(self.store)
+
+
+#: The buffer of this process writing each store (by path): a new one for the same path takes over.
+_WRITING: weakref.WeakValueDictionary[str, StoreSide] = weakref.WeakValueDictionary()
+
+
+def _key(path: Any) -> str:
+    text = str(path)
+    return text if "://" in text else os.path.realpath(text)
 
 
 _CLASS: Any = None
@@ -274,7 +303,7 @@ def _triton_before_tensorflow() -> None:
 
 
 def _define(torch: Any, base_buffer: Any, replay_buffer: Any, samples: Any) -> Any:
-    class ReplayStoreBuffer(replay_buffer):  # type: ignore[misc, valid-type]
+    class ReplayStoreBuffer(replay_buffer):
         """SB3's ``ReplayBuffer`` interface over a replay store on disk (module docstring)."""
 
         def __init__(self, buffer_size: int, observation_space: Any, action_space: Any, device: Any = "auto",
@@ -299,9 +328,10 @@ def _define(torch: Any, base_buffer: Any, replay_buffer: Any, samples: Any) -> A
 
         def add(self, obs: Any, next_obs: Any, action: Any, reward: Any, done: Any, infos: Any) -> None:
             self.side.add(obs, next_obs, action, reward, done, infos)
-            self.pos += 1
-            if self.pos == self.buffer_size:
-                self.full, self.pos = True, 0
+            pos = int(self.__dict__["pos"]) + 1
+            if pos == self.buffer_size:
+                self.full, pos = True, 0
+            self.pos = pos
 
         def sample(self, batch_size: int, env: Any = None) -> Any:
             data = self.side.sample(batch_size, env)

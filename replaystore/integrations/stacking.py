@@ -85,7 +85,7 @@ class StackLayout:
         c = self.channels
         older = self._cut(obs, None, -c)
         if self.padding == "zero":
-            return ~older.reshape(len(obs), -1).any(axis=1)
+            return np.asarray(~older.reshape(len(obs), -1).any(axis=1))
         frame = self._cut(obs, -c, None)
         reps = [1] * obs.ndim
         reps[1 + self.axis] = self.frame_stack - 1
@@ -113,10 +113,10 @@ class StackLayout:
 
 def _rows_equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     n = len(a)
+    same = np.asarray(a == b)
     if a.dtype.kind == "f":
-        same = (a == b) | (np.isnan(a) & np.isnan(b))
-        return same.reshape(n, -1).all(axis=1)
-    return (a == b).reshape(n, -1).all(axis=1)
+        same |= np.isnan(a) & np.isnan(b)
+    return np.asarray(same.reshape(n, -1).all(axis=1))
 
 
 def candidates(obs_shape: tuple[int, ...], frame_stack: int | None, axis: int | None,
@@ -125,7 +125,7 @@ def candidates(obs_shape: tuple[int, ...], frame_stack: int | None, axis: int | 
     ndim = len(obs_shape)
     axes = sorted({0, ndim - 1}) if axis is None else [axis]
     paddings = list(PADDINGS) if padding is None else [padding]
-    out = []
+    out: list[StackLayout] = []
     for a in axes:
         size = obs_shape[a]
         ks = [frame_stack] if frame_stack is not None else [k for k in range(size, 1, -1) if size % k == 0]
@@ -227,7 +227,8 @@ class StackChecker:
         observation, ``next_obs`` a reset stack), which are not stored. Raises
         ``InvalidTransitionError`` for a row the layout cannot rebuild exactly, before anything is written."""
         layout = self.layout
-        end, skip = [], []
+        end: list[int] = []
+        skip: list[int] = []
         same_as_last = [last is not None and _same(obs[i], last) for i, last in enumerate(self.last)]
         if layout.frame_stack == 1:
             return [i for i in range(self.n_envs) if self.open[i] and not same_as_last[i]], skip

@@ -1,0 +1,343 @@
+"""ReplayStoreBuffer as Stable-Baselines3's replay buffer: real SB3, real torch on the CPU, real ALE.
+
+- Bit identity: every sampled observation and next observation (with its action, reward and done)
+  is a transition the agent saw, recorded independently here: SB3's VecFrameStack (zero padding)
+  over Breakout with several envs, life-loss ends and time limits, channels last and after
+  VecTransposeImage (channels first, as DQN's CnnPolicy sees it); gymnasium's FrameStackObservation
+  (reset padding); and a cleanrl-style gymnasium vector env with next-step autoreset.
+- SB3's DQN takes the same number of gradient steps with this buffer as with its own.
+- A run killed with SIGKILL resumes with its buffer through ``DQN.load``.
+- n-step returns and VecNormalize as SB3 computes them; save/load_replay_buffer; bad input.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import ale_py
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from stable_baselines3 import DQN
+from stable_baselines3.common.atari_wrappers import AtariWrapper
+from stable_baselines3.common.buffers import NStepReplayBuffer, ReplayBuffer
+from stable_baselines3.common.vec_env import DummyVecEnv, VecFrameStack, VecNormalize, VecTransposeImage
+
+from replaystore import ReplayStore
+from replaystore.errors import ConfigError, InvalidTransitionError, StoreWriteError
+from replaystore.integrations.sb3 import ReplayStoreBuffer
+
+gym.register_envs(ale_py)
+
+
+def _breakout(max_steps: int = 60) -> gym.Env:
+    env = gym.make("BreakoutNoFrameskip-v4")
+    env = AtariWrapper(env, terminal_on_life_loss=True)
+    return gym.wrappers.TimeLimit(env, max_episode_steps=max_steps)
+
+
+def _drive(venv, buffer, steps: int, seed: int = 0) -> tuple[dict, int]:
+    """Step ``venv`` with random actions as SB3's off-policy loop does, adding to ``buffer``;
+    returns every transition seen, keyed by its observations' bytes, and the number of ends."""
+    rng = np.random.default_rng(seed)
+    seen: dict[bytes, set] = {}
+    obs = venv.reset()
+    ends = 0
+    for _ in range(steps):
+        actions = rng.integers(venv.action_space.n, size=venv.num_envs)
+        new_obs, rewards, dones, infos = venv.step(actions)
+        next_obs = new_obs.copy()
+        for i, done in enumerate(dones):
+            if done and infos[i].get("terminal_observation") is not None:
+                next_obs[i] = infos[i]["terminal_observation"]
+        buffer.add(obs, next_obs, actions, rewards, dones, infos)
+        for i in range(venv.num_envs):
+            timeout = infos[i].get("TimeLimit.truncated", False)
+            seen.setdefault(obs[i].tobytes() + next_obs[i].tobytes(), set()).add(
+                (int(actions[i]), float(rewards[i]), float(dones[i] and not timeout)))
+        ends += int(dones.sum())
+        obs = new_obs
+    return seen, ends
+
+
+def _check_samples(buffer, seen: dict, batches: int = 20, batch_size: int = 64) -> tuple[int, int]:
+    """Every sample is a transition in ``seen``; returns (padded stacks sampled, distinct transitions)."""
+    keys, padded = set(), 0
+    for _ in range(batches):
+        s = buffer.sample(batch_size)
+        obs, nxt = s.observations.numpy(), s.next_observations.numpy()
+        for j in range(batch_size):
+            key = obs[j].tobytes() + nxt[j].tobytes()
+            assert key in seen, "a sampled (obs, next_obs) the agent never saw"
+            # (identical frames recur in Breakout: a pair of stacks may have been seen with several moves)
+            assert (int(s.actions[j, 0]), float(s.rewards[j, 0]), float(s.dones[j, 0])) in seen[key]
+            keys.add(key)
+            padded += int(not obs[j].reshape(obs.shape[1], -1)[0].any()) if obs.shape[1] == 4 else 0
+    return padded, len(keys)
+
+
+@pytest.mark.parametrize("transpose", [False, True], ids=["channels-last", "channels-first"])
+def test_vecframestack_breakout_bit_identical(tmp_path, transpose):
+    venv = VecFrameStack(DummyVecEnv([_breakout] * 3), n_stack=4)
+    if transpose:
+        venv = VecTransposeImage(venv)
+    venv.seed(1)
+    buffer = ReplayStoreBuffer(100_000, venv.observation_space, venv.action_space, "cpu", n_envs=3,
+                               path=tmp_path / "r.zarr")
+    seen, ends = _drive(venv, buffer, 400)
+    assert ends >= 10
+    layout = buffer.side.stacks
+    assert (layout.frame_stack, layout.padding, layout.axis) == (4, "zero", 0 if transpose else 2)
+    assert buffer.store.schema.observation.shape == ((1, 84, 84) if transpose else (84, 84, 1))
+    padded, distinct = _check_samples(buffer, seen)
+    assert distinct > 500
+    buffer.flush()
+    # a reader of the store on disk rebuilds the same stacks: its frames are a quarter of the stacks
+    with ReplayStore.open(tmp_path / "r.zarr") as store:
+        assert store.schema.frame_padding == "zero" and len(store) == 3 * 400
+
+
+def test_framestackobservation_reset_padding_bit_identical(tmp_path):
+    def make() -> gym.Env:
+        env = gym.make("ALE/Breakout-v5", frameskip=1, repeat_action_probability=0.0)
+        env = gym.wrappers.AtariPreprocessing(env, terminal_on_life_loss=True)
+        return gym.wrappers.FrameStackObservation(gym.wrappers.TimeLimit(env, 50), 4, padding_type="reset")
+
+    venv = DummyVecEnv([make] * 2)
+    venv.seed(2)
+    buffer = ReplayStoreBuffer(50_000, venv.observation_space, venv.action_space, "cpu", n_envs=2,
+                               path=tmp_path / "r.zarr")
+    seen, ends = _drive(venv, buffer, 300)
+    assert ends >= 6
+    layout = buffer.side.stacks
+    assert (layout.frame_stack, layout.padding, layout.axis) == (4, "reset", 0)
+    _, distinct = _check_samples(buffer, seen)
+    assert distinct > 300
+
+
+def test_cleanrl_style_next_step_autoreset(tmp_path):
+    """A gymnasium vector env (next-step autoreset) driven as cleanrl's DQN does: the reset rows are
+    recognised and not stored; truncations end episodes; what is sampled was seen."""
+    def make() -> gym.Env:
+        env = gym.make("ALE/Breakout-v5", frameskip=1, repeat_action_probability=0.0)
+        env = gym.wrappers.AtariPreprocessing(env, terminal_on_life_loss=True)
+        return gym.wrappers.FrameStackObservation(gym.wrappers.TimeLimit(env, 30), 4)
+
+    envs = gym.vector.SyncVectorEnv([make] * 2)
+    rb = ReplayStoreBuffer(20_000, envs.single_observation_space, envs.single_action_space, "cpu",
+                           n_envs=2, handle_timeout_termination=False, path=tmp_path / "r.zarr")
+    obs, _ = envs.reset(seed=0)
+    rng = np.random.default_rng(0)
+    seen = {}
+    prev_done = np.zeros(2, dtype=bool)
+    for _ in range(200):
+        actions = rng.integers(4, size=2)
+        next_obs, rewards, terminations, truncations, infos = envs.step(actions)
+        rb.add(obs, next_obs, actions, rewards, terminations, infos)
+        for i in range(2):
+            if not prev_done[i]:
+                seen.setdefault(obs[i].tobytes() + next_obs[i].tobytes(), set()).add(
+                    (int(actions[i]), float(rewards[i]), float(terminations[i])))
+        prev_done = terminations | truncations
+        obs = next_obs
+    assert rb.side.skipped > 0
+    _check_samples(rb, seen, batches=10)
+
+
+def test_dqn_same_gradient_steps_as_sb3_buffer(tmp_path):
+    counts = []
+    for kwargs in ({}, {"replay_buffer_class": ReplayStoreBuffer,
+                        "replay_buffer_kwargs": {"path": str(tmp_path / "r.zarr")}}):
+        model = DQN("MlpPolicy", "CartPole-v1", buffer_size=5_000, learning_starts=200, train_freq=4,
+                    gradient_steps=2, target_update_interval=250, seed=0, device="cpu", **kwargs)
+        model.learn(1_500)
+        counts.append((model._n_updates, model.num_timesteps, model.replay_buffer.size()))
+    assert counts[0][:2] == counts[1][:2]
+    assert counts[1][2] == 1_500  # every transition stored, one stream
+    assert isinstance(model.replay_buffer, ReplayBuffer)
+
+
+def test_sigkill_resume_with_buffer(tmp_path):
+    """A DQN run checkpointing with its buffer is killed; DQN.load continues with every committed
+    transition and goes on adding to the same store."""
+    script = tmp_path / "run.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        from replaystore.integrations.sb3 import ReplayStoreBuffer
+        from stable_baselines3 import DQN
+        from stable_baselines3.common.callbacks import CheckpointCallback
+        model = DQN("MlpPolicy", "CartPole-v1", buffer_size=20_000, learning_starts=100, seed=0, device="cpu",
+                    replay_buffer_class=ReplayStoreBuffer, replay_buffer_kwargs={{"path": {str(tmp_path / 'r.zarr')!r}}})
+        cb = CheckpointCallback(500, {str(tmp_path / 'ckpt')!r}, save_replay_buffer=True)
+        model.learn(1_000_000, callback=cb)
+    """))
+    child = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 180
+    ckpt = tmp_path / "ckpt"
+    while time.time() < deadline and len(list(ckpt.glob("rl_model_*_steps.zip"))) < 3:
+        time.sleep(0.2)
+        assert child.poll() is None, child.stderr.read().decode()[-2000:]
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    last = max(ckpt.glob("rl_model_*_steps.zip"), key=lambda p: int(p.stem.split("_")[2]))
+    steps = int(last.stem.split("_")[2])
+    with ReplayStore.open(tmp_path / "r.zarr") as store:
+        committed = len(store)
+    # every transition up to the last checkpoint survived (flushed there; SB3 calls the callback
+    # after a step and before storing it, so the checkpoint at N steps holds N - 1 transitions)
+    assert committed >= steps - 1
+
+    model = DQN.load(last, env=gym.make("CartPole-v1"), device="cpu")
+    assert isinstance(model.replay_buffer, ReplayStoreBuffer)
+    assert model.replay_buffer.size() == committed
+    model.learn(600, reset_num_timesteps=False)
+    assert model.replay_buffer.size() == committed + 600
+    sample = model.replay_buffer.sample(32)
+    assert sample.observations.shape == (32, 4)
+
+
+def _episodes(buffer, lengths: list[int], timeouts: set[int]) -> list[tuple]:
+    """Add episodes of the given lengths to a 1-env buffer with obs = a running id; returns each move."""
+    moves, t = [], 0
+    for e, n in enumerate(lengths):
+        for j in range(n):
+            last = j == n - 1
+            info = {"TimeLimit.truncated": last and e in timeouts}
+            buffer.add(np.array([[t, e]], np.float32), np.array([[t + 1, e]], np.float32), np.array([0]),
+                       np.array([float(t % 7)]), np.array([last]), [info])
+            moves.append((t, e, float(t % 7), last and e not in timeouts, last))
+            t += 1
+        t += 1  # the terminal observation is its own id; the next episode starts after it
+    return moves
+
+
+def test_n_step_returns_as_sb3_computes_them(tmp_path):
+    space = gym.spaces.Box(-1e6, 1e6, (2,), np.float32)
+    ours = ReplayStoreBuffer(1_000, space, gym.spaces.Discrete(2), "cpu", path=tmp_path / "r.zarr", n_steps=3,
+                             gamma=0.9)
+    sb3 = NStepReplayBuffer(1_000, space, gym.spaces.Discrete(2), "cpu", n_steps=3, gamma=0.9)
+    lengths = [5, 1, 2, 7, 3]
+    _episodes(ours, lengths, timeouts={1, 3})
+    _episodes(sb3, lengths, timeouts={1, 3})
+    expected = {}
+    np.random.seed(0)
+    for _ in range(20):
+        s = sb3.sample(64)
+        for j in range(64):
+            expected[float(s.observations[j, 0])] = (float(s.next_observations[j, 0]), float(s.rewards[j, 0]),
+                                                     float(s.dones[j, 0]), float(s.discounts[j, 0]))
+    assert len(expected) == sum(lengths)
+    for _ in range(10):
+        s = ours.sample(64)
+        for j in range(64):
+            nxt, reward, done, discount = expected[float(s.observations[j, 0])]
+            assert float(s.next_observations[j, 0]) == nxt
+            assert float(s.rewards[j, 0]) == pytest.approx(reward, rel=1e-6)
+            assert float(s.dones[j, 0]) == done
+            if not done:
+                assert float(s.discounts[j, 0]) == pytest.approx(discount, rel=1e-6)
+
+
+def test_vecnormalize_at_sample_time(tmp_path):
+    venv = VecNormalize(DummyVecEnv([lambda: gym.make("CartPole-v1")] * 2), gamma=0.99)
+    buffer = ReplayStoreBuffer(2_000, venv.observation_space, venv.action_space, "cpu", n_envs=2,
+                               path=tmp_path / "r.zarr")
+    venv.reset()
+    raw = venv.get_original_obs()
+    for _ in range(100):
+        actions = np.array([venv.action_space.sample() for _ in range(2)])
+        new_obs, rewards, dones, infos = venv.step(actions)
+        new_raw, raw_rewards = venv.get_original_obs(), venv.get_original_reward()
+        nxt = new_raw.copy()
+        for i, done in enumerate(dones):
+            if done:
+                nxt[i] = venv.unnormalize_obs(infos[i]["terminal_observation"])
+        buffer.add(raw, nxt, actions, raw_rewards, dones, infos)
+        raw = new_raw
+    rng_state = buffer.side.rng.bit_generator.state
+    normed = buffer.sample(16, env=venv)
+    buffer.side.rng.bit_generator.state = rng_state
+    raw_s = buffer.sample(16)
+    assert torch.allclose(normed.observations, torch.as_tensor(venv.normalize_obs(raw_s.observations.numpy())))
+    assert torch.allclose(normed.rewards, torch.as_tensor(venv.normalize_reward(raw_s.rewards.numpy())))
+
+
+def test_save_and_load_replay_buffer_hold_the_path(tmp_path, caplog):
+    model = DQN("MlpPolicy", "CartPole-v1", buffer_size=5_000, learning_starts=100, seed=0, device="cpu",
+                replay_buffer_class=ReplayStoreBuffer, replay_buffer_kwargs={"path": str(tmp_path / "r.zarr")})
+    model.learn(700)
+    model.save_replay_buffer(tmp_path / "buffer.pkl")
+    assert (tmp_path / "buffer.pkl").stat().st_size < 20_000  # the path, not the transitions
+    assert "saved as its path" in caplog.text
+    model.load_replay_buffer(tmp_path / "buffer.pkl")
+    assert model.replay_buffer.size() == 700
+    model.learn(300, reset_num_timesteps=False)
+    assert model.replay_buffer.size() == 1_000
+    clone = pickle.loads(pickle.dumps(model.replay_buffer))
+    assert clone.path == model.replay_buffer.path
+
+
+def test_bad_input_refused_and_nothing_lost(tmp_path):
+    box = gym.spaces.Box(0, 255, (4, 8, 8), np.uint8)
+    with pytest.raises(ConfigError, match="Discrete actions only"):
+        ReplayStoreBuffer(100, box, gym.spaces.Box(-1, 1, (2,)), "cpu", path=tmp_path / "a.zarr")
+    with pytest.raises(ConfigError, match="Box observations only"):
+        ReplayStoreBuffer(100, gym.spaces.Dict({"a": box}), gym.spaces.Discrete(2), "cpu", path=tmp_path / "a.zarr")
+    with pytest.raises(ConfigError, match="needs a path"):
+        ReplayStoreBuffer(100, box, gym.spaces.Discrete(2), "cpu")
+
+    # frame_stack=4 said, but the observations are not stacks: refused at the first add, nothing made
+    rng = np.random.default_rng(0)
+    buffer = ReplayStoreBuffer(256, box, gym.spaces.Discrete(2), "cpu", path=tmp_path / "b.zarr", frame_stack=4)
+    noise = rng.integers(1, 255, size=(1, 4, 8, 8), dtype=np.uint8)
+    with pytest.raises(ConfigError, match="not frame stacks of k=4"):
+        buffer.add(noise, noise, np.array([0]), np.array([1.0]), np.array([False]), [{}])
+    assert not (tmp_path / "b.zarr").exists()
+
+    # a stack that stops being a stack mid-episode: refused, every transition before it kept
+    buffer = ReplayStoreBuffer(256, box, gym.spaces.Discrete(2), "cpu", path=tmp_path / "c.zarr")
+    frames = rng.integers(1, 255, size=(40, 1, 8, 8), dtype=np.uint8)
+    stack = np.zeros((1, 4, 8, 8), np.uint8)
+    stack[0, 3] = frames[0, 0]
+    for t in range(1, 30):
+        nxt = np.concatenate([stack[:, 1:], frames[t][None]], axis=1)
+        buffer.add(stack, nxt, np.array([1]), np.array([0.5]), np.array([False]), [{}])
+        stack = nxt
+    assert buffer.side.stacks.padding == "zero" and buffer.size() == 29
+    broken = stack.copy()
+    broken[0, 0] ^= 1
+    with pytest.raises(InvalidTransitionError, match="not obs\\[0\\] moved on by one frame"):
+        buffer.add(stack, broken, np.array([1]), np.array([0.5]), np.array([False]), [{}])
+    assert buffer.size() == 29
+
+    # a store written by a run of 2 envs is not continued by a run of 3
+    buffer.close()
+    with pytest.raises(ConfigError, match="1 streams, one per env, but this run has 3 envs"):
+        ReplayStoreBuffer(256, box, gym.spaces.Discrete(2), "cpu", n_envs=3, path=tmp_path / "c.zarr")
+    with pytest.raises(ConfigError, match="not emptied in place"):
+        ReplayStoreBuffer(256, box, gym.spaces.Discrete(2), "cpu", path=tmp_path / "c.zarr").reset()
+
+
+def test_full_disk_is_a_clear_error_and_keeps_commits(tmp_path, tiny_disk):
+    box = gym.spaces.Box(0, 255, (64, 64), np.uint8)
+    buffer = ReplayStoreBuffer(200_000, box, gym.spaces.Discrete(2), "cpu", path=tiny_disk / "r.zarr")
+    rng = np.random.default_rng(0)
+    obs = rng.integers(0, 255, size=(1, 64, 64), dtype=np.uint8)
+    flushed = 0
+    with pytest.raises(StoreWriteError, match="disk full|No space"):
+        for t in range(100_000):
+            nxt = rng.integers(0, 255, size=(1, 64, 64), dtype=np.uint8)  # incompressible: fills 2 MB fast
+            buffer.add(obs, nxt, np.array([0]), np.array([1.0]), np.array([False]), [{}])
+            obs = nxt
+            if t % 50 == 49:
+                buffer.flush()
+                flushed = t + 1
+    with ReplayStore.open(tiny_disk / "r.zarr") as store:
+        assert len(store) >= flushed > 0
