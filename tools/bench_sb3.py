@@ -13,7 +13,8 @@ arrays are allocated up front (``np.zeros``: pages are touched as they fill), so
 one 4-stack (28 KB) per step until the buffer holds 1M. The table gives, per contender, the env
 steps/s of the whole ``learn`` (acting and training), the peak RSS at the end, what the buffer
 holds, and SB3's memory warning where it gave one. ``--cartpole`` instead checks that both
-buffers learn CartPole-v1 (mean return of 20 greedy episodes >= 195 within 100k steps).
+buffers learn CartPole-v1 (mean return of 20 greedy episodes >= 195 within 100k steps), with
+rl-baselines3-zoo's hyperparameters, one run per seed (``--seeds 0 1 2``).
 """
 
 from __future__ import annotations
@@ -75,11 +76,11 @@ from replaystore.integrations.sb3 import ReplayStoreBuffer  # first: loads trito
 from stable_baselines3 import DQN
 from stable_baselines3.common.evaluation import evaluate_policy
 import gymnasium as gym
-which, path = sys.argv[1], sys.argv[2]
+which, path, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
 # rl-baselines3-zoo's tuned CartPole-v1 DQN hyperparameters
 kwargs = dict(learning_rate=2.3e-3, batch_size=64, buffer_size=100_000, learning_starts=1_000, gamma=0.99,
               target_update_interval=10, train_freq=256, gradient_steps=128, exploration_fraction=0.16,
-              exploration_final_eps=0.04, policy_kwargs=dict(net_arch=[256, 256]), seed=0, device="cpu")
+              exploration_final_eps=0.04, policy_kwargs=dict(net_arch=[256, 256]), seed=seed, device="cpu")
 if which != "sb3":
     kwargs.update(replay_buffer_class=ReplayStoreBuffer, replay_buffer_kwargs={"path": path})
 model = DQN("MlpPolicy", "CartPole-v1", **kwargs)
@@ -88,7 +89,7 @@ for k in range(1, 11):
     model.learn(10_000, reset_num_timesteps=False)
     mean, _ = evaluate_policy(model, gym.make("CartPole-v1"), n_eval_episodes=20, deterministic=True)
     curve.append([model.num_timesteps, float(mean)])
-print(json.dumps({"which": which, "curve": curve, "seconds": time.perf_counter() - start,
+print(json.dumps({"which": which, "seed": seed, "curve": curve, "seconds": time.perf_counter() - start,
                   "first_195": next((s for s, m in curve if m >= 195), None)}))
 """
 
@@ -108,6 +109,7 @@ def main() -> None:
     ap.add_argument("--sb3-fallback", type=int, default=200_000,
                     help="SB3's buffer size when 1M cannot be allocated (for the speed comparison)")
     ap.add_argument("--cartpole", action="store_true", help="check that both buffers learn CartPole-v1 instead")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="--cartpole: the seeds to run")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     results: list[dict] = []
@@ -118,20 +120,22 @@ def main() -> None:
             for which in order:
                 path = os.path.join(tmp, f"{which}-{r}.zarr")
                 if args.cartpole:
-                    res = run_child(CARTPOLE, [which, path])
-                    print(f"{which:12s} first >= 195 at {res['first_195']}  curve {res['curve']}  "
-                          f"{res['seconds']:.0f} s", flush=True)
-                else:
-                    res = run_child(CHILD, [which, str(args.steps), str(args.learning_starts), path, "1000000"])
-                    if "failed" in res:
-                        print(f"{which:12s} buffer_size 1,000,000: {res['failed']}", flush=True)
-                        failures.append(res)
-                        res = run_child(CHILD, [which, str(args.steps), str(args.learning_starts), path,
-                                                str(args.sb3_fallback)])
-                    print(f"{which:12s} buffer {res['buffer_size']:>9,}  " + f"{which:12s} {res['env_sps']:7.1f} env steps/s  {res['updates']:6d} updates  "
-                          f"peak RSS {res['peak_rss_mb']:7.0f} MB  holds {res['held']:,}  "
-                          f"disk {res['disk_bytes'] / 2**20:.1f} MB  allocated {res['allocated_bytes'] / 1e9:.1f} GB",
-                          flush=True)
+                    for seed in args.seeds:
+                        res = run_child(CARTPOLE, [which, f"{path}-{seed}", str(seed)])
+                        print(f"{which:12s} seed {seed}  first >= 195 at {res['first_195']}  curve {res['curve']}  "
+                              f"{res['seconds']:.0f} s", flush=True)
+                        results.append(res)
+                    continue
+                res = run_child(CHILD, [which, str(args.steps), str(args.learning_starts), path, "1000000"])
+                if "failed" in res:
+                    print(f"{which:12s} buffer_size 1,000,000: {res['failed']}", flush=True)
+                    failures.append(res)
+                    res = run_child(CHILD, [which, str(args.steps), str(args.learning_starts), path,
+                                            str(args.sb3_fallback)])
+                print(f"{which:12s} buffer {res['buffer_size']:>9,}  {res['env_sps']:7.1f} env steps/s  {res['updates']:6d} updates  "
+                      f"peak RSS {res['peak_rss_mb']:7.0f} MB  holds {res['held']:,}  "
+                      f"disk {res['disk_bytes'] / 2**20:.1f} MB  allocated {res['allocated_bytes'] / 1e9:.1f} GB",
+                      flush=True)
                 results.append(res)
     if not args.cartpole:
         by = {w: [r for r in results if r["which"] == w] for w in ("sb3", "replaystore")}

@@ -1,0 +1,520 @@
+"""Peers side by side on the same real Atari frames: TorchRL's LazyMemmapStorage, cpprb, SB3's
+ReplayBuffer and replaystore, each holding 500k transitions of 4-stacked 84x84 Breakout frames.
+
+    python tools/bench_peers.py [--transitions 500000] [--rounds 2] [--json tools/out/peers.json]
+
+The frames are five 100k-step random-policy recordings of Breakout (seeds 0-4, atari_frames.py),
+played one after the other (each recording's last step ends an episode), written once to a raw file
+under tools/out/ that every contender reads in chunks outside its timed calls. Each contender is
+filled the way its users fill it, from the same transitions, in its own process:
+
+- ``torchrl``: ``TensorDictReplayBuffer(LazyMemmapStorage)`` as TorchRL's Atari DQN fills it: a
+  tensordict per transition with ``pixels`` (4, 84, 84) and ``("next", "pixels")``, both stacked, so
+  56 KB per transition (~28 GB for 500k, more than this machine's RAM); ``extend`` per 16
+  transitions (a collector's batch); the memmap files in a scratch directory on the local disk.
+- ``cpprb``: ``ReplayBuffer`` with ``next_of="obs"`` and ``stack_compress="obs"`` (channels-last
+  stacks, as its docs show for Atari), ``add`` per step, ``on_episode_end`` after each episode; in RAM.
+- ``sb3``: ``ReplayBuffer(optimize_memory_usage=True)`` with channels-last stacks (VecFrameStack's),
+  ``add`` per step; in RAM, one 28 KB stack per transition (14 GB for 500k: it fits here).
+- ``replaystore``: ``ReplayStore.create(..., frame_stack=4, frame_padding="zero")``, ``add`` per
+  step, each 84x84 frame stored once; read with ``sample(32)`` and with ``blocks(32)`` (the
+  background feed, 8 batches per block, its default 2 threads).
+
+Stacks are built (zero padding after a reset, as SB3's VecFrameStack) outside the timed calls: that
+is the env wrapper's work, not the buffer's. Measured per contender:
+
+- write rate: transitions / (seconds inside add/extend + the final flush + ``os.sync()``);
+- bytes on disk (allocated blocks), and the RAM the buffer holds: the growth of the process's
+  anonymous RSS from before the buffer was made to the end of the fill;
+- batches of 32 per second, warm: in the filling process, after 100 warm-up batches (for TorchRL the
+  page cache then holds whatever of its 28 GB the kernel kept);
+- batches of 32 per second, cold: a fresh process drops the buffer's files from the page cache
+  (``POSIX_FADV_DONTNEED`` on each, checked with ``fincore``), opens the buffer again and times its
+  first ``--cold-batches`` batches (disk-backed contenders only);
+- peak RSS of each process (``ru_maxrss``), its RSS before the buffer existed, and RssAnon/RssFile
+  at the end (a memory map's resident pages count as file RSS: reclaimable, but counted).
+
+Each batch is materialised: obs and next obs stacks, action, reward, done, as the library returns
+them (numpy arrays or torch tensors). Rounds alternate the order of the contenders. The VM's
+read-ahead (``/sys/block/<dev>/queue/read_ahead_kb`` of the disk under ``--dir``) is printed
+beside the figures: a memory-mapped read that misses the page cache faults in up to that much
+around it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from atari_frames import OUT, record  # noqa: E402
+
+CONTENDERS = ("torchrl", "cpprb", "sb3", "replaystore")
+ON_DISK = ("torchrl", "replaystore")
+RECORDING = 100_000
+FRAME = 84 * 84
+STACK = 4
+CHUNK = 4096
+TORCHRL_BATCH = 16
+
+
+# -------------------------------------------------------------------------------------------------
+# The frames: five recordings, one raw file
+
+
+def frames_source(transitions: int) -> tuple[Path, Path]:
+    """The raw frames file and the rows file holding ``transitions`` (built once, then reused)."""
+    n = -(-transitions // RECORDING)
+    raw, rows = OUT / f"peers_breakout_{n}x{RECORDING}.u8", OUT / f"peers_breakout_{n}x{RECORDING}_rows.npz"
+    if raw.exists() and rows.exists():
+        return raw, rows
+    parts: dict[str, list[np.ndarray]] = {k: [] for k in ("obs_index", "action", "reward", "terminated", "truncated")}
+    base = 0
+    with open(raw.with_suffix(".part"), "wb") as f:
+        for seed in range(n):
+            data = record(RECORDING, seed=seed)
+            data["frames"].tofile(f)
+            trunc = data["truncated"].copy()
+            trunc[-1] |= not data["terminated"][-1]  # a recording's last step ends its episode
+            for k, v in (("obs_index", data["obs_index"] + base), ("action", data["action"]), ("reward", data["reward"]),
+                         ("terminated", data["terminated"]), ("truncated", trunc)):
+                parts[k].append(v)
+            base += len(data["frames"])
+            del data
+    np.savez(rows, **{k: np.concatenate(v) for k, v in parts.items()})
+    raw.with_suffix(".part").rename(raw)
+    return raw, rows
+
+
+class Transitions:
+    """Walks the recorded transitions in chunks, reading each chunk's frames into one reused buffer,
+    and builds the zero-padded 4-stacks (channels first) an env wrapper would hand the buffer."""
+
+    def __init__(self, raw: Path, rows: Path, transitions: int):
+        with np.load(rows) as z:
+            self.rows = {k: z[k][:transitions] for k in z.files}
+        self.n = transitions
+        self.file = open(raw, "rb", buffering=0)  # noqa: SIM115 (closed with the process)
+        self.buf = np.empty((2 * CHUNK + 2, 84, 84), np.uint8)
+        self.stack = np.zeros((STACK, 84, 84), np.uint8)
+        self.next = np.zeros((STACK, 84, 84), np.uint8)
+
+    def __iter__(self):
+        """Yields (i, frame, next_frame); ``self.stack``/``self.next`` hold step i's stacks meanwhile."""
+        r = self.rows
+        idx, ended = r["obs_index"], r["terminated"] | r["truncated"]
+        for c0 in range(0, self.n, CHUNK):
+            c1 = min(c0 + CHUNK, self.n)
+            lo, hi = int(idx[c0]), int(idx[c1 - 1]) + 2
+            self.file.seek(lo * FRAME)
+            self.file.readinto(memoryview(self.buf)[: hi - lo].cast("B"))
+            for i in range(c0, c1):
+                j = int(idx[i]) - lo
+                if i == 0 or ended[i - 1]:
+                    self.stack[:] = 0
+                    self.stack[-1] = self.buf[j]
+                else:
+                    self.stack[:] = self.next
+                self.next[:-1] = self.stack[1:]
+                self.next[-1] = self.buf[j + 1]
+                yield i, self.buf[j], self.buf[j + 1]
+
+
+# -------------------------------------------------------------------------------------------------
+# The contenders: fill, reopen, sample
+
+
+class Contender:
+    """One buffer: ``create`` and ``add`` (returning the seconds spent inside the library), ``finish``
+    (flush), ``reopen`` in another process, ``sample`` one batch of 32."""
+
+    name = ""
+
+    def __init__(self, where: Path, n: int):
+        self.where, self.n = where, n
+
+    def load(self) -> None:
+        """Import the library (before the RSS baseline, so the buffer's RAM excludes the import's)."""
+
+    def create(self) -> None:
+        raise NotImplementedError
+
+    def add(self, t: Transitions, i: int, frame: np.ndarray, nxt: np.ndarray) -> float:
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        """Flush what the buffer holds to where it keeps it."""
+
+    def reopen(self) -> None:
+        raise NotImplementedError(f"{self.name} keeps its buffer in RAM")
+
+    def sample(self) -> object:
+        raise NotImplementedError
+
+
+class TorchRL(Contender):
+    name = "torchrl"
+
+    def load(self):
+        import tensordict  # noqa: F401
+        import torchrl.data  # noqa: F401
+
+    def create(self):
+        import torch
+        from tensordict import TensorDict
+
+        self.reopen(fresh=True)
+        b = TORCHRL_BATCH
+        self.td = TensorDict({"pixels": torch.zeros(b, STACK, 84, 84, dtype=torch.uint8),
+                              "action": torch.zeros(b, dtype=torch.int64),
+                              "next": TensorDict({"pixels": torch.zeros(b, STACK, 84, 84, dtype=torch.uint8),
+                                                  "reward": torch.zeros(b, 1), "done": torch.zeros(b, 1, dtype=torch.bool),
+                                                  "terminated": torch.zeros(b, 1, dtype=torch.bool)}, [b])}, [b])
+        self.np = {k: self.td.get(k).numpy() for k in ("pixels", "action", ("next", "pixels"), ("next", "reward"),
+                                                        ("next", "done"), ("next", "terminated"))}
+        self.k = 0
+
+    def add(self, t, i, frame, nxt):
+        v, r, k = self.np, t.rows, self.k
+        v["pixels"][k] = t.stack
+        v[("next", "pixels")][k] = t.next
+        v["action"][k] = r["action"][i]
+        v[("next", "reward")][k] = r["reward"][i]
+        v[("next", "done")][k] = r["terminated"][i] or r["truncated"][i]
+        v[("next", "terminated")][k] = r["terminated"][i]
+        self.k += 1
+        if self.k < TORCHRL_BATCH and i < self.n - 1:
+            return 0.0
+        start = time.perf_counter()
+        self.rb.extend(self.td[: self.k])
+        self.k = 0
+        return time.perf_counter() - start
+
+    def finish(self):
+        self.storage.dumps(self.where)
+
+    def reopen(self, fresh: bool = False):
+        from torchrl.data import LazyMemmapStorage, TensorDictReplayBuffer
+
+        self.storage = LazyMemmapStorage(self.n, scratch_dir=self.where, existsok=True)
+        if not fresh:
+            self.storage.loads(self.where)
+        self.rb = TensorDictReplayBuffer(storage=self.storage, batch_size=32)
+
+    def sample(self):
+        return self.rb.sample()
+
+
+class Cpprb(Contender):
+    name = "cpprb"
+
+    def load(self):
+        import cpprb  # noqa: F401
+
+    def create(self):
+        import cpprb
+
+        self.rb = cpprb.ReplayBuffer(self.n, env_dict={"obs": {"shape": (84, 84, STACK), "dtype": np.uint8},
+                                                       "act": {"shape": 1, "dtype": np.int64}, "rew": {}, "done": {}},
+                                     next_of="obs", stack_compress="obs")
+        self.obs = np.zeros((84, 84, STACK), np.uint8)
+        self.nxt = np.zeros((84, 84, STACK), np.uint8)
+
+    def add(self, t, i, frame, nxt):
+        r = t.rows
+        self.obs[:] = t.stack.transpose(1, 2, 0)
+        self.nxt[:] = t.next.transpose(1, 2, 0)
+        start = time.perf_counter()
+        self.rb.add(obs=self.obs, act=r["action"][i], rew=r["reward"][i], next_obs=self.nxt,
+                    done=float(r["terminated"][i]))
+        if r["terminated"][i] or r["truncated"][i]:
+            self.rb.on_episode_end()
+        return time.perf_counter() - start
+
+    def sample(self):
+        return self.rb.sample(32)
+
+
+class SB3(Contender):
+    name = "sb3"
+
+    def load(self):
+        import stable_baselines3.common.buffers  # noqa: F401
+
+    def create(self):
+        import gymnasium as gym
+        from stable_baselines3.common.buffers import ReplayBuffer
+
+        self.rb = ReplayBuffer(self.n, gym.spaces.Box(0, 255, (84, 84, STACK), np.uint8), gym.spaces.Discrete(4),
+                               device="cpu", n_envs=1, optimize_memory_usage=True, handle_timeout_termination=False)
+        self.obs = np.zeros((1, 84, 84, STACK), np.uint8)
+        self.nxt = np.zeros((1, 84, 84, STACK), np.uint8)
+        self.act, self.rew, self.done = np.zeros((1, 1), np.int64), np.zeros(1, np.float32), np.zeros(1, np.float32)
+
+    def add(self, t, i, frame, nxt):
+        r = t.rows
+        self.obs[0] = t.stack.transpose(1, 2, 0)
+        self.nxt[0] = t.next.transpose(1, 2, 0)
+        self.act[0, 0], self.rew[0], self.done[0] = r["action"][i], r["reward"][i], r["terminated"][i] or r["truncated"][i]
+        start = time.perf_counter()
+        self.rb.add(self.obs, self.nxt, self.act, self.rew, self.done, [{}])
+        return time.perf_counter() - start
+
+    def sample(self):
+        return self.rb.sample(32)
+
+
+class Store(Contender):
+    """replaystore; ``sample`` is ``store.sample(32)``, ``block`` takes one block of 8 batches from
+    ``store.blocks`` (started by ``start_feed``)."""
+
+    name = "replaystore"
+    per_block = 8
+
+    def load(self):
+        import replaystore  # noqa: F401
+
+    def create(self):
+        import gymnasium as gym
+
+        from replaystore import ReplayStore
+
+        self.store = ReplayStore.create(self.where, self.n, gym.spaces.Box(0, 255, (84, 84), np.uint8),
+                                        gym.spaces.Discrete(4), frame_stack=STACK, frame_padding="zero", overwrite=True)
+
+    def add(self, t, i, frame, nxt):
+        r = t.rows
+        start = time.perf_counter()
+        self.store.add(frame, int(r["action"][i]), float(r["reward"][i]), nxt, bool(r["terminated"][i]),
+                       bool(r["truncated"][i]))
+        return time.perf_counter() - start
+
+    def finish(self):
+        self.store.close()
+
+    def reopen(self):
+        from replaystore import ReplayStore
+
+        self.store = ReplayStore.open(self.where)
+
+    def sample(self):
+        return self.store.sample(32)
+
+    def blocks_rate(self, batches: int, warmup: int = 0) -> float:
+        with self.store.blocks(32, batches_per_block=self.per_block, seed=0) as feed:
+            return rate(lambda: next(feed).release(), batches, self.per_block, warmup=warmup)
+
+
+MAKERS = {"torchrl": TorchRL, "cpprb": Cpprb, "sb3": SB3, "replaystore": Store}
+
+
+# -------------------------------------------------------------------------------------------------
+# Measuring, in the child
+
+
+def memory() -> dict[str, float]:
+    out = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(("VmRSS:", "RssAnon:", "RssFile:")):
+            out[line.split(":")[0]] = int(line.split()[1]) / 1024
+    return out
+
+
+def disk_bytes(where: Path) -> int:
+    if where.is_file():
+        return where.stat().st_blocks * 512
+    return sum(p.stat().st_blocks * 512 for p in where.rglob("*") if p.is_file())
+
+
+def drop_cache(where: Path) -> dict[str, int]:
+    """fsync and POSIX_FADV_DONTNEED every file under ``where``; the resident bytes before and after."""
+    files = [p for p in where.rglob("*") if p.is_file()]
+
+    def resident() -> int:
+        total = 0
+        for k in range(0, len(files), 200):
+            out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", *map(str, files[k:k + 200])],
+                                 capture_output=True, text=True, check=True).stdout
+            total += sum(int(x) for x in out.split())
+        return total
+
+    before = resident()
+    for p in files:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    return {"resident_before": before, "resident_after": resident()}
+
+
+def rate(take: Callable[[], object], batches: int, per_call: int = 1, *, warmup: int = 0) -> float:
+    """Batches per second over ``batches`` batches taken ``per_call`` at a time, after ``warmup`` calls."""
+    for _ in range(warmup):
+        take()
+    calls = -(-batches // per_call)
+    start = time.perf_counter()
+    for _ in range(calls):
+        take()
+    return calls * per_call / (time.perf_counter() - start)
+
+
+def finish_memory(out: dict) -> dict:
+    out.update({f"end_{k}_mb": v for k, v in memory().items()})
+    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return out
+
+
+def fill(name: str, where: Path, raw: Path, rows: Path, n: int, batches: int) -> dict:
+    """Fill a fresh buffer, then time warm batches in the same process."""
+    t = Transitions(raw, rows, n)
+    c = MAKERS[name](where, n)
+    c.load()
+    base = memory()
+    c.create()
+    in_add = 0.0
+    for i, frame, nxt in t:
+        in_add += c.add(t, i, frame, nxt)
+    start = time.perf_counter()
+    c.finish()
+    os.sync()
+    write_s = in_add + time.perf_counter() - start
+    out = {"name": name, "transitions": n, "write_per_s": n / write_s, "write_s": write_s,
+           "disk_bytes": disk_bytes(where), "rss_before_mb": base["VmRSS"]}
+    out["anon_grown_bytes"] = int((memory()["RssAnon"] - base["RssAnon"]) * 2**20)
+    if name in ON_DISK:
+        c.reopen()
+    out["warm_per_s"] = rate(c.sample, batches, warmup=100)
+    if isinstance(c, Store):
+        out["blocks_warm_per_s"] = c.blocks_rate(batches, warmup=100 // c.per_block)
+    return finish_memory(out)
+
+
+def cold(name: str, where: Path, n: int, batches: int) -> dict:
+    """In a fresh process: drop the buffer's files from the page cache, reopen, time the first batches."""
+    c = MAKERS[name](where, n)
+    c.load()
+    base = memory()
+    out: dict = {"name": name, "drop": drop_cache(where), "rss_before_mb": base["VmRSS"]}
+    c.reopen()
+    out["cold_per_s"] = rate(c.sample, batches)
+    if isinstance(c, Store):
+        c.store.close()
+        out["drop_blocks"] = drop_cache(where)
+        c.reopen()
+        out["blocks_cold_per_s"] = c.blocks_rate(batches)
+    return finish_memory(out)
+
+
+# -------------------------------------------------------------------------------------------------
+# The parent
+
+
+def read_ahead(where: Path) -> str:
+    dev = os.stat(where).st_dev
+    node = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
+    for q in (node / "queue" / "read_ahead_kb", node / ".." / "queue" / "read_ahead_kb"):
+        if q.exists():
+            return f"{q.resolve().parent.parent.name}: read_ahead_kb={q.read_text().strip()}"
+    return f"device {os.major(dev)}:{os.minor(dev)}: read-ahead unknown"
+
+
+def child(args: list[str]) -> dict:
+    done = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{args} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def table(results: list[dict]) -> str:
+    """A markdown table: rates per round (``a / b``), sizes and peaks at their largest."""
+
+    def each(rs: list[dict], key: str) -> str:
+        xs = [r[key] for r in rs if r.get(key) is not None]
+        return " / ".join(f"{x:,.0f}" for x in xs) if xs else "n/a"
+
+    def gb(x: float) -> str:
+        return f"{x / 1e9:.2f} GB"
+
+    rows = ["| contender | writes/s | on disk | RAM it holds | batches/s warm | batches/s cold | peak RSS: fill, cold |",
+            "|---|---|---|---|---|---|---|"]
+    for name in CONTENDERS:
+        rs = [r for r in results if r["name"] == name]
+        if not rs:
+            continue
+        peak = gb(max(r["peak_rss_mb"] for r in rs) * 2**20)
+        if name in ON_DISK:
+            peak += ", " + gb(max(r["cold_peak_rss_mb"] for r in rs) * 2**20)
+        rows.append(f"| {name} | {each(rs, 'write_per_s')} | {gb(max(r['disk_bytes'] for r in rs))} | "
+                    f"{gb(max(r['anon_grown_bytes'] for r in rs))} | {each(rs, 'warm_per_s')} | "
+                    f"{each(rs, 'cold_per_s')} | {peak} |")
+        if name == "replaystore":
+            rows.append(f"| replaystore `blocks` | | | | {each(rs, 'blocks_warm_per_s')} | "
+                        f"{each(rs, 'blocks_cold_per_s')} | |")
+    return "\n".join(rows)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--transitions", type=int, default=500_000)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--batches", type=int, default=2000, help="batches timed warm")
+    ap.add_argument("--cold-batches", type=int, default=200, help="batches timed after dropping the page cache")
+    ap.add_argument("--only", nargs="+", choices=CONTENDERS, default=list(CONTENDERS))
+    ap.add_argument("--dir", type=Path, default=OUT, help="where the buffers are written (a local disk)")
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        what, name, where = args.child[0], args.child[1], Path(args.child[2])
+        if what == "fill":
+            res = fill(name, where, Path(args.child[3]), Path(args.child[4]), args.transitions, args.batches)
+        else:
+            res = cold(name, where, args.transitions, args.cold_batches)
+        print(json.dumps(res))
+        return
+    raw, rows = frames_source(args.transitions)
+    args.dir.mkdir(parents=True, exist_ok=True)
+    ra = read_ahead(args.dir)
+    print(f"{args.transitions:,} transitions of Breakout, {args.rounds} round(s); buffers under {args.dir} ({ra})",
+          flush=True)
+    results = []
+    for rnd in range(args.rounds):
+        order = args.only if rnd % 2 == 0 else args.only[::-1]
+        for name in order:
+            where = Path(tempfile.mkdtemp(prefix=f"peers-{name}-", dir=args.dir))
+            try:
+                common = [f"--transitions={args.transitions}", f"--batches={args.batches}",
+                          f"--cold-batches={args.cold_batches}"]
+                res = child(["--child", "fill", name, str(where), str(raw), str(rows), *common])
+                if name in ON_DISK:
+                    c = child(["--child", "cold", name, str(where), *common])
+                    res.update({k: v for k, v in c.items() if k.endswith("_per_s") or k.startswith("drop")})
+                    res["cold_peak_rss_mb"] = c["peak_rss_mb"]
+            finally:
+                shutil.rmtree(where, ignore_errors=True)
+            res["round"] = rnd
+            results.append(res)
+            print(json.dumps(res), flush=True)
+    print()
+    print(table(results))
+    print(f"\nread-ahead: {ra}")
+    if args.json:
+        args.json.write_text(json.dumps({"transitions": args.transitions, "read_ahead": ra, "results": results,
+                                         "when": time.strftime("%Y-%m-%d %H:%M")}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
