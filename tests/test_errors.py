@@ -184,6 +184,17 @@ def test_default_layout_fits_small_capacities(tmp_path: Path, capacity: int) -> 
                            layout=Layout(shard_len=2048, obs_chunk_len=8))
 
 
+@pytest.mark.parametrize(("shape", "dtype", "chunk_len"), [((84, 84), np.uint8, 8), ((4,), np.float32, 64),
+                                                          ((16, 16), np.uint8, 64), ((64, 64), np.uint8, 16)])
+def test_default_chunks_hold_64_kib_and_at_most_64_frames(tmp_path: Path, shape: tuple, dtype: type,
+                                                          chunk_len: int) -> None:
+    """Small observations get 64-frame chunks: a batch decodes each chunk it touches whole, so
+    4096-frame chunks of CartPole observations made a batch decode most of the store."""
+    space = gym.spaces.Box(0, 255, shape, dtype)
+    with ReplayStore.create(tmp_path / "r.zarr", 100_000, space, gym.spaces.Discrete(2)) as store:
+        assert (store.layout.obs_chunk_len, store.layout.shard_len) == (chunk_len, 4096)
+
+
 def test_sampling_more_than_is_stored(filled: ReplayStore, store_path: Path) -> None:
     before = snapshot(store_path)
     with pytest.raises(SampleError, match=f"holds {len(filled)} sampleable"):

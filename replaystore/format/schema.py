@@ -381,19 +381,24 @@ def _parse_state(st: Any, where: str) -> State:
 
 
 CHUNK_TARGET_BYTES = 64 * 2**10
+MAX_CHUNK_FRAMES = 64
 SHARD_BUFFER_MAX_BYTES = 32 * 2**20
 DEFAULT_SHARD_LEN = 4096
 
 
 def default_layout(frame_bytes: int, capacity: int = DEFAULT_SHARD_LEN) -> Layout:
-    """The measured default: ~64 KiB frame chunks (8 Atari frames), 4096-step shards, zstd-3; a store
-    of fewer than 4 * 4096 steps gets power-of-two shards of at most a quarter of its capacity.
+    """The measured default: ~64 KiB frame chunks (8 Atari frames) of at most 64 frames, 4096-step
+    shards, zstd-3; a store of fewer than 4 * 4096 steps gets power-of-two shards of at most a
+    quarter of its capacity.
 
+    The 64-frame cap is for small (vector) observations: a batch decodes each chunk it touches
+    whole, so 64 KiB chunks of 16-byte CartPole frames (4096 frames) made every ``sample(64)``
+    decode most of the store (3.2 ms at 500k steps, against 0.15 ms with 64-frame chunks).
     docs/benchmarks.md ("Layout") has the measurements behind these numbers.
     """
     shard_len = min(DEFAULT_SHARD_LEN, 1 << int(math.log2(max(capacity // 4, 1))))  # >= 4 shards a ring
     chunk_len = 1 << max(0, int(math.log2(max(1, CHUNK_TARGET_BYTES // max(frame_bytes, 1)))))
-    chunk_len = min(chunk_len, shard_len)
+    chunk_len = min(chunk_len, MAX_CHUNK_FRAMES, shard_len)
     while shard_len > chunk_len and shard_len * frame_bytes > SHARD_BUFFER_MAX_BYTES:
         shard_len //= 2
     return Layout(shard_len=shard_len, obs_chunk_len=chunk_len, codec=CodecSpec())
