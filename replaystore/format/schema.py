@@ -387,15 +387,10 @@ DEFAULT_SHARD_LEN = 4096
 
 
 def default_layout(frame_bytes: int, capacity: int = DEFAULT_SHARD_LEN) -> Layout:
-    """The measured default: ~64 KiB frame chunks (8 Atari frames) of at most 64 frames, 4096-step
-    shards, zstd-3; a store of fewer than 4 * 4096 steps gets power-of-two shards of at most a
-    quarter of its capacity.
-
-    The 64-frame cap is for small (vector) observations: a batch decodes each chunk it touches
-    whole, so 64 KiB chunks of 16-byte CartPole frames (4096 frames) made every ``sample(64)``
-    decode most of the store (3.2 ms at 500k steps, against 0.15 ms with 64-frame chunks).
-    docs/benchmarks.md ("Layout") has the measurements behind these numbers.
-    """
+    """The measured default: ~64 KiB frame chunks (8 Atari frames) of at most 64 frames (a batch
+    decodes whole every chunk it touches), 4096-step shards, zstd-3; a store of fewer than 4 * 4096
+    steps gets power-of-two shards of at most a quarter of its capacity. docs/benchmarks.md
+    ("Layout") has the measurements behind these numbers."""
     shard_len = min(DEFAULT_SHARD_LEN, 1 << int(math.log2(max(capacity // 4, 1))))  # >= 4 shards a ring
     chunk_len = 1 << max(0, int(math.log2(max(1, CHUNK_TARGET_BYTES // max(frame_bytes, 1)))))
     chunk_len = min(chunk_len, MAX_CHUNK_FRAMES, shard_len)
