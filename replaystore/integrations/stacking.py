@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from replaystore.errors import ConfigError, InvalidTransitionError
+from replaystore.storage.rows import same
 
 PADDINGS = ("zero", "reset")
 
@@ -113,10 +114,10 @@ class StackLayout:
 
 def _rows_equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     n = len(a)
-    same = np.asarray(a == b)
+    equal = np.asarray(a == b)
     if a.dtype.kind == "f":
-        same |= np.isnan(a) & np.isnan(b)
-    return np.asarray(same.reshape(n, -1).all(axis=1))
+        equal |= np.isnan(a) & np.isnan(b)
+    return np.asarray(equal.reshape(n, -1).all(axis=1))
 
 
 def candidates(obs_shape: tuple[int, ...], frame_stack: int | None, axis: int | None,
@@ -229,7 +230,7 @@ class StackChecker:
         layout = self.layout
         end: list[int] = []
         skip: list[int] = []
-        same_as_last = [last is not None and _same(obs[i], last) for i, last in enumerate(self.last)]
+        same_as_last = [last is not None and same(obs[i], last) for i, last in enumerate(self.last)]
         if layout.frame_stack == 1:
             return [i for i in range(self.n_envs) if self.open[i] and not same_as_last[i]], skip
         starts = layout.padded(obs)
@@ -263,9 +264,3 @@ class StackChecker:
         for i in range(self.n_envs):
             self.last[i] = next_obs[i].copy()
             self.open[i] = not (bool(ended[i]) or i in skip)
-
-
-def _same(a: np.ndarray, b: np.ndarray) -> bool:
-    if a.dtype.kind in "biu":
-        return a.shape == b.shape and a.tobytes() == b.tobytes()
-    return bool(np.array_equal(a, b, equal_nan=a.dtype.kind == "f"))

@@ -116,9 +116,10 @@ def _check_reset_row(writer: StreamWriter, i: int, obs: np.ndarray, done: bool, 
 
 def same(a: np.ndarray, b: np.ndarray | None) -> bool:
     """Whether two observations of the store's dtype are equal (NaN equals NaN): a byte compare
-    where the bytes decide, ~6x cheaper than ``np.array_equal`` on an Atari frame."""
+    first, ~6x cheaper than ``np.array_equal`` on an Atari frame and ~10x on CartPole's; floats whose
+    bytes differ may still be equal (-0.0 and 0.0, NaNs of other payloads)."""
     if b is None:
         return False
-    if a.dtype.kind in "biu":
-        return a.shape == b.shape and a.tobytes() == b.tobytes()
-    return bool(np.array_equal(a, b, equal_nan=a.dtype.kind == "f"))
+    if a.shape == b.shape and a.tobytes() == b.tobytes():
+        return True
+    return a.dtype.kind not in "biu" and bool(np.array_equal(a, b, equal_nan=a.dtype.kind == "f"))
