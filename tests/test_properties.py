@@ -27,6 +27,7 @@ from hypothesis.stateful import (
 
 from replaystore import Layout, ReplayStore
 from replaystore.cli.compact import compact_store
+from replaystore.store import DEFAULT_CACHE_BYTES
 
 SHAPE = (2, 3)
 
@@ -40,14 +41,17 @@ class StoreVersusModel(RuleBasedStateMachine):
         frame_stack=st.integers(1, 3),
         chunk_len=st.sampled_from([1, 2, 4]),
         end_percent=st.sampled_from([3, 10, 40]),
+        cache_bytes=st.sampled_from([DEFAULT_CACHE_BYTES, 100, 0]),
     )
-    def create(self, capacity: int, frame_stack: int, chunk_len: int, end_percent: int) -> None:
-        self.end_percent = end_percent
+    def create(self, capacity: int, frame_stack: int, chunk_len: int, end_percent: int, cache_bytes: int) -> None:
+        # cache_bytes: the default keeps every frame decoded too (storage/mirror.py); 100 bytes does for
+        # the smaller capacities only; 0 decodes every batch from disk
+        self.end_percent, self.cache_bytes = end_percent, cache_bytes
         self.dir = Path(tempfile.mkdtemp())
         self.path = self.dir / "r.zarr"
         shard_len = 8 if capacity % 8 == 0 else 4
         obs_space, act_space = small_spaces(SHAPE, n=4)
-        self.store = ReplayStore.create(self.path, capacity, obs_space, act_space, frame_stack,
+        self.store = ReplayStore.create(self.path, capacity, obs_space, act_space, frame_stack, cache_bytes=cache_bytes,
                                         layout=Layout(shard_len=shard_len, obs_chunk_len=min(chunk_len, shard_len)))
         self.capacity, self.k = capacity, frame_stack
         self.steps: list[dict] = []  # by position
@@ -108,7 +112,7 @@ class StoreVersusModel(RuleBasedStateMachine):
     @rule()
     def reopen(self) -> None:
         self.store.close()
-        self.store = ReplayStore.open(self.path, mode="a")
+        self.store = ReplayStore.open(self.path, mode="a", cache_bytes=self.cache_bytes)
 
     @precondition(lambda self: self.compactions < COMPACTIONS)
     @rule(chunk_len=st.sampled_from([None, 1, 2, 4]))
@@ -118,7 +122,7 @@ class StoreVersusModel(RuleBasedStateMachine):
         self.store.close()
         compact_store(self.path, chunk_len=chunk_len)
         self.steps = self.steps[self.lo:]
-        self.store = ReplayStore.open(self.path, mode="a")
+        self.store = ReplayStore.open(self.path, mode="a", cache_bytes=self.cache_bytes)
         assert self.store.added == len(self.steps)
 
     @rule(data=st.data())
@@ -141,7 +145,7 @@ class StoreVersusModel(RuleBasedStateMachine):
         store = self.store
         if reader:
             self.store.flush()
-            store = ReplayStore.open(self.path)
+            store = ReplayStore.open(self.path, cache_bytes=self.cache_bytes)
         try:
             if count == 0:
                 try:

@@ -23,6 +23,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from replaystore import InvalidTransitionError, Layout, ReplayStore
 from replaystore.cli.compact import compact_store
+from replaystore.store import DEFAULT_CACHE_BYTES
 
 SHAPE = (2, 2)
 
@@ -82,14 +83,18 @@ class StreamsVersusModel(RuleBasedStateMachine):
         frame_stack=st.integers(1, 3),
         chunk_len=st.sampled_from([1, 2, 4]),
         end_percent=st.sampled_from([5, 15, 40]),
+        cache_bytes=st.sampled_from([DEFAULT_CACHE_BYTES, 200, 0]),
     )
-    def create(self, n: int, capacity: int, frame_stack: int, chunk_len: int, end_percent: int) -> None:
-        self.end_percent = end_percent
+    def create(self, n: int, capacity: int, frame_stack: int, chunk_len: int, end_percent: int,
+               cache_bytes: int) -> None:
+        # cache_bytes: the default keeps every frame decoded too (storage/mirror.py); 200 bytes does for
+        # the smaller stores only; 0 decodes every batch from disk
+        self.end_percent, self.cache_bytes = end_percent, cache_bytes
         self.dir = Path(tempfile.mkdtemp())
         self.path = self.dir / "r.zarr"
         obs_space, act_space = small_spaces(SHAPE, n=4)
         self.store = ReplayStore.create(self.path, n * capacity, obs_space, act_space, frame_stack, num_streams=n,
-                                        layout=Layout(shard_len=4, obs_chunk_len=min(chunk_len, 4)))
+                                        cache_bytes=cache_bytes, layout=Layout(shard_len=4, obs_chunk_len=min(chunk_len, 4)))
         self.n = n
         self.models = [StreamModel(capacity, frame_stack) for _ in range(n)]
         self.obs = [self.new_frame() for _ in range(n)]  # each sub-env's current observation
@@ -175,7 +180,7 @@ class StreamsVersusModel(RuleBasedStateMachine):
         return [s.added for s in self.store.stream_states()]
 
     def reopened(self) -> None:
-        self.store = ReplayStore.open(self.path, mode="a")
+        self.store = ReplayStore.open(self.path, mode="a", cache_bytes=self.cache_bytes)
         for model in self.models:
             model.optional = model.reset_row
 
@@ -209,7 +214,7 @@ class StreamsVersusModel(RuleBasedStateMachine):
     @rule()
     def refresh_reader(self) -> None:
         if self.reader is None:
-            self.reader = ReplayStore.open(self.path)
+            self.reader = ReplayStore.open(self.path, cache_bytes=self.cache_bytes)
         else:
             self.reader.refresh()
         self.reader_seen = self.committed()

@@ -16,6 +16,7 @@ from groundtruth import frame as truth_frame
 
 from replaystore import ConfigError, Layout, ReplayStore, SampleError
 from replaystore.sampling.priority import SumTree
+from replaystore.store import DEFAULT_CACHE_BYTES
 
 
 def chi_square_critical(df: int, z: float = 3.09) -> float:
@@ -187,6 +188,48 @@ def test_cache_hit_rate_and_bytes_held(store_path: Path) -> None:
     batch = tiny.sample(64, rng=np.random.default_rng(0))
     np.testing.assert_array_equal(batch.obs, reader.sample(64, rng=np.random.default_rng(0)).obs)
     assert tiny.cache_bytes_held == 0 and tiny.cache_hit_rate == 0.0
+
+
+def test_small_frames_are_kept_decoded(store_path: Path) -> None:
+    """Frames of a few bytes: the ring is kept decoded within ``cache_bytes`` (storage/mirror.py) and
+    batches come from it, exactly the ground truth's while the writer wraps the ring (each shard it
+    rewrites forgotten there) and after a reopen; larger frames, or a ring over half of
+    ``cache_bytes``, are decoded per batch as before."""
+    store = make_store(store_path, capacity=128, frame_stack=2, shard_len=32, chunk_len=4)
+    mirror = store.reader.mirror
+    assert mirror is not None and mirror.nbytes == 128 * 12  # (3, 4) uint8 frames
+    assert store.reader.cache.cache_bytes == DEFAULT_CACHE_BYTES - mirror.nbytes  # within cache_bytes
+    assert store.memory_estimate()["chunk_cache"] == DEFAULT_CACHE_BYTES
+    fill_truth(store, 40)
+    rng = np.random.default_rng(0)
+
+    def check(s: ReplayStore) -> None:
+        batch = s.sample(32, rng=rng)
+        for j in range(32):
+            k, p = check_stack(batch.obs[j], 2)
+            assert check_stack(batch.next_obs[j], 2) == (k, p + 1)
+            assert (batch.action[j], batch.reward[j]) == (step(k, p).action, step(k, p).reward)
+
+    for r in range(16):  # ~6 wraps of the ring, flushed now and then
+        fill_truth(store, 47, start=store.ring.added - 1)
+        if r % 3 == 0:
+            store.flush()
+        for _ in range(4):
+            check(store)
+    assert mirror.valid.any()
+    misses = store.reader.misses
+    for _ in range(20):  # nothing written since: every frame from RAM, nothing read or decoded
+        check(store)
+    assert store.reader.misses == misses
+    store.close()
+    with ReplayStore.open(store_path) as again:
+        assert again.reader.mirror is not None and not again.reader.mirror.valid.any()
+        for _ in range(5):
+            check(again)
+        assert again.reader.mirror.valid.any()
+    assert ReplayStore.open(store_path, cache_bytes=2 * 128 * 12 - 1).reader.mirror is None
+    big = make_store(store_path.parent / "big.zarr", capacity=64, shape=(32, 33))  # 1,056-byte frames
+    assert big.reader.mirror is None
 
 
 def test_memory_budget(tmp_path: Path) -> None:

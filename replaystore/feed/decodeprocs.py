@@ -59,7 +59,8 @@ from replaystore.feed.decodeworker import FRAME, HEADER, MAGIC, OK
 from replaystore.storage.decoders import LIBZSTD
 
 if TYPE_CHECKING:
-    from replaystore.storage.reader import FrameReader, Plan
+    from replaystore.storage.plan import Plan
+    from replaystore.storage.reader import FrameReader
 
 log = logging.getLogger(__name__)
 

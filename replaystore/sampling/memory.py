@@ -8,7 +8,9 @@ part                size                                          knob
 per-step scalars    capacity x 20 bytes (7 fields + bitmap)       ``capacity``
 priority tree       32 bytes x 2**ceil(log2(capacity))            ``capacity`` (built on first use)
 write buffer        2 x shard_len x frame bytes (writers only)    ``layout.shard_len``
-chunk cache         at most ``cache_bytes`` of compressed chunks  ``cache_bytes``
+chunk cache         at most ``cache_bytes``: compressed chunks,   ``cache_bytes``
+                    and for frames <= 1 KiB the ring decoded
+                    where it fits in half (storage/mirror.py)
 cache lookup        8 bytes per chunk of the ring                 ``capacity``, ``layout.obs_chunk_len``
 decode areas        128 chunks per decoding thread                ``decode_threads``, ``obs_chunk_len``
 shard indexes       16 bytes per chunk of every shard file read   ``capacity`` (or ``layout.obs_chunk_len``)
@@ -38,7 +40,7 @@ import numpy as np
 
 from replaystore.errors import ConfigError
 from replaystore.format.schema import SCALAR_FIELDS, Layout, Schema, slot_count
-from replaystore.storage.reader import OUTPUT_POOL
+from replaystore.storage.areas import OUTPUT_POOL
 
 DECODE_AREA_CHUNKS = 128
 #: A decode process before its buffers: the interpreter, numpy and libzstd (private memory, measured).

@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from replaystore.storage.reader import FrameReader, Plan
+from replaystore.storage.plan import Plan
+from replaystore.storage.reader import FrameReader
 
 #: A field of a batch: its shape (the batch first) and dtype.
 FieldSpec = tuple[tuple[int, ...], np.dtype]

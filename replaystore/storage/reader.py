@@ -22,7 +22,9 @@ while the expensive part runs without any lock:
 Why compressed bytes and not decoded chunks: a decoded-chunk LRU barely helps uniform sampling
 (each batch touches ~50 random chunks), while a whole 1M-frame Atari store is ~65 MB compressed, so
 caching compressed chunks (bounded by ``cache_bytes``, first in first out) and decoding on demand
-keeps every read in RAM.
+keeps every read in RAM. Frames of at most 1 KiB are the exception: there a batch's decoding is
+per-chunk overhead and the whole ring is small decoded, so it is kept decoded (mirror.py) and
+``plan`` copies their frames from it like the writer's buffer's.
 
 Where the bytes come from is the backend's ``FrameShards`` (storage/backend.py): open shard files
 and their indexes on a file system (local/files.py), ranged GETs on object storage
@@ -34,45 +36,26 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from itertools import accumulate
 from operator import itemgetter
 
 import numpy as np
 
 from replaystore.format.schema import Layout, Schema
+from replaystore.storage.areas import ThreadAreas
 from replaystore.storage.backend import FrameShards
 from replaystore.storage.chunkcache import ChunkCache
 from replaystore.storage.chunkread import ChunkRead
 from replaystore.storage.decoders import ChunkDecoder, declared_size
-from replaystore.storage.pool import MemoryPool
+from replaystore.storage.mirror import FrameMirror, mirror_bytes
+from replaystore.storage.plan import Plan, distinct, fill_zero, scatter
 from replaystore.storage.warm import warm
 
 #: Below this many chunks a batch is decoded on the calling thread alone (pool overhead ~20 us).
 MIN_CHUNKS_PER_TASK = 8
-#: Recycled output blocks per sampling thread (enough for a prefetch queue and a training step).
-OUTPUT_POOL = 16
 #: ``(shard, buffer)`` of each writer's current shard (a store may write several streams); rows of
 #: ``buffer`` are the shard's slots.
 LiveRegions = Callable[[], "list[tuple[int, np.ndarray]]"]
-
-
-@dataclass
-class Plan:
-    """What ``finish`` needs: the output, which rows still need decoding, and the chunk bytes."""
-
-    parts: list[np.ndarray]  # the output, (n_i, *obs_shape) each, rows served from RAM already filled
-    bounds: list[int]  # where each part starts among the rows of the parts laid end to end, and the total
-    rows: np.ndarray  # rows (of the parts laid end to end) to fill from decoded chunks
-    which: np.ndarray  # for each of ``rows``: index into ``payloads``
-    offset: np.ndarray  # for each of ``rows``: frame offset inside its chunk
-    ids: list[int]  # the distinct global chunk ids the rows need
-    payloads: list[bytes | None]  # for each of ``ids``: verified compressed bytes, or None (an empty chunk)
-    shape: tuple[int, ...]  # the shape of the positions array
-    as_one: bool  # every payload may be decoded joined with the others (decoders.ChunkDecoder.decode_many)
-    single: bool  # the output is one array (not a list of ``out`` arrays)
-    reads: list[tuple[int, ChunkRead]]  # payloads still to read (index into ``payloads``), see ``fetch``
-    padded: int = 0  # rows left out of ``rows`` because they are zero padding (already zeroed)
 
 
 class FrameReader:
@@ -99,13 +82,18 @@ class FrameReader:
         self.decode_threads = max(1, int(decode_threads))
         #: held until the first miss has read the view whole, where that pays (``_warm_on_first_miss``)
         self.first_miss: threading.Lock | None = threading.Lock() if files.warm_on_first_miss else None
-        self.cache = ChunkCache(n_shards=-(-self.capacity // self.shard_len), chunks_per_shard=self.chunks_per_shard,
-                                cache_bytes=cache_bytes)
-        self.odd: set[int] = set()  # chunk ids seen whose payload cannot be decoded joined (see ChunkDecoder)
         self.frame_nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
         self.chunk_nbytes = self.chunk_len * self.frame_nbytes
+        # small frames: the ring kept decoded (mirror.py), its bytes taken from the compressed cache's
+        mirrored = mirror_bytes(capacity=self.capacity, frame_nbytes=self.frame_nbytes, chunk_len=self.chunk_len,
+                                cache_bytes=cache_bytes)
+        self.mirror = FrameMirror(capacity=self.capacity, chunk_len=self.chunk_len, chunks_per_shard=self.chunks_per_shard,
+                                  shape=self.shape, dtype=self.dtype) if mirrored else None
+        self.cache = ChunkCache(n_shards=-(-self.capacity // self.shard_len), chunks_per_shard=self.chunks_per_shard,
+                                cache_bytes=cache_bytes - mirrored)
+        self.odd: set[int] = set()  # chunk ids seen whose payload cannot be decoded joined (see ChunkDecoder)
         self.joinable = self.decoder.joinable
-        self._local = threading.local()  # per-thread decode area
+        self.areas = ThreadAreas(self.shape, self.dtype, self.chunk_len)  # each thread's reused memory
         self._pool: ThreadPoolExecutor | None = None
         self.hits = 0
         self.misses = 0
@@ -166,9 +154,16 @@ class FrameReader:
             zeros = None
         slots = self.slots_of(positions.reshape(k, -1))
         m = slots.shape[1]
-        parts = [[self._output(m)] if out is None else self._check_out(out, shape) for out in outs]
+        parts = [[self.areas.output(m)] if out is None else self._check_out(out, shape) for out in outs]
         bounds = [list(accumulate((part.shape[0] for part in p), initial=0)) for p in parts]
         rows = [np.arange(m)] * k
+        mirror = self.mirror
+        if mirror is not None:  # every row from the decoded frames first; the rows they lack are decoded below
+            # which chunks are there, before copying: another thread's ``finish`` may add a chunk
+            # meanwhile (no store lock), and a row copied before its chunk arrived must be decoded
+            have = mirror.have(slots)
+            for i in range(k):
+                mirror.gather(slots[i], parts[i], bounds[i])
         regions = self.live_regions() if self.live_regions is not None else ()
         if regions:
             shard_of = slots // self.shard_len
@@ -179,21 +174,27 @@ class FrameReader:
                     taken |= in_buffer
                     for i in np.flatnonzero(in_buffer.any(axis=1)).tolist():
                         hit = np.flatnonzero(in_buffer[i])
-                        _scatter(parts[i], bounds[i], hit, buffer[slots[i, hit] - shard * self.shard_len])
+                        scatter(parts[i], bounds[i], hit, buffer[slots[i, hit] - shard * self.shard_len])
             if taken.any():
                 rows = [np.flatnonzero(~taken[i]) for i in range(k)]
         if zeros is not None:  # after the RAM-buffer frames, which may have been copied over them
             for i in np.flatnonzero(zeros.any(axis=1)).tolist():
-                _fill_zero(parts[i], bounds[i], np.flatnonzero(zeros[i]))
+                fill_zero(parts[i], bounds[i], np.flatnonzero(zeros[i]))
             kept_rows = [r[~zeros[i, r]] for i, r in enumerate(rows)]
             padded = [r.size - kr.size for r, kr in zip(rows, kept_rows)]
             rows = kept_rows
         else:
             padded = [0] * k
+        if mirror is not None:
+            if have.any():
+                self.hits += distinct(slots[have] // self.chunk_len)  # the chunk lookups it answered
+                rows = [r[~have[i, r]] for i, r in enumerate(rows)]
         counts = [r.size for r in rows]
         kept = slots.ravel() if sum(counts) == k * m else np.concatenate([slots[i, r] for i, r in enumerate(rows)])
         chunk_of = kept // self.chunk_len
-        if k == 1:  # the plain sampler's one batch: no keys to combine
+        if not kept.size:  # every frame came from RAM (the writer's buffer, the decoded frames) or is padding
+            ids, starts, which = [], [0] * (k + 1), kept
+        elif k == 1:  # the plain sampler's one batch: no keys to combine
             keys, which = np.unique(chunk_of, return_inverse=True)
             ids, starts = keys.tolist(), [0, keys.size]
         else:  # one np.unique for all the batches: chunk c of batch i is the key i * stride + c
@@ -221,6 +222,7 @@ class FrameReader:
         joinable = self.joinable and not misses and None not in found and (
             not self.odd or self.odd.isdisjoint(ids))
         cuts = list(accumulate(counts, initial=0))
+        generation = np.asarray(self.cache.generation, dtype=np.int64) if mirror is not None and ids else None
         plans = []
         for i in range(k):
             a, b = starts[i], starts[i + 1]
@@ -230,7 +232,8 @@ class FrameReader:
             as_one = not reads and (joinable or (self.joinable and None not in mine and self.odd.isdisjoint(mine_ids)))
             plans.append(Plan(parts[i], bounds[i], rows[i], which[cuts[i]:cuts[i + 1]], offset[cuts[i]:cuts[i + 1]],
                               mine_ids, mine, shape, as_one, single=not isinstance(outs[i], list), reads=reads,
-                              padded=padded[i]))
+                              padded=padded[i], generations=None if generation is None or not mine_ids else
+                              generation[np.asarray(mine_ids, dtype=np.int64) // self.chunks_per_shard]))
         return plans
 
     def fetch(self, plans: list[Plan]) -> None:
@@ -271,7 +274,7 @@ class FrameReader:
             self.fetch([plan])
         n = len(plan.payloads)
         if n:
-            area = self._decode_area(n + 1)  # one chunk more: its first frame gathers as zero padding
+            area = self.areas.decode_area(n + 1)  # one chunk more: its first frame gathers as zero padding
             tasks = min(self.decode_threads, n // MIN_CHUNKS_PER_TASK) if self.decode_threads > 1 else 1
             if tasks > 1:
                 bounds = np.linspace(0, n, tasks + 1).astype(int).tolist()  # Python ints: ctypes takes no numpy ints
@@ -283,6 +286,8 @@ class FrameReader:
                     f.result()
             else:
                 self._decode_range(plan, area, 0, n)
+            if self.mirror is not None and plan.generations is not None:
+                self.mirror.admit(plan.ids, plan.generations, area[:n], self.cache)
             # np.take into existing memory: a fancy-index temporary (a second fresh 1-2 MB block per
             # batch) tripled the cost of this line through page faults. And mode="clip": with the
             # default mode="raise" numpy gathers into a fresh copy of ``out`` and copies it back
@@ -301,9 +306,9 @@ class FrameReader:
                 for part, start, stop in zip(plan.parts, plan.bounds, plan.bounds[1:]):
                     np.take(flat_area, source[start:stop], axis=0, out=part, mode="clip")
             else:
-                scratch = self._scratch(plan.rows.size)
+                scratch = self.areas.scratch(plan.rows.size)
                 np.take(flat_area, source, axis=0, out=scratch, mode="clip")
-                _scatter(plan.parts, plan.bounds, plan.rows, scratch)
+                scatter(plan.parts, plan.bounds, plan.rows, scratch)
         return plan.parts[0].reshape(*plan.shape, *self.shape) if plan.single else [
             part.reshape(*plan.shape[1:], *self.shape) for part in plan.parts]
 
@@ -325,7 +330,7 @@ class FrameReader:
             if self.first_miss is None:
                 return
             try:
-                room = self.cache_bytes - self.cache.held
+                room = self.cache.cache_bytes - self.cache.held
                 if room > 0 and self.files.stored_bytes() <= room:
                     self.warm(range(len(self.cache.generation)))
             finally:
@@ -340,6 +345,8 @@ class FrameReader:
         self.files.forget(shard)
         first = shard * self.chunks_per_shard
         self.cache.invalidate(shard)  # chunks of the old file being read now stay out of the cache
+        if self.mirror is not None:
+            self.mirror.invalidate(shard, self.cache.lock)
         if self.odd:
             self.odd.difference_update(range(first, first + self.chunks_per_shard))
 
@@ -349,6 +356,8 @@ class FrameReader:
             self._pool = None
         self.files.close()
         self.cache.clear()
+        if self.mirror is not None:
+            self.mirror.clear(self.cache.lock)
 
     # ---------------------------------------------------------------------------------------------
     # Internals
@@ -357,23 +366,6 @@ class FrameReader:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.decode_threads - 1, thread_name_prefix="replaystore-decode")
         return self._pool
-
-    def _decode_area(self, n: int) -> np.ndarray:
-        area = getattr(self._local, "area", None)
-        if area is None or area.shape[0] < n:
-            size = max(n, 2 * (0 if area is None else area.shape[0]), 64)
-            area = self._local.area = np.empty((size, self.chunk_len, *self.shape), dtype=self.dtype)
-        return area
-
-    def _output(self, n: int) -> np.ndarray:
-        """A ``(n, *obs_shape)`` array for a batch's frames, from this thread's pool of recycled
-        memory (pool.py: handed out again only once no array of it is left), since a fresh 1-2 MB
-        block per batch costs more in page faults than decoding the batch."""
-        pool = getattr(self._local, "outputs", None)
-        if pool is None:
-            pool = self._local.outputs = MemoryPool(OUTPUT_POOL)
-        root, _ = pool.take(max(n, 256) * self.frame_nbytes)
-        return root[: n * self.frame_nbytes].view(self.dtype).reshape(n, *self.shape)
 
     def _check_out(self, out: np.ndarray | list[np.ndarray], shape: tuple[int, ...]) -> list[np.ndarray]:
         """``plan``'s ``out`` as flat ``(n_i, *obs_shape)`` parts (views: nothing is copied)."""
@@ -389,12 +381,6 @@ class FrameReader:
                                  f"got {part.dtype} {part.shape}")
         return [part.reshape(-1, *self.shape) for part in given]
 
-    def _scratch(self, n: int) -> np.ndarray:
-        scratch = getattr(self._local, "scratch", None)
-        if scratch is None or scratch.shape[0] < n:
-            scratch = self._local.scratch = np.empty((max(n, 256), *self.shape), dtype=self.dtype)
-        return scratch[:n]
-
     def _decode_range(self, plan: Plan, area: np.ndarray, start: int, stop: int) -> None:
         self.decoder.decode_many(plan.ids, plan.payloads, area, start, stop, name="obs",
                                  chunks_per_shard=self.chunks_per_shard, as_one=plan.as_one)
@@ -402,19 +388,3 @@ class FrameReader:
 
 def _identity(positions: np.ndarray) -> np.ndarray:
     return positions
-
-
-def _fill_zero(parts: list[np.ndarray], bounds: list[int], rows: np.ndarray) -> None:
-    """Zero ``rows`` (ascending) of ``parts`` laid end to end."""
-    cuts = np.searchsorted(rows, bounds).tolist()
-    for part, start, a, b in zip(parts, bounds, cuts, cuts[1:]):
-        if a < b:
-            part[rows[a:b] - start] = 0
-
-
-def _scatter(parts: list[np.ndarray], bounds: list[int], rows: np.ndarray, values: np.ndarray) -> None:
-    """Write ``values`` to ``rows`` (ascending) of ``parts`` laid end to end (``bounds``: where each starts)."""
-    cuts = np.searchsorted(rows, bounds).tolist()
-    for part, start, a, b in zip(parts, bounds, cuts, cuts[1:]):
-        if a < b:
-            part[rows[a:b] - start] = values[a:b]
