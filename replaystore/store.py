@@ -452,7 +452,8 @@ class ReplayStore:
         ``SequenceBatch`` fields; with ``blocks=True``, whole blocks of ``batches_per_call``
         batches) and a fixed ``element_spec``. ``threads`` workers draw ``batches_per_call`` batches
         per call ahead of the consumer, ``prefetch`` batches are kept ready; ``processes`` (None:
-        where possible) decodes in child processes instead of on the threads, with the same batches.
+        where possible, unless the store keeps its small frames decoded) decodes in child processes
+        instead of on the threads, with the same batches.
         ``device="auto"`` places batches on the first GPU when there is one. With a ``seed`` and a
         store that is not being written, the batches are the same every run; it works while this
         process ``add``s to the store. RAM and speed of each knob: docs/sampling.md.

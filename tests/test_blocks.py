@@ -57,7 +57,10 @@ def test_a_released_block_is_an_error_and_its_arrays_stay_intact(filled: ReplayS
                 kept_arrays.append({name: block[name] for name in ("obs", "next_obs", "action")})
             block.release()
             kept_blocks.append(block)  # released: holding the object holds no memory
-        assert it.prefetcher.blocks_made <= 8, "released blocks are not being recycled"
+        # without recycling 80; with it, the pool's pieces, the blocks whose arrays are kept, and a
+        # fresh block or two per thread while the pool's are all in use
+        made, bound = it.prefetcher.blocks_made, it.prefetcher.pool.limit + len(kept_arrays) + 4
+        assert made <= bound, f"released blocks are not being recycled: {made} blocks made for 80"
         with pytest.raises(BlockReleasedError, match="released"):
             kept_blocks[-1]["obs"]
         with pytest.raises(BlockReleasedError):
@@ -142,7 +145,10 @@ def test_jax_blocks_held_by_the_learner_stay_intact(filled: ReplayStore) -> None
             next(feed)
         for block, copy in zip(held, copies, strict=True):
             np.testing.assert_array_equal(np.asarray(block["obs"]), copy)
-        assert feed.prefetcher.blocks_made <= 16
+        # without recycling ~64; with it, the pool's pieces, the blocks held, and a fresh block or two
+        # per thread while the pool's are all in use
+        made, bound = feed.prefetcher.blocks_made, feed.prefetcher.pool.limit + len(held) + 4
+        assert made <= bound, f"blocks are not being recycled: {made} made for 64"
 
 
 def test_jax_feeder_runs_ahead_and_stops(filled: ReplayStore) -> None:

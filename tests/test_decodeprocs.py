@@ -75,6 +75,22 @@ def test_the_same_blocks_as_on_threads(filled: ReplayStore, kwargs: dict) -> Non
         assert_frames_right(filled, block)
 
 
+def test_by_default_not_where_frames_are_kept_decoded(filled: ReplayStore) -> None:
+    """``processes=None``: decode processes, unless the store keeps its small frames decoded in RAM
+    (storage/mirror.py), where a block is copied on the threads."""
+    path = filled.path
+    assert filled.reader.mirror is not None
+    p = Prefetcher(filled, filled.sampler(), 8, batches_per_block=3, threads=2, depth=3, seed=11)
+    assert p.processes is None
+    p.close()
+    filled.close()
+    with ReplayStore.open(path, cache_bytes=1000) as store:  # the ring decoded (1,536 bytes) is over half
+        assert store.reader.mirror is None
+        p = Prefetcher(store, store.sampler(), 8, batches_per_block=3, threads=2, depth=3, seed=11)
+        assert p.processes is not None
+        p.close()
+
+
 def test_empty_chunks_are_zeros(filled: ReplayStore) -> None:
     """A chunk a shard leaves out (zarr's fill value) has no payload and reads as zeros."""
     path = filled.path

@@ -14,7 +14,8 @@ runs outside the store's lock (storage/reader.py), so workers run side by side w
 with an acting thread that ``add``s to the same store. With prioritized sampling the batches of a
 block share the priorities of the moment it was drawn (like any prefetching prioritized sampler).
 
-With ``processes`` (the default where it is available, see decodeprocs.py) a block is planned on a
+With ``processes`` (the default where it is available, see decodeprocs.py, unless the store keeps
+its frames decoded: small frames, storage/mirror.py) a block is planned on a
 worker thread as before, but decoded and gathered by one of ``threads`` decode *processes* into
 block memory shared with them, so that the decoding does not wait for the GIL beside a consumer.
 There are then two threads per process, so that one plans the next block while the other's is
@@ -108,7 +109,9 @@ class Prefetcher:
         frame_shape, self.frame_dtype = self.spec[sampler.frames[0]]
         self.frame_shape = frame_shape
         self.block_nbytes = frame_nbytes(frame_shape, self.frame_dtype, len(sampler.frames))
-        use_processes = bool(processes or (processes is None and why_not is None))
+        # by default not where the store keeps its frames decoded (small frames, storage/mirror.py):
+        # there a block is copied from RAM on the thread, and processes would decode it all again
+        use_processes = bool(processes or (processes is None and why_not is None and source.reader.mirror is None))
         #: bytes of RAM this prefetcher holds, by part (counted in ``store.memory_estimate()``)
         ndim = len(schema.observation.shape)
         self.memory = prefetch_estimate(schema, source.layout, block_nbytes=self.block_nbytes,
