@@ -20,9 +20,10 @@ which chunks are valid is read before the copy, since another thread's decode ma
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
+
+from replaystore.storage.chunkcache import ChunkCache
+from replaystore.storage.plan import take_into
 
 #: Frames larger than this are decoded per batch as before: their decode cost is per byte.
 MIRROR_FRAME_BYTES = 1024
@@ -36,13 +37,15 @@ def mirror_bytes(*, capacity: int, frame_nbytes: int, chunk_len: int, cache_byte
 
 
 class FrameMirror:
-    """Decoded frames by slot (``frames``), and which chunks of them are valid (``valid``)."""
+    """Decoded frames by slot (``frames``), which chunks of them are valid (``valid``), following
+    ``cache``'s shard generations and lock."""
 
-    def __init__(self, *, capacity: int, chunk_len: int, chunks_per_shard: int, shape: tuple[int, ...],
+    def __init__(self, cache: ChunkCache, *, capacity: int, chunk_len: int, shape: tuple[int, ...],
                  dtype: np.dtype) -> None:
         n_chunks = -(-capacity // chunk_len)
+        self.cache = cache
         self.chunk_len = chunk_len
-        self.chunks_per_shard = chunks_per_shard
+        self.chunks_per_shard = cache.chunks_per_shard
         self.frames = np.zeros((n_chunks * chunk_len, *shape), dtype=dtype)
         self.valid = np.zeros(n_chunks, dtype=bool)
         self.nbytes = self.frames.nbytes
@@ -56,17 +59,12 @@ class FrameMirror:
         """Copy the frames at ``slots`` into ``parts`` laid end to end (``bounds``: where each part
         starts). Rows whose chunk is not valid get whatever the array holds there: the caller writes
         them again."""
-        frames = self.frames
-        if len(parts) == 1:
-            np.take(frames, slots, axis=0, out=parts[0], mode="clip")
-        else:
-            for part, start, stop in zip(parts, bounds, bounds[1:]):
-                np.take(frames, slots[start:stop], axis=0, out=part, mode="clip")
+        take_into(parts, bounds, self.frames, slots)
 
-    def admit(self, ids: list[int], generations: np.ndarray, area: np.ndarray, cache: Any) -> None:
-        """Keep chunks ``ids`` decoded in ``area[i]``, those whose shard is still at ``generations[i]``
-        in ``cache`` (a ``ChunkCache``: its generations and lock)."""
+    def admit(self, ids: list[int], generations: np.ndarray, area: np.ndarray) -> None:
+        """Keep chunks ``ids`` decoded in ``area[i]``, those whose shard is still at ``generations[i]``."""
         ids_a = np.asarray(ids, dtype=np.int64)
+        cache = self.cache
         with cache.lock:
             current = np.asarray(cache.generation, dtype=np.int64)[ids_a // self.chunks_per_shard]
             keep = np.flatnonzero((current == generations) & ~self.valid[ids_a])
@@ -75,12 +73,12 @@ class FrameMirror:
                 chunks[ids_a[keep]] = area[keep]
                 self.valid[ids_a[keep]] = True
 
-    def invalidate(self, shard: int, lock: Any) -> None:
-        """Forget ``shard``'s chunks (after the cache bumped its generation, under its ``lock``)."""
+    def invalidate(self, shard: int) -> None:
+        """Forget ``shard``'s chunks (called after the cache bumped its generation)."""
         first = shard * self.chunks_per_shard
-        with lock:
+        with self.cache.lock:
             self.valid[first:first + self.chunks_per_shard] = False
 
-    def clear(self, lock: Any) -> None:
-        with lock:
+    def clear(self) -> None:
+        with self.cache.lock:
             self.valid[:] = False

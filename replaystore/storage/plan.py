@@ -37,6 +37,14 @@ def distinct(values: np.ndarray) -> int:
     return int(np.count_nonzero(ordered[1:] != ordered[:-1])) + 1
 
 
+def take_into(parts: list[np.ndarray], bounds: list[int], frames: np.ndarray, index: np.ndarray) -> None:
+    """``frames[index]`` into ``parts`` laid end to end, one ``np.take`` per part into its memory.
+    ``mode="clip"``: with numpy's default ``"raise"`` it gathers into a fresh copy and copies it back
+    (so that a bad index leaves ``out`` untouched), ~3x the cost; ``index`` is in range by construction."""
+    for part, start, stop in zip(parts, bounds, bounds[1:]):
+        np.take(frames, index[start:stop], axis=0, out=part, mode="clip")
+
+
 def fill_zero(parts: list[np.ndarray], bounds: list[int], rows: np.ndarray) -> None:
     """Zero ``rows`` (ascending) of ``parts`` laid end to end."""
     cuts = np.searchsorted(rows, bounds).tolist()

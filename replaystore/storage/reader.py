@@ -48,7 +48,7 @@ from replaystore.storage.chunkcache import ChunkCache
 from replaystore.storage.chunkread import ChunkRead
 from replaystore.storage.decoders import ChunkDecoder, declared_size
 from replaystore.storage.mirror import FrameMirror, mirror_bytes
-from replaystore.storage.plan import Plan, distinct, fill_zero, scatter
+from replaystore.storage.plan import Plan, distinct, fill_zero, scatter, take_into
 from replaystore.storage.warm import warm
 
 #: Below this many chunks a batch is decoded on the calling thread alone (pool overhead ~20 us).
@@ -87,10 +87,10 @@ class FrameReader:
         # small frames: the ring kept decoded (mirror.py), its bytes taken from the compressed cache's
         mirrored = mirror_bytes(capacity=self.capacity, frame_nbytes=self.frame_nbytes, chunk_len=self.chunk_len,
                                 cache_bytes=cache_bytes)
-        self.mirror = FrameMirror(capacity=self.capacity, chunk_len=self.chunk_len, chunks_per_shard=self.chunks_per_shard,
-                                  shape=self.shape, dtype=self.dtype) if mirrored else None
         self.cache = ChunkCache(n_shards=-(-self.capacity // self.shard_len), chunks_per_shard=self.chunks_per_shard,
                                 cache_bytes=cache_bytes - mirrored)
+        self.mirror = FrameMirror(self.cache, capacity=self.capacity, chunk_len=self.chunk_len, shape=self.shape,
+                                  dtype=self.dtype) if mirrored else None
         self.odd: set[int] = set()  # chunk ids seen whose payload cannot be decoded joined (see ChunkDecoder)
         self.joinable = self.decoder.joinable
         self.areas = ThreadAreas(self.shape, self.dtype, self.chunk_len)  # each thread's reused memory
@@ -287,7 +287,7 @@ class FrameReader:
             else:
                 self._decode_range(plan, area, 0, n)
             if self.mirror is not None and plan.generations is not None:
-                self.mirror.admit(plan.ids, plan.generations, area[:n], self.cache)
+                self.mirror.admit(plan.ids, plan.generations, area[:n])
             # np.take into existing memory: a fancy-index temporary (a second fresh 1-2 MB block per
             # batch) tripled the cost of this line through page faults. And mode="clip": with the
             # default mode="raise" numpy gathers into a fresh copy of ``out`` and copies it back
@@ -303,8 +303,7 @@ class FrameReader:
                 every[plan.rows] = source
                 source = every
             if source.size == plan.bounds[-1]:
-                for part, start, stop in zip(plan.parts, plan.bounds, plan.bounds[1:]):
-                    np.take(flat_area, source[start:stop], axis=0, out=part, mode="clip")
+                take_into(plan.parts, plan.bounds, flat_area, source)
             else:
                 scratch = self.areas.scratch(plan.rows.size)
                 np.take(flat_area, source, axis=0, out=scratch, mode="clip")
@@ -346,7 +345,7 @@ class FrameReader:
         first = shard * self.chunks_per_shard
         self.cache.invalidate(shard)  # chunks of the old file being read now stay out of the cache
         if self.mirror is not None:
-            self.mirror.invalidate(shard, self.cache.lock)
+            self.mirror.invalidate(shard)
         if self.odd:
             self.odd.difference_update(range(first, first + self.chunks_per_shard))
 
@@ -357,7 +356,7 @@ class FrameReader:
         self.files.close()
         self.cache.clear()
         if self.mirror is not None:
-            self.mirror.clear(self.cache.lock)
+            self.mirror.clear()
 
     # ---------------------------------------------------------------------------------------------
     # Internals
