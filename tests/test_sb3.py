@@ -8,6 +8,7 @@
 - SB3's DQN takes the same number of gradient steps with this buffer as with its own.
 - A run killed with SIGKILL resumes with its buffer through ``DQN.load``.
 - n-step returns and VecNormalize as SB3 computes them; save/load_replay_buffer; bad input.
+- SB3 imported first (TensorFlow loaded) trains instead of LLVM aborting when torch loads triton.
 """
 
 from __future__ import annotations
@@ -204,6 +205,35 @@ def test_sigkill_resume_with_buffer(tmp_path):
     assert model.replay_buffer.size() == committed + 600
     sample = model.replay_buffer.sample(32)
     assert sample.observations.shape == (32, 4)
+
+
+def test_sb3_imported_before_the_buffer_with_tensorflow_installed(tmp_path):
+    """SB3 imported first loads TensorFlow (through tensorboard, where it is installed); torch then
+    loading triton at the first Adam step would abort the process (both bundle LLVM). The buffer
+    switches triton off instead, says so, and the run trains."""
+    script = tmp_path / "run.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, warnings
+        import stable_baselines3
+        from stable_baselines3 import DQN
+        if "tensorflow" not in sys.modules or "triton" in sys.modules:
+            sys.exit(3)  # not the order this test is about
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            from replaystore.integrations.sb3 import ReplayStoreBuffer
+            model = DQN("MlpPolicy", "CartPole-v1", buffer_size=2_000, learning_starts=100, seed=0, device="cpu",
+                        replay_buffer_class=ReplayStoreBuffer,
+                        replay_buffer_kwargs={{"path": {str(tmp_path / 'r.zarr')!r}}})
+        assert any("triton is switched off" in str(w.message) for w in caught), [str(w.message) for w in caught]
+        model.learn(400)
+        assert model._n_updates > 0
+        print("trained", model._n_updates)
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    if done.returncode == 3:
+        pytest.skip("SB3 does not load TensorFlow here (or triton is loaded anyway)")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "trained" in done.stdout
 
 
 def _episodes(buffer, lengths: list[int], timeouts: set[int]) -> list[tuple]:

@@ -280,20 +280,25 @@ def buffer_class() -> Any:
 
 
 def _triton_before_tensorflow() -> None:
-    """Load torch's triton now if TensorFlow is not loaded yet. Both bundle LLVM: when TensorFlow is
-    loaded first, loading triton later (torch does it lazily, e.g. in SB3's first Adam) aborts the
-    process with "LLVM ERROR: inconsistency in registered CommandLine options". In the other order
-    both work. (SB3 loads TensorFlow itself, through tensorboard, where it is installed.)"""
+    """Keep torch's triton and TensorFlow from both loading LLVM. Each bundles its own, and when
+    TensorFlow is loaded first, loading triton later (torch does it lazily, e.g. in SB3's first Adam)
+    aborts the process with "LLVM ERROR: inconsistency in registered CommandLine options". So: if
+    TensorFlow is not loaded yet, load triton now (the other order works); if it is (SB3 itself loads
+    it through tensorboard where it is installed), make ``import triton`` fail for this process, which
+    torch takes as "no triton": on a CPU nothing needs it; on a GPU ``torch.compile`` then says triton
+    is missing instead of the process aborting."""
     import importlib.util
     import sys
     import warnings
 
-    if importlib.util.find_spec("triton") is None or "triton" in sys.modules:
+    if "triton" in sys.modules or importlib.util.find_spec("triton") is None:
         return
     if "tensorflow" in sys.modules:
-        warnings.warn("TensorFlow was imported before torch loaded triton; when torch loads it (SB3's optimizer does), "
-                      "LLVM aborts the process. Import replaystore.integrations.sb3 (or torch._dynamo) before "
-                      "tensorflow and stable_baselines3, or uninstall triton (torch on a CPU does not need it)",
+        sys.modules["triton"] = None  # type: ignore[assignment]  # import triton -> ImportError
+        warnings.warn("TensorFlow was imported before torch loaded triton, and loading triton now would abort the "
+                      "process (both bundle LLVM), so triton is switched off in this process: torch runs without "
+                      "it (torch.compile's GPU kernels need it). To keep triton, import "
+                      "replaystore.integrations.sb3 (or torch._dynamo) before tensorflow and stable_baselines3",
                       RuntimeWarning, stacklevel=3)
         return
     try:
