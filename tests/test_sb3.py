@@ -5,7 +5,8 @@
   over Breakout with several envs, life-loss ends and time limits, channels last and after
   VecTransposeImage (channels first, as DQN's CnnPolicy sees it); gymnasium's FrameStackObservation
   (reset padding); and a cleanrl-style gymnasium vector env with next-step autoreset.
-- SB3's DQN takes the same number of gradient steps with this buffer as with its own.
+- SB3's DQN and sb3-contrib's QR-DQN take the same number of gradient steps with this buffer as
+  with SB3's own.
 - A run killed with SIGKILL resumes with its buffer through ``DQN.load``.
 - n-step returns and VecNormalize as SB3 computes them; save/load_replay_buffer; bad input.
 - SB3 imported first (TensorFlow loaded) trains instead of LLVM aborting when torch loads triton.
@@ -26,6 +27,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from sb3_contrib import QRDQN
 from stable_baselines3 import DQN
 from stable_baselines3.common.atari_wrappers import AtariWrapper
 from stable_baselines3.common.buffers import NStepReplayBuffer, ReplayBuffer
@@ -152,12 +154,15 @@ def test_cleanrl_style_next_step_autoreset(tmp_path):
     _check_samples(rb, seen, batches=10)
 
 
-def test_dqn_same_gradient_steps_as_sb3_buffer(tmp_path):
+@pytest.mark.parametrize("algo", [DQN, QRDQN], ids=["DQN", "QRDQN"])
+def test_dqn_same_gradient_steps_as_sb3_buffer(tmp_path, algo):
+    """SB3's DQN and sb3-contrib's QR-DQN (the other discrete-action off-policy algorithm with a
+    replay buffer) take as many gradient steps with the store as with SB3's buffer."""
     counts = []
     for kwargs in ({}, {"replay_buffer_class": ReplayStoreBuffer,
                         "replay_buffer_kwargs": {"path": str(tmp_path / "r.zarr")}}):
-        model = DQN("MlpPolicy", "CartPole-v1", buffer_size=5_000, learning_starts=200, train_freq=4,
-                    gradient_steps=2, target_update_interval=250, seed=0, device="cpu", **kwargs)
+        model = algo("MlpPolicy", "CartPole-v1", buffer_size=5_000, learning_starts=200, train_freq=4,
+                     gradient_steps=2, target_update_interval=250, seed=0, device="cpu", **kwargs)
         model.learn(1_500)
         counts.append((model._n_updates, model.num_timesteps, model.replay_buffer.size()))
     assert counts[0][:2] == counts[1][:2]
