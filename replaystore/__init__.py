@@ -19,6 +19,7 @@ from replaystore.errors import (
 )
 from replaystore.format.schema import FORMAT_VERSION, CodecSpec, Layout
 from replaystore.sampling.assemble import Batch
+from replaystore.sampling.episodes import Episode
 from replaystore.sampling.sequences import SequenceBatch
 from replaystore.store import ReplayStore
 
@@ -30,6 +31,7 @@ __all__ = [
     "CodecSpec",
     "ConfigError",
     "CorruptStoreError",
+    "Episode",
     "FormatVersionError",
     "InvalidTransitionError",
     "Layout",

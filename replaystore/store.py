@@ -54,6 +54,7 @@ from replaystore.format.validate import (
     new_schema,
 )
 from replaystore.sampling.assemble import Batch
+from replaystore.sampling.episodes import Episode, plan_episode
 from replaystore.sampling.memory import check_budget, check_config, estimate
 from replaystore.sampling.pending import Pending
 from replaystore.sampling.priority import Priorities, check_priorities, check_slots
@@ -381,6 +382,23 @@ class ReplayStore:
         batch: SequenceBatch = self.plan(SequenceSampler(length), check_batch_size(batch_size),
                                          rng=rng).finish(self.reader)
         return batch
+
+    def episode(self, index: int = -1, *, stream: int = 0) -> Episode:
+        """Live episode ``index`` of ``stream``, oldest first (negative: from the newest; -1, the
+        default, is the newest, which may be in progress), read whole: every observation (single
+        frames, ``(moves + 1, *obs_shape)``), action, reward and how each move ended, and whether
+        it ``ended`` terminated, truncated or is in progress (sampling/episodes.py). A stream or
+        index the store does not have raises ``SampleError``.
+
+        Example:
+            >>> ReplayStore.open("/tmp/doc.zarr").episode(0).obs.shape[1:]
+            (4,)
+        """
+        with self._mutex:
+            self._check_open()
+            pending = plan_episode(self.rings, self.reader, index, stream)
+        episode: Episode = pending.finish(self.reader)
+        return episode
 
     def sampler(self, *, n_step: int = 1, gamma: float = 0.99, prioritized: bool = False, alpha: float = 0.6,
                 beta: float = 0.4, sequence_length: int | None = None) -> Sampler:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import fill, flip_byte_in_chunk, make_store
+from conftest import fill, flip_byte_in_chunk, frame, make_store, snapshot
 
 from replaystore import ChunkChecksumError, ReplayStore
 from replaystore.cli import main
@@ -66,10 +66,11 @@ def test_errors_are_one_line(tmp_path: Path) -> None:
 
 def test_help_and_no_tensorflow() -> None:
     proc = subprocess.run([sys.executable, "-c", "import sys; from replaystore.cli import main; "
-                           "import replaystore.cli.summary, replaystore.cli.verify; print('tensorflow' in sys.modules)"],
+                           "import replaystore.cli.summary, replaystore.cli.verify, replaystore.cli.episodes; "
+                           "print('tensorflow' in sys.modules)"],
                           capture_output=True, text=True)
     assert proc.stdout.strip() == "False"
-    for argv in (["--help"], ["inspect", "--help"], ["verify", "--help"], ["compact", "--help"]):
+    for argv in (["--help"], ["inspect", "--help"], ["verify", "--help"], ["compact", "--help"], ["episodes", "--help"]):
         with pytest.raises(SystemExit) as exc:
             main(argv)
         assert exc.value.code == 0
@@ -116,18 +117,21 @@ def test_hostile_files_get_one_line_errors_from_every_command(filled: Path, dama
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     damage(filled)
     capsys.readouterr()
+    saved = tmp_path / "ep.npz"
     for argv in (["inspect", str(filled)], ["inspect", str(filled), "--json"], ["verify", str(filled), "--quiet"],
-                 ["compact", str(filled), str(tmp_path / "out.zarr"), "--quiet"]):
+                 ["compact", str(filled), str(tmp_path / "out.zarr"), "--quiet"], ["episodes", str(filled), "--all"],
+                 ["episodes", str(filled), "--save", "0", str(saved)]):
         status = main(argv)  # never an exception from deep inside numpy or zarr
         out, err = capsys.readouterr()
         if argv[0] == "verify" and status == 2:
             assert "DAMAGED" in out
-        elif argv[0] == "inspect" and status == 0:
-            continue  # inspect reads no frames: damage to frame shards shows up in verify
+        elif argv[0] in ("inspect", "episodes") and status == 0:
+            continue  # inspect reads no frames (nor the listing), and episode 0 may not touch the damage
         else:
             assert status == 1, (argv, out, err)
             assert err.startswith("error: ") and err.count("\n") == 1, err
     assert not (tmp_path / "out.zarr").exists()
+    assert saved.exists() == (status == 0) and not list(tmp_path.glob(".ep.npz*"))
 
 
 @pytest.mark.parametrize("libzstd", [True, False], ids=["libzstd", "zstandard"])
@@ -157,3 +161,76 @@ def test_a_chunk_that_passes_its_checksum_but_does_not_decode_is_named(filled: P
     with pytest.raises(ChunkChecksumError, match="of shard 1 of 'obs' passed its checksum but does not decompress"):
         for seed in range(200):
             store.sample(16, rng=np.random.default_rng(seed))
+
+
+def test_episodes_listed_and_saved(filled: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The listing names every live episode (the oldest partly overwritten, the newest in progress);
+    --save writes one whole as .npz, the same arrays ``ReplayStore.episode`` reads, and replaces a
+    file already there without leaving a temporary beside it."""
+    before = snapshot(filled)
+    assert main(["episodes", str(filled), "--all", "--json"]) == 0
+    listing = json.loads(capsys.readouterr().out)
+    rows = listing["episodes"]
+    with ReplayStore.open(filled) as store:
+        assert listing["live_episodes"] == len(rows) == store.episode(-1).index + 1
+        for row in rows:
+            ep = store.episode(row["index"])
+            assert (row["first_step"], row["moves"], row["ended"], row["from_start"]) == (
+                ep.first_step, len(ep), ep.ended, ep.from_start)
+            assert row["return"] == pytest.approx(ep.episode_return)
+    assert not rows[0]["from_start"] and rows[-1]["ended"] == "in progress"  # fill(): 100 moves into 64 slots
+    assert {r["ended"] for r in rows[1:-1]} == {"terminated", "truncated"} and {r["moves"] for r in rows[1:-1]} == {9}
+    assert main(["episodes", str(filled)]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith(f"{len(rows)} live episodes in the store") and "in progress" in text
+    assert "its start was overwritten" in text
+
+    out = tmp_path / "ep.npz"
+    out.write_bytes(b"an older file")
+    assert main(["episodes", str(filled), "--save", "-2", str(out)]) == 0
+    assert capsys.readouterr().out.startswith(f"episode {len(rows) - 2} of stream 0: 9 moves")
+    saved = np.load(out)
+    with ReplayStore.open(filled) as store:
+        ep = store.episode(-2)
+    for name in ("obs", "action", "reward", "terminated", "truncated"):
+        np.testing.assert_array_equal(saved[name], getattr(ep, name))
+    assert saved["obs"].shape == (10, 3, 4) and str(saved["ended"]) == ep.ended
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ep.npz", "replay.zarr"]
+    assert snapshot(filled) == before
+
+
+def test_episode_saved_as_gif(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Image frames (Atari's 84x84) become an animation of every observation; vector observations
+    are refused before anything is written, as are a file inside the store and an unknown suffix."""
+    from PIL import Image
+
+    store = make_store(tmp_path / "img.zarr", capacity=64, shape=(84, 84))
+    for i in range(30):  # episodes of 12, then 13 moves; every frame its own
+        store.add(frame(i, (84, 84)), i % 5, 1.0, frame(i + 1, (84, 84)), i % 13 == 11, False)
+    ep = store.episode(1)
+    store.close()
+    out = tmp_path / "ep.gif"
+    assert main(["episodes", str(tmp_path / "img.zarr"), "--save", "1", str(out), "--fps", "10"]) == 0
+    with Image.open(out) as gif:
+        assert gif.n_frames == len(ep) + 1 == 14 and gif.size == (84, 84)
+        for i in (0, 7, 12):
+            gif.seek(i)
+            np.testing.assert_array_equal(np.asarray(gif.convert("L")), ep.obs[i])
+
+    vector = make_store(tmp_path / "vec.zarr", shape=(4,))
+    for i in range(20):
+        vector.add(frame(i, (4,)), 0, 0.0, frame(i + 1, (4,)), i % 6 == 4, False)
+    vector.close()
+    before = snapshot(tmp_path / "vec.zarr")
+    for argv, message in (
+        (["--save", "0", str(tmp_path / "v.gif")], "not an image"),
+        (["--save", "0", str(tmp_path / "vec.zarr" / "inside.npz")], "inside the store"),
+        (["--save", "0", str(tmp_path / "v.mp4")], "name the file .npz"),
+        (["--save", "7", str(tmp_path / "v.npz")], "holds 4 live episodes"),
+        (["--stream", "2"], "has 1 stream"),
+    ):
+        assert main(["episodes", str(tmp_path / "vec.zarr"), *argv]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
+    assert snapshot(tmp_path / "vec.zarr") == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ep.gif", "img.zarr", "vec.zarr"]

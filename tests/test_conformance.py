@@ -12,7 +12,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from conftest import snapshot
-from groundtruth import EPISODE_MOVES, N_ACTIONS, SHAPE, check_batches, check_stack, frame, moves, step
+from groundtruth import EPISODE_MOVES, N_ACTIONS, SHAPE, check_batches, check_stack, frame, identity, moves, step
 
 from replaystore import InvalidTransitionError, Layout, ReplayStore, SampleError
 from replaystore.cli.compact import compact_store
@@ -110,6 +110,48 @@ def test_sequences_are_whole_windows_of_one_episode(where: str) -> None:
         assert store.sample_sequences(8, longest, rng=np.random.default_rng(0)).obs.shape[1] == longest + 1
         with pytest.raises(SampleError, match=f"no episode in the store has {longest + 1} moves"):
             store.sample_sequences(8, longest + 1)
+
+
+def test_episodes_read_whole(where: str) -> None:
+    """Every live episode of every stream, read whole, is the ground truth's: its frames, moves and
+    end; the oldest, partly overwritten in the wrapped streams, from its oldest live step; the
+    newest in progress. Then a writer goes on: its buffered steps (not yet committed) are read too."""
+    create(where)
+    with ReplayStore.open(where) as store:
+        for k, count in enumerate(COUNTS):
+            ring, head = store.rings.streams[k], after(k, count)
+            live = range(ring.lo, head + 1)  # the stream's live steps; the head holds the newest observation
+            firsts = [p for p in live if p == ring.lo or step(k, p).ep_step == 0]
+            for i, first in enumerate(firsts):
+                ep = store.episode(i, stream=k)
+                assert store.episode(i - len(firsts), stream=k).first_step == first  # negative: from the newest
+                last = firsts[i + 1] - 1 if i + 1 < len(firsts) else head
+                ks, ps = identity(ep.obs)
+                assert ks.tolist() == [k] * (last - first + 1) and ps.tolist() == list(range(first, last + 1))
+                np.testing.assert_array_equal(ep.obs, np.stack([frame(k, p) for p in range(first, last + 1)]))
+                want = [step(k, p) for p in range(first, last)]
+                assert ep.action.tolist() == [s.action for s in want]
+                assert ep.reward.tolist() == [s.reward for s in want]
+                assert ep.terminated.tolist() == [s.terminated for s in want]
+                assert ep.truncated.tolist() == [s.truncated for s in want]
+                assert ep.first_step == first and ep.from_start == (step(k, first).ep_step == 0)
+                assert ep.ended == ("in progress" if not step(k, last).is_last else
+                                    "terminated" if want and want[-1].terminated else "truncated" if want else "ended")
+            assert not store.episode(0, stream=1).from_start  # stream 1 wrapped inside an episode
+            newest = store.episode(stream=k)
+            assert newest.index == len(firsts) - 1 and newest.ended == "in progress"
+    with ReplayStore.open(where, mode="a", streams=[0]) as writer:  # steps in the writer's RAM buffer
+        for move in moves(0, 3, start=after(0, COUNTS[0])):
+            writer.add(*move)
+        head = after(0, COUNTS[0] + 3)
+        first = max(p for p in range(head + 1) if step(0, p).ep_step == 0)
+        ep = writer.episode(-1)
+        assert ep.first_step == first and len(ep) == head - first
+        np.testing.assert_array_equal(ep.obs, np.stack([frame(0, p) for p in range(first, head + 1)]))
+    with ReplayStore.open(where) as store, pytest.raises(SampleError, match="stream 0 holds"):
+        store.episode(99)
+    with ReplayStore.open(where) as store, pytest.raises(SampleError, match="has 3 streams"):
+        store.episode(0, stream=3)
 
 
 def test_blocks_of_transitions_and_of_sequences(where: str) -> None:

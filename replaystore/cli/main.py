@@ -1,5 +1,5 @@
-"""The ``replaystore`` command: ``inspect`` and ``verify`` a store without loading its frames, and
-``compact`` it (compact.py).
+"""The ``replaystore`` command: ``inspect`` and ``verify`` a store without loading its frames, list
+its ``episodes`` and save one (episodes.py), and ``compact`` it (compact.py).
 
 ``main(argv) -> int``; one handler maps every ``ReplayStoreError`` (and OS error) to a one-line
 ``error: ...`` and exit status 1. No TensorFlow is imported, so the command starts fast.
@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from replaystore.errors import ReplayStoreError
+from replaystore.errors import ConfigError, ReplayStoreError
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -33,6 +33,33 @@ def _inspect(args: argparse.Namespace) -> int:
         print("\n".join(format_summary(info)))
         if args.plot:
             print(f"plot              {info['plot']}")
+    return 0
+
+
+def _episodes(args: argparse.Namespace) -> int:
+    from replaystore.cli.episodes import NEWEST, format_episodes, list_episodes, save_episode
+
+    if args.save is not None:
+        index, out = args.save
+        try:
+            number = int(index)
+        except ValueError:
+            raise ConfigError(f"--save takes INDEX FILE; {index!r} is not an episode index (an integer, "
+                              "negative from the newest)") from None
+        written, episode = save_episode(args.path, number, out, stream=args.stream, fps=args.fps)
+        info = {"file": str(written), "stream": episode.stream, "index": episode.index, "moves": len(episode),
+                "return": episode.episode_return, "ended": episode.ended, "first_step": episode.first_step}
+        if args.json:
+            print(json.dumps(strict_json(info), indent=2, allow_nan=False))
+        else:
+            print(f"episode {episode.index} of stream {episode.stream}: {len(episode):,} moves, return "
+                  f"{episode.episode_return:g}, {episode.ended} -> {written}")
+        return 0
+    listing = list_episodes(args.path, stream=args.stream, newest=None if args.all else NEWEST)
+    if args.json:
+        print(json.dumps(strict_json(listing), indent=2, allow_nan=False))
+    else:
+        print("\n".join(format_episodes(listing)))
     return 0
 
 
@@ -101,6 +128,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="also draw episode returns and sampled frame stacks into FILE")
     p.set_defaults(func=_inspect)
+    p = sub.add_parser("episodes", help="list the live episodes of a stream, or save one (--save INDEX FILE)",
+                       description="List the live episodes of a stream from the scalar arrays, or save one whole "
+                                   "(every observation and move) as .npz, or its frames as a .gif.")
+    p.add_argument("path")
+    p.add_argument("--stream", type=int, default=0, help="the stream (default 0)")
+    p.add_argument("--all", action="store_true", help="list every live episode (default: the newest 20)")
+    p.add_argument("--save", nargs=2, metavar=("INDEX", "FILE"),
+                   help="save episode INDEX (as listed; negative: from the newest) to FILE.npz or FILE.gif")
+    p.add_argument("--fps", type=float, default=15.0, help="frames per second of a saved .gif (default 15)")
+    p.add_argument("--json", action="store_true", help="print the listing (or what was saved) as JSON")
+    p.set_defaults(func=_episodes)
     p = sub.add_parser("verify", help="read every chunk and check checksums and metadata")
     p.add_argument("path")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

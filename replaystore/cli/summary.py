@@ -11,35 +11,13 @@ from typing import Any
 
 import numpy as np
 
+from replaystore.sampling.episodes import episode_table
 from replaystore.store import ReplayStore
 
 
 def episodes(store: ReplayStore, stream: int = 0) -> dict[str, np.ndarray]:
-    """Per live episode of ``stream``, oldest first: ``returns``, ``lengths`` (moves), ``whole``
-    (start and end both live), ``ended`` and ``end_step`` (position of its newest live step)."""
-    ring = store.rings.streams[stream]
-    positions = np.arange(ring.lo, ring.added, dtype=np.int64)
-    if positions.size == 0:
-        empty = np.zeros(0)
-        return {"returns": empty, "lengths": empty.astype(np.int64), "whole": empty.astype(bool),
-                "ended": empty.astype(bool), "end_step": empty.astype(np.int64), "moves": empty.astype(bool)}
-    slots = positions % ring.capacity
-    starts = ring.ep_step[slots] == 0
-    episode = np.cumsum(starts) - (0 if starts[0] else -1) - 1  # index of each step's episode
-    is_last = ring.is_last[slots]
-    moves = ~is_last & (positions < ring.added - 1)
-    n_eps = int(episode[-1]) + 1
-    returns = np.bincount(episode, weights=np.where(moves, ring.reward[slots], 0.0), minlength=n_eps)
-    lengths = np.bincount(episode, weights=moves, minlength=n_eps).astype(np.int64)
-    ended = np.zeros(n_eps, dtype=bool)
-    ended[episode[is_last]] = True
-    whole = ended.copy()
-    if not starts[0]:
-        whole[0] = False  # its start was overwritten
-    end_step = np.zeros(n_eps, dtype=np.int64)
-    end_step[episode] = positions  # the last write per episode wins: its newest step
-    return {"returns": returns, "lengths": lengths, "whole": whole, "ended": ended, "end_step": end_step,
-            "moves": moves}
+    """Per live episode of ``stream``, oldest first (sampling/episodes.py ``episode_table``)."""
+    return episode_table(store.rings.streams[stream])
 
 
 def episode_stats(store: ReplayStore) -> dict[str, Any]:

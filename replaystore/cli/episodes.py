@@ -1,0 +1,155 @@
+"""``replaystore episodes``: the live episodes of a stream, and one of them saved whole.
+
+Listing reads the scalar arrays only (``episode_table``), like ``inspect``. ``--save INDEX FILE``
+reads one episode's frames (``ReplayStore.episode``) and writes them, with its moves, to FILE:
+
+- ``.npz``: ``obs`` (every observation, single frames), ``action``, ``reward``, ``terminated``,
+  ``truncated``, and ``stream``, ``index``, ``first_step``, ``from_start``, ``ended``;
+- ``.gif``: the observations as an animation, for frames that are images (``(H, W)``,
+  ``(H, W, 1|3|4)`` or channels first), through Pillow (which matplotlib brings).
+
+The file is written beside its final name and renamed onto it, so a crash or a full disk leaves no
+half-written file; FILE must not be inside the store.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from replaystore.errors import ConfigError, SampleError, UnsafePathError
+from replaystore.sampling.episodes import Episode, episode_table
+from replaystore.store import ReplayStore
+
+NEWEST = 20  # episodes listed without --all
+SUFFIXES = (".npz", ".gif")
+
+
+def list_episodes(path: str | Path, *, stream: int = 0, newest: int | None = NEWEST) -> dict[str, Any]:
+    """The live episodes of ``stream`` (the ``newest`` of them; None: all), JSON-ready."""
+    with ReplayStore.open(path) as store:
+        if isinstance(stream, bool) or not 0 <= stream < store.num_streams:
+            n = store.num_streams
+            raise SampleError(f"stream is {stream!r}; {path} has {n} stream{'s' if n > 1 else ''} (0..{n - 1})")
+        ring = store.rings.streams[stream]
+        table = episode_table(ring)
+        count = int(table["start_step"].size)
+        first = 0 if newest is None else max(0, count - newest)
+        rows = []
+        for i in range(first, count):
+            moves, end = int(table["lengths"][i]), int(table["end_step"][i])
+            if not table["ended"][i]:
+                ended = "in progress"
+            elif moves:
+                ended = "terminated" if ring.terminated[(end - 1) % ring.capacity] else "truncated"
+            else:
+                ended = "ended"
+            rows.append({"index": i, "first_step": int(table["start_step"][i]), "last_step": end, "moves": moves,
+                         "return": float(table["returns"][i]), "ended": ended,
+                         "from_start": bool(ring.ep_step[int(table["start_step"][i]) % ring.capacity] == 0)})
+        return {"path": str(path), "stream": stream, "num_streams": store.num_streams, "live_episodes": count,
+                "complete": int(np.count_nonzero(table["whole"])), "episodes": rows}
+
+
+def format_episodes(info: dict[str, Any]) -> list[str]:
+    """The listing as lines for a terminal."""
+    n, shown = info["live_episodes"], len(info["episodes"])
+    where = f"stream {info['stream']} of {info['num_streams']}" if info["num_streams"] > 1 else "the store"
+    head = f"{n:,} live episodes in {where} ({info['complete']:,} complete)"
+    if shown < n:
+        head += f"; the newest {shown} (--all lists every one)"
+    lines = [head]
+    if shown:
+        lines.append(f"{'index':>7}  {'first step':>12}  {'moves':>7}  {'return':>10}  ended")
+        for row in info["episodes"]:
+            note = "" if row["from_start"] else "  (its start was overwritten)"
+            lines.append(f"{row['index']:>7}  {row['first_step']:>12,}  {row['moves']:>7,}  {row['return']:>10.2f}  "
+                         f"{row['ended']}{note}")
+    return lines
+
+
+def save_episode(path: str | Path, index: int, out: str | Path, *, stream: int = 0, fps: float = 15.0) -> tuple[Path, Episode]:
+    """Write episode ``index`` of ``stream`` to ``out`` (.npz or .gif); returns the file and the episode."""
+    out = Path(out)
+    if out.suffix.lower() not in SUFFIXES:
+        raise ConfigError(f"cannot save an episode as {out.name!r}: name the file .npz (every array) or .gif (the "
+                          "frames as an animation)")
+    if not fps > 0:
+        raise ConfigError(f"--fps is {fps!r}; give frames per second > 0")
+    if "://" not in str(path):
+        store_dir, target = os.path.realpath(path), os.path.realpath(out)
+        if target == store_dir or target.startswith(store_dir + os.sep):
+            raise UnsafePathError(errno.EINVAL, f"{out} is inside the store {path}; save the episode outside it")
+    if out.is_dir():
+        raise ConfigError(f"{out} is a directory; give a file name ending in .npz or .gif")
+    with ReplayStore.open(path) as store:
+        if out.suffix.lower() == ".gif":
+            _frames_as_images(np.zeros((1, *store.schema.observation.shape), dtype=np.uint8))  # refuse early
+        episode = store.episode(index, stream=stream)
+        low, high = store.schema.observation.low, store.schema.observation.high
+    data = io.BytesIO()
+    if out.suffix.lower() == ".npz":
+        np.savez_compressed(data, obs=episode.obs, action=episode.action, reward=episode.reward,
+                            terminated=episode.terminated, truncated=episode.truncated, stream=episode.stream,
+                            index=episode.index, first_step=episode.first_step, from_start=episode.from_start,
+                            ended=np.str_(episode.ended))
+    else:
+        _write_gif(data, _to_uint8(episode.obs, low, high), fps)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data.getbuffer())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return out, episode
+
+
+def _frames_as_images(frames: np.ndarray) -> np.ndarray:
+    """``(n, H, W)`` or ``(n, H, W, 3|4)`` views of ``(n, *frame_shape)``; ``ConfigError`` if they are not images."""
+    shape = frames.shape[1:]
+    if len(shape) == 2:
+        return frames
+    if len(shape) == 3:
+        if shape[-1] in (1, 3, 4):
+            return frames[..., 0] if shape[-1] == 1 else frames
+        if shape[0] in (1, 3, 4):  # channels first
+            moved = np.moveaxis(frames, 1, -1)
+            return moved[..., 0] if shape[0] == 1 else moved
+    raise ConfigError(f"the observations have shape {shape}, which is not an image ((H, W), (H, W, C) or (C, H, W) "
+                      "with C in 1, 3, 4); save the episode as .npz instead")
+
+
+def _to_uint8(frames: np.ndarray, low: Any, high: Any) -> np.ndarray:
+    """Frames as uint8 images: uint8 as they are, booleans as 0/255, anything else scaled from the
+    space's bounds (or, where those are infinite, the episode's own range)."""
+    images = _frames_as_images(frames)
+    if images.dtype == np.uint8:
+        return images
+    if images.dtype == np.bool_:
+        return images.astype(np.uint8) * 255
+    values = images.astype(np.float64)
+    lo, hi = float(np.min(np.asarray(low, dtype=np.float64))), float(np.max(np.asarray(high, dtype=np.float64)))
+    if not (np.isfinite(lo) and np.isfinite(hi) and hi > lo):
+        lo, hi = float(np.nanmin(values)), float(np.nanmax(values))
+    scaled = (values - lo) / (hi - lo) * 255.0 if hi > lo else np.zeros_like(values)
+    return np.clip(np.nan_to_num(scaled), 0, 255).astype(np.uint8)
+
+
+def _write_gif(f: Any, images: np.ndarray, fps: float) -> None:
+    try:
+        from PIL import Image
+    except ImportError as exc:
+        raise ConfigError("saving an episode as .gif needs Pillow: pip install 'replaystore[plot]' (or save as .npz)") from exc
+    mode = {2: "L"}.get(images.ndim - 1) or ("RGB" if images.shape[-1] == 3 else "RGBA")
+    pictures = [Image.fromarray(np.ascontiguousarray(frame), mode=mode) for frame in images]
+    pictures[0].save(f, format="GIF", save_all=True, append_images=pictures[1:], duration=max(20, round(1000 / fps)),
+                     loop=0)

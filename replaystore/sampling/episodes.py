@@ -1,0 +1,125 @@
+"""Episodes: where each live episode of a stream lies in its ring, and one episode read whole.
+
+A stream's ring holds its episodes one after another. An episode of T moves takes T + 1 steps: each
+move's step holds the observation it was made from, the action, reward and how the move ended; the
+step after its last move (``is_last``) holds the final observation. An episode in progress ends at
+the newest step, whose observation has no move yet. Where a step's ``ep_step`` is 0 an episode
+starts; the oldest live episode may have lost its first steps to the ring.
+
+``episode_table`` finds every live episode from the scalar arrays alone (``replaystore inspect``
+and ``episodes`` list them without decoding a frame); ``plan_episode`` reads one episode's scalars
+and plans its frames through the store's ``FrameReader``, into an array of its own (an episode can
+be 100+ MB of frames: it never goes into the reader's recycled output blocks).
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+
+from replaystore.errors import SampleError
+from replaystore.sampling.pending import Pending
+from replaystore.storage.reader import FrameReader
+from replaystore.storage.ring import Ring
+from replaystore.storage.rings import SHIFT, Rings
+
+
+@dataclass(frozen=True)
+class Episode:
+    """One live episode of one stream, whole as far as the ring still holds it.
+
+    ``obs`` holds every observation, ``(moves + 1, *obs_shape)``: the one each move was made from,
+    then the one after the last move (single frames, not stacks). ``action``, ``reward``,
+    ``terminated`` and ``truncated`` hold the moves. ``ended`` is ``"terminated"``, ``"truncated"``,
+    ``"in progress"`` (the writer is still adding to it), or ``"ended"`` (none of its moves is live).
+    ``first_step`` is the stream position of its oldest live observation; ``from_start`` says
+    whether that is the episode's first (False: the ring overwrote its start)."""
+
+    obs: np.ndarray
+    action: np.ndarray  # (moves,) int64
+    reward: np.ndarray  # (moves,) float32
+    terminated: np.ndarray  # (moves,) bool
+    truncated: np.ndarray  # (moves,) bool
+    stream: int
+    index: int  # among the stream's live episodes, oldest first
+    first_step: int
+    from_start: bool
+    ended: str
+
+    def __len__(self) -> int:
+        return int(self.action.shape[0])
+
+    @property
+    def episode_return(self) -> float:
+        """The sum of the rewards of its live moves."""
+        return float(self.reward.sum(dtype=np.float64))
+
+
+def episode_table(ring: Ring) -> dict[str, np.ndarray]:
+    """Per live episode of one stream's ``ring``, oldest first: ``returns``, ``lengths`` (moves),
+    ``whole`` (start and end both live), ``ended`` (its last step is live), ``start_step`` and
+    ``end_step`` (stream positions of its oldest and newest live step), and per live step ``moves``
+    (the step holds a move)."""
+    positions = np.arange(ring.lo, ring.added, dtype=np.int64)
+    if positions.size == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return {"returns": np.zeros(0), "lengths": empty, "whole": empty.astype(bool), "ended": empty.astype(bool),
+                "start_step": empty, "end_step": empty, "moves": empty.astype(bool)}
+    slots = positions % ring.capacity
+    starts = ring.ep_step[slots] == 0
+    episode = np.cumsum(starts) - (0 if starts[0] else -1) - 1  # index of each step's episode
+    is_last = ring.is_last[slots]
+    moves = ~is_last & (positions < ring.added - 1)
+    n_eps = int(episode[-1]) + 1
+    returns = np.bincount(episode, weights=np.where(moves, ring.reward[slots], 0.0), minlength=n_eps)
+    lengths = np.bincount(episode, weights=moves, minlength=n_eps).astype(np.int64)
+    ended = np.zeros(n_eps, dtype=bool)
+    ended[episode[is_last]] = True
+    whole = ended.copy()
+    if not starts[0]:
+        whole[0] = False  # its start was overwritten
+    end_step = np.zeros(n_eps, dtype=np.int64)
+    end_step[episode] = positions  # the last write per episode wins: its newest step
+    start_step = np.zeros(n_eps, dtype=np.int64)
+    start_step[episode[::-1]] = positions[::-1]  # and here its oldest
+    return {"returns": returns, "lengths": lengths, "whole": whole, "ended": ended, "start_step": start_step,
+            "end_step": end_step, "moves": moves}
+
+
+def plan_episode(rings: Rings, reader: FrameReader, index: int, stream: int = 0) -> Pending:
+    """Episode ``index`` of ``stream`` (negative: from the newest), its scalars read and its frames
+    planned (call under the store's lock; ``finish`` without it). Raises ``SampleError`` for a
+    stream or an index the store does not have."""
+    streams = rings.num_streams
+    if isinstance(stream, bool) or not isinstance(stream, numbers.Integral) or not 0 <= stream < streams:
+        raise SampleError(f"stream is {stream!r}; this store has {streams} stream{'s' if streams > 1 else ''} "
+                          f"(0..{streams - 1})")
+    ring = rings.streams[int(stream)]
+    table = episode_table(ring)
+    count = int(table["start_step"].size)
+    if isinstance(index, bool) or not isinstance(index, numbers.Integral) or not -count <= index < count:
+        held = f"-{count}..{count - 1}" if count else "none: add steps first"
+        raise SampleError(f"episode index is {index!r}; stream {stream} holds {count} live episodes (index {held}; "
+                          "negative counts from the newest)")
+    i = int(index) % count
+    first, last = int(table["start_step"][i]), int(table["end_step"][i])
+    positions = np.arange(first, last + 1, dtype=np.int64)
+    slots = positions % ring.capacity
+    move = slots[:-1]
+    terminated, truncated = ring.terminated[move].copy(), ring.truncated[move].copy()
+    if not table["ended"][i]:
+        ended = "in progress"
+    elif move.size:
+        ended = "terminated" if terminated[-1] else "truncated"
+    else:
+        ended = "ended"
+    fields = {"action": ring.action[move].astype(np.int64), "reward": ring.reward[move].astype(np.float32),
+              "terminated": terminated, "truncated": truncated}
+    out = np.empty((positions.size, *reader.shape), dtype=reader.dtype)
+    plans = reader.plan_many((int(stream) << SHIFT | positions)[None, None], [[out]])
+    result = partial(Episode, stream=int(stream), index=i, first_step=first, from_start=bool(ring.ep_step[slots[0]] == 0),
+                     ended=ended)
+    return Pending(fields, plans, ("obs",), [out], result)
