@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from replaystore.errors import ConfigError, SampleError, UnsafePathError
-from replaystore.sampling.episodes import Episode, episode_table
+from replaystore.sampling.episodes import Episode, episode_table, how_it_ended
 from replaystore.store import ReplayStore
 
 NEWEST = 20  # episodes listed without --all
@@ -42,16 +42,10 @@ def list_episodes(path: str | Path, *, stream: int = 0, newest: int | None = NEW
         first = 0 if newest is None else max(0, count - newest)
         rows = []
         for i in range(first, count):
-            moves, end = int(table["lengths"][i]), int(table["end_step"][i])
-            if not table["ended"][i]:
-                ended = "in progress"
-            elif moves:
-                ended = "terminated" if ring.terminated[(end - 1) % ring.capacity] else "truncated"
-            else:
-                ended = "ended"
-            rows.append({"index": i, "first_step": int(table["start_step"][i]), "last_step": end, "moves": moves,
-                         "return": float(table["returns"][i]), "ended": ended,
-                         "from_start": bool(ring.ep_step[int(table["start_step"][i]) % ring.capacity] == 0)})
+            ended, from_start = how_it_ended(ring, table, i)
+            rows.append({"index": i, "first_step": int(table["start_step"][i]), "last_step": int(table["end_step"][i]),
+                         "moves": int(table["lengths"][i]), "return": float(table["returns"][i]), "ended": ended,
+                         "from_start": from_start})
         return {"path": str(path), "stream": stream, "num_streams": store.num_streams, "live_episodes": count,
                 "complete": int(np.count_nonzero(table["whole"])), "episodes": rows}
 

@@ -89,6 +89,18 @@ def episode_table(ring: Ring) -> dict[str, np.ndarray]:
             "end_step": end_step, "moves": moves}
 
 
+def how_it_ended(ring: Ring, table: dict[str, np.ndarray], i: int) -> tuple[str, bool]:
+    """Episode ``i`` of ``episode_table(ring)``: how it ended (``Episode.ended``) and whether its
+    first step is live (``Episode.from_start``)."""
+    if not table["ended"][i]:
+        ended = "in progress"
+    elif table["lengths"][i]:  # the flags are on its last move, the step before its last observation
+        ended = "terminated" if ring.terminated[(int(table["end_step"][i]) - 1) % ring.capacity] else "truncated"
+    else:
+        ended = "ended"
+    return ended, bool(ring.ep_step[int(table["start_step"][i]) % ring.capacity] == 0)
+
+
 def plan_episode(rings: Rings, reader: FrameReader, index: int, stream: int = 0) -> Pending:
     """Episode ``index`` of ``stream`` (negative: from the newest), its scalars read and its frames
     planned (call under the store's lock; ``finish`` without it). Raises ``SampleError`` for a
@@ -109,17 +121,10 @@ def plan_episode(rings: Rings, reader: FrameReader, index: int, stream: int = 0)
     positions = np.arange(first, last + 1, dtype=np.int64)
     slots = positions % ring.capacity
     move = slots[:-1]
-    terminated, truncated = ring.terminated[move].copy(), ring.truncated[move].copy()
-    if not table["ended"][i]:
-        ended = "in progress"
-    elif move.size:
-        ended = "terminated" if terminated[-1] else "truncated"
-    else:
-        ended = "ended"
+    ended, from_start = how_it_ended(ring, table, i)
     fields = {"action": ring.action[move].astype(np.int64), "reward": ring.reward[move].astype(np.float32),
-              "terminated": terminated, "truncated": truncated}
+              "terminated": ring.terminated[move].copy(), "truncated": ring.truncated[move].copy()}
     out = np.empty((positions.size, *reader.shape), dtype=reader.dtype)
     plans = reader.plan_many((int(stream) << SHIFT | positions)[None, None], [[out]])
-    result = partial(Episode, stream=int(stream), index=i, first_step=first, from_start=bool(ring.ep_step[slots[0]] == 0),
-                     ended=ended)
+    result = partial(Episode, stream=int(stream), index=i, first_step=first, from_start=from_start, ended=ended)
     return Pending(fields, plans, ("obs",), [out], result)
