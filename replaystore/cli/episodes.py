@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from replaystore.errors import ConfigError, SampleError, UnsafePathError
-from replaystore.sampling.episodes import Episode, episode_table, how_it_ended
+from replaystore.errors import ConfigError, UnsafePathError
+from replaystore.sampling.episodes import Episode, episode_table, how_it_ended, stream_ring
 from replaystore.store import ReplayStore
 
 NEWEST = 20  # episodes listed without --all
@@ -33,10 +33,7 @@ SUFFIXES = (".npz", ".gif")
 def list_episodes(path: str | Path, *, stream: int = 0, newest: int | None = NEWEST) -> dict[str, Any]:
     """The live episodes of ``stream`` (the ``newest`` of them; None: all), JSON-ready."""
     with ReplayStore.open(path) as store:
-        if isinstance(stream, bool) or not 0 <= stream < store.num_streams:
-            n = store.num_streams
-            raise SampleError(f"stream is {stream!r}; {path} has {n} stream{'s' if n > 1 else ''} (0..{n - 1})")
-        ring = store.rings.streams[stream]
+        ring = stream_ring(store.rings, stream)
         table = episode_table(ring)
         count = int(table["start_step"].size)
         first = 0 if newest is None else max(0, count - newest)

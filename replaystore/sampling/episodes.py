@@ -101,15 +101,19 @@ def how_it_ended(ring: Ring, table: dict[str, np.ndarray], i: int) -> tuple[str,
     return ended, bool(ring.ep_step[int(table["start_step"][i]) % ring.capacity] == 0)
 
 
+def stream_ring(rings: Rings, stream: int) -> Ring:
+    """Stream ``stream``'s ring; ``SampleError`` for a stream the store does not have."""
+    n = rings.num_streams
+    if isinstance(stream, bool) or not isinstance(stream, numbers.Integral) or not 0 <= stream < n:
+        raise SampleError(f"stream is {stream!r}; this store has {n} stream{'s' if n > 1 else ''} (0..{n - 1})")
+    return rings.streams[int(stream)]
+
+
 def plan_episode(rings: Rings, reader: FrameReader, index: int, stream: int = 0) -> Pending:
     """Episode ``index`` of ``stream`` (negative: from the newest), its scalars read and its frames
     planned (call under the store's lock; ``finish`` without it). Raises ``SampleError`` for a
     stream or an index the store does not have."""
-    streams = rings.num_streams
-    if isinstance(stream, bool) or not isinstance(stream, numbers.Integral) or not 0 <= stream < streams:
-        raise SampleError(f"stream is {stream!r}; this store has {streams} stream{'s' if streams > 1 else ''} "
-                          f"(0..{streams - 1})")
-    ring = rings.streams[int(stream)]
+    ring = stream_ring(rings, stream)
     table = episode_table(ring)
     count = int(table["start_step"].size)
     if isinstance(index, bool) or not isinstance(index, numbers.Integral) or not -count <= index < count:
