@@ -101,7 +101,8 @@ class ReplayStore:
         # (``as_dataset``) and the acting thread's ``add`` mostly run side by side.
         self._mutex = threading.RLock()
         self.rings = Rings(schema.num_streams, schema.stream_capacity, stream_stride(schema, layout),
-                           schema.frame_stack, layout.shard_len, zero_padding=schema.frame_padding == "zero")
+                           schema.frame_stack, layout.shard_len, schema.action,
+                           zero_padding=schema.frame_padding == "zero")
         self.reader = FrameReader(backend.frames, schema, layout, cache_bytes=cache_bytes,
                                   decode_threads=decode_threads, slots_of=self.rings.slots)
         self._view = View(backend, layout, self.rings, self.reader)
@@ -128,6 +129,9 @@ class ReplayStore:
                memory_budget: int | None = None, decode_threads: int = 1, num_streams: int = 1,
                frame_padding: str = "reset", storage_options: dict[str, Any] | None = None) -> ReplayStore:
         """Create a store for ``capacity`` steps and open it for appending.
+
+        ``observation_space`` is a gymnasium ``Box``; ``action_space`` a ``Discrete`` (one int a step)
+        or a ``Box`` (continuous control: an array of its shape a step, sampled back in its dtype).
 
         A sampled observation is a stack of ``frame_stack`` frames, oldest first; before its
         episode's first step a stack holds that first frame again (``frame_padding="reset"``, as
@@ -226,7 +230,9 @@ class ReplayStore:
     def add(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any) -> None:
         """Add one transition ``(obs, action, reward, next_obs, terminated, truncated)``.
 
-        ``obs`` must equal the previous transition's ``next_obs`` unless that one ended the episode.
+        ``action``: an int of a ``Discrete`` store's range, or an array of a ``Box`` store's shape
+        within its bounds. ``obs`` must equal the previous transition's ``next_obs`` unless that one
+        ended the episode.
         Each observation is stored once. Nothing is changed if any argument is rejected. A store
         of several streams takes ``add`` when exactly one stream is open for writing here
         (``ReplayStore.open(path, mode="a", streams=[k])``); else use ``add_batch``.

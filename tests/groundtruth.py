@@ -7,6 +7,8 @@ reads back which step of which stream each frame is and checks it against ``step
 help from the store's own arrays.
 
 Episodes have ``EPISODE_MOVES[(e + k) % 5]`` moves; even episodes end terminated, odd ones truncated.
+A store of ``Box`` actions (``ACTION_BOX``) takes ``box_action(k, p)`` where a ``Discrete`` one takes
+``step(k, p).action``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ import pytest
 EPISODE_MOVES = (5, 9, 3, 12, 7)
 N_ACTIONS = 5
 SHAPE = (3, 4)
+#: the Box action space of the continuous-control ground truth: two dimensions, each bounded
+ACTION_SHAPE = (2, 3)
+ACTION_LOW, ACTION_HIGH = -1.0, 1.0
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,13 @@ def frame(k: int, p: int, shape: tuple[int, ...] = SHAPE) -> np.ndarray:
     out = rng.integers(0, 256, size=shape, dtype=np.uint8)
     flat = out.reshape(-1)
     flat[0], flat[1], flat[2] = p & 0xFF, (p >> 8) & 0xFF, k
+    return out
+
+
+def box_action(k: int, p: int) -> np.ndarray:
+    """The Box action stream ``k`` takes from step ``p`` (float32 in ``[-1, 1]``, the bounds included)."""
+    out = np.random.default_rng([k, p, 1]).uniform(-1.0, 1.0, size=ACTION_SHAPE).astype(np.float32)
+    out.flat[0] = (-1.0, 1.0, out.flat[0])[p % 3]
     return out
 
 
@@ -74,11 +86,11 @@ def step(k: int, p: int) -> Step:
                 last is False and i == moves - 1 and e % 2 == 0, last is False and i == moves - 1 and e % 2 == 1)
 
 
-def moves(k: int, count: int, start: int = 0):
+def moves(k: int, count: int, start: int = 0, *, box: bool = False):
     """The first ``count`` moves of stream ``k`` from position ``start`` (the start of an episode) as
     ``(obs, action, reward, next_obs, terminated, truncated)``, what ``store.add`` takes: an
     episode's last observation is the ``next_obs`` of its last move, and the next move starts the
-    next episode at the following position."""
+    next episode at the following position. ``box``: the actions are ``box_action``'s."""
     p = start
     done = 0
     while done < count:
@@ -86,7 +98,7 @@ def moves(k: int, count: int, start: int = 0):
         if s.is_last:
             p += 1
             continue
-        yield frame(k, p), s.action, s.reward, frame(k, p + 1), s.terminated, s.truncated
+        yield frame(k, p), box_action(k, p) if box else s.action, s.reward, frame(k, p + 1), s.terminated, s.truncated
         done += 1
         p += 1
 
@@ -106,6 +118,15 @@ def check_stack(frames: np.ndarray, frame_stack: int) -> tuple[int, int]:
     return k, p
 
 
+def check_action(got: np.ndarray, k: int, p: int) -> None:
+    """A sampled action against stream ``k``'s step ``p``: the int, or (an array) ``box_action``'s array."""
+    if np.ndim(got):
+        np.testing.assert_array_equal(got, box_action(k, p), err_msg=f"action of step {p} of stream {k}")
+        assert got.dtype == np.float32
+    else:
+        assert got == step(k, p).action and np.asarray(got).dtype == np.int64
+
+
 def check_batches(store: Any, *, n_step: int = 1, prioritized: bool = False, batches: int = 6) -> None:
     """Sampled transitions against the ground truth: stacks, the move, the n-step return, the next stack."""
     rng = np.random.default_rng(7)
@@ -113,8 +134,7 @@ def check_batches(store: Any, *, n_step: int = 1, prioritized: bool = False, bat
         batch = store.sample(16, rng=rng, n_step=n_step, gamma=0.5, prioritized=prioritized)
         for i in range(16):
             k, p = check_stack(batch.obs[i], store.frame_stack)
-            s = step(k, p)
-            assert batch.action[i] == s.action
+            check_action(batch.action[i], k, p)
             reward, m, ended = 0.0, 0, False
             while m < n_step and not ended:
                 move = step(k, p + m)

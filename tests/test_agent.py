@@ -167,6 +167,22 @@ def test_bad_arguments_are_refused_in_one_line_before_anything_is_written(tmp_pa
     assert not (tmp_path / "replay.zarr").exists()
 
 
+def test_a_store_of_continuous_actions_is_refused_by_dqn(tmp_path: Path) -> None:
+    """DQN (one Q-value per action) refuses a store of Box actions, handed over open or by path."""
+    from conftest import snapshot
+
+    path = tmp_path / "pendulum.zarr"
+    env = gym.make("Pendulum-v1")
+    with ReplayStore.create(path, 64, env.observation_space, env.action_space) as store:
+        store.add(np.zeros(3, np.float32), np.ones(1, np.float32), 0.5, np.ones(3, np.float32), False, False)
+    before = snapshot(path)
+    with ReplayStore.open(path, mode="a") as store, pytest.raises(TrainerError, match="DQN needs a Discrete action"):
+        DQN(cartpole_model(), store)
+    with pytest.raises(TrainerError, match="do not match"):
+        DQN(cartpole_model(), path, **SMALL).fit(gym.make("CartPole-v1"), 300)
+    assert snapshot(path) == before
+
+
 def test_fit_with_nothing_left_to_do_changes_nothing(tmp_path: Path) -> None:
     agent = DQN(cartpole_model(), tmp_path / "replay.zarr", **SMALL)
     agent.fit(gym.make("CartPole-v1"), 300)

@@ -103,6 +103,12 @@ HOSTILE = {
     "frame-stack-absurd": lambda p: _edit_group(p, lambda d: d["attributes"]["replaystore"]["schema"].__setitem__("frame_stack", 10**12)),
     "dtype-unknown": lambda p: _edit_group(p, lambda d: d["attributes"]["replaystore"]["schema"]["observation_space"].__setitem__("dtype", "complex512")),
     "actions-zero": lambda p: _edit_group(p, lambda d: d["attributes"]["replaystore"]["schema"]["action_space"].__setitem__("n", 0)),
+    "actions-box-huge": lambda p: _edit_group(p, lambda d: d["attributes"]["replaystore"]["schema"].__setitem__(
+        "action_space", {"type": "Box", "shape": [5000], "dtype": "float32", "low": -1, "high": 1})),
+    "actions-box-no-dtype": lambda p: _edit_group(p, lambda d: d["attributes"]["replaystore"]["schema"].__setitem__(
+        "action_space", {"type": "Box", "shape": [2]})),
+    "actions-box-unlike-array": lambda p: _edit_group(p, lambda d: d["attributes"]["replaystore"]["schema"].__setitem__(
+        "action_space", {"type": "Box", "shape": [2], "dtype": "float32", "low": -1, "high": 1})),
     "schema-a-string": lambda p: _edit_group(p, lambda d: d["attributes"]["replaystore"].__setitem__("schema", "x")),
     "array-meta-truncated": lambda p: (p / "obs" / "zarr.json").write_text("{"),
     "array-meta-wrong-shape": lambda p: _edit_group(p / "obs", lambda d: d.__setitem__("shape", [5])),

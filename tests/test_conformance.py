@@ -12,13 +12,29 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from conftest import snapshot
-from groundtruth import EPISODE_MOVES, N_ACTIONS, SHAPE, check_batches, check_stack, frame, identity, moves, step
+from groundtruth import (
+    ACTION_HIGH,
+    ACTION_LOW,
+    ACTION_SHAPE,
+    EPISODE_MOVES,
+    N_ACTIONS,
+    SHAPE,
+    box_action,
+    check_action,
+    check_batches,
+    check_stack,
+    frame,
+    identity,
+    moves,
+    step,
+)
 
 from replaystore import InvalidTransitionError, Layout, ReplayStore, SampleError
 from replaystore.cli.compact import compact_store
 from replaystore.cli.verify import verify_store
 
 SPACES = (gym.spaces.Box(0, 255, SHAPE, np.uint8), gym.spaces.Discrete(N_ACTIONS))
+BOX_ACTIONS = gym.spaces.Box(ACTION_LOW, ACTION_HIGH, ACTION_SHAPE, np.float32)
 COUNTS = (40, 90, 25)  # moves written into each of 3 streams of 32 steps: streams 1 and 2 wrap
 
 
@@ -48,18 +64,21 @@ def contents(where: str) -> dict[str, object]:
     return out
 
 
-def write(where: str, counts: tuple[int, ...] = COUNTS, *, start: tuple[int, ...] | None = None) -> None:
+def write(where: str, counts: tuple[int, ...] = COUNTS, *, start: tuple[int, ...] | None = None,
+          box: bool = False) -> None:
     """Stream ``k`` of the store at ``where`` takes ``counts[k]`` ground-truth moves (from position
-    ``start[k]``), each stream by a handle of its own."""
+    ``start[k]``), each stream by a handle of its own (``box``: the Box actions)."""
     for k, count in enumerate(counts):
         with ReplayStore.open(where, mode="a", streams=[k]) as store:
-            for move in moves(k, count, start=0 if start is None else start[k]):
+            for move in moves(k, count, start=0 if start is None else start[k], box=box):
                 store.add(*move)
 
 
-def create(where: str) -> None:
-    ReplayStore.create(where, 96, *SPACES, 2, layout=Layout(shard_len=8, obs_chunk_len=2), num_streams=3).close()
-    write(where)
+def create(where: str, *, box: bool = False) -> None:
+    """The ground truth's 3 streams in a new store (``box``: of ``BOX_ACTIONS``)."""
+    spaces = (SPACES[0], BOX_ACTIONS) if box else SPACES
+    ReplayStore.create(where, 96, *spaces, 2, layout=Layout(shard_len=8, obs_chunk_len=2), num_streams=3).close()
+    write(where, box=box)
 
 
 def after(k: int, count: int) -> int:
@@ -220,3 +239,62 @@ def test_bad_input_changes_nothing(where: str) -> None:
     with ReplayStore.open(where, mode="a") as store, pytest.raises(InvalidTransitionError):
         store.add_batch(*good)  # one row for three streams
     assert contents(where) == before
+
+
+def test_box_actions_through_every_path(where: str) -> None:
+    """A store of continuous (Box) actions, each an array of its own: sampled batches, sequences,
+    episodes, blocks, a reopened and a refreshed view, a compacted copy and plain zarr all hold
+    every action exactly; bad actions change nothing."""
+    create(where, box=True)
+    with ReplayStore.open(where) as store:
+        assert store.action_space == BOX_ACTIONS
+        check_batches(store)
+        check_batches(store, n_step=3, prioritized=True)
+        seq = store.sample_sequences(12, 4, rng=np.random.default_rng(4))
+        assert seq.action.shape == (12, 4, *ACTION_SHAPE)
+        for i in range(12):
+            k, first = check_stack(seq.obs[i, 0], 2)
+            for t in range(4):
+                check_action(seq.action[i, t], k, first + t)
+        for k in range(3):
+            ep = store.episode(-2, stream=k)
+            np.testing.assert_array_equal(ep.action, np.stack([box_action(k, ep.first_step + t) for t in range(len(ep))]))
+        with store.blocks(8, batches_per_block=2, seed=5, threads=2) as it, next(it) as block:
+            assert block["action"].shape == (2, 8, *ACTION_SHAPE)
+            for i in range(2):
+                for j in range(8):
+                    check_action(block["action"][i, j], *check_stack(block["obs"][i, j], 2))
+    if "://" not in where:  # any zarr v3 reader sees the actions: (slots, *shape) float32
+        import zarr
+
+        actions = zarr.open_group(where, mode="r")["action"]
+        assert actions.shape == (96, *ACTION_SHAPE) and actions.dtype == np.float32
+        p = after(0, COUNTS[0]) - 1  # stream 0's newest move (its slots are 0..31)
+        np.testing.assert_array_equal(actions[p % 32], box_action(0, p))
+
+    reader = ReplayStore.open(where)
+    with ReplayStore.open(where, mode="a", streams=[1]) as writer:
+        for move in moves(1, 20, start=after(1, COUNTS[1]), box=True):
+            writer.add(*move)
+    assert reader.refresh() == [1]
+    check_batches(reader, n_step=2)
+    reader.close()
+
+    before = contents(where)
+    with ReplayStore.open(where, mode="a", streams=[0]) as store:
+        good = next(moves(0, 1, start=after(0, COUNTS[0]), box=True))
+        for action, message in ((np.full(ACTION_SHAPE, 1.5, np.float32), "outside the action space's bounds"),
+                                (np.full(ACTION_SHAPE, np.nan, np.float32), "not finite"),
+                                (np.zeros(3, np.float32), "shape"),
+                                (np.zeros(ACTION_SHAPE, complex), "dtype"),
+                                (2, "shape")):
+            with pytest.raises(InvalidTransitionError, match=message):
+                store.add(good[0], action, *good[2:])
+    assert contents(where) == before
+
+    dst = sibling(where, "compacted.zarr")
+    report = compact_store(where, dst, num_streams=1, capacity=48)
+    assert verify_store(dst).ok and verify_store(where).ok
+    with ReplayStore.open(dst) as store:
+        assert store.action_space == BOX_ACTIONS and len(store) == report.transitions_after > 0
+        check_batches(store)

@@ -6,7 +6,7 @@
   VecTransposeImage (channels first, as DQN's CnnPolicy sees it); gymnasium's FrameStackObservation
   (reset padding); and a cleanrl-style gymnasium vector env with next-step autoreset.
 - SB3's DQN and sb3-contrib's QR-DQN take the same number of gradient steps with this buffer as
-  with SB3's own.
+  with SB3's own; so do SAC and TD3 (Box actions), whose squashed actions are sampled back exactly.
 - A run killed with SIGKILL resumes with its buffer through ``DQN.load``.
 - n-step returns and VecNormalize as SB3 computes them; save/load_replay_buffer; bad input.
 - SB3 imported first (TensorFlow loaded) trains instead of LLVM aborting when torch loads triton.
@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 import torch
 from sb3_contrib import QRDQN
-from stable_baselines3 import DQN
+from stable_baselines3 import DQN, SAC, TD3
 from stable_baselines3.common.atari_wrappers import AtariWrapper
 from stable_baselines3.common.buffers import NStepReplayBuffer, ReplayBuffer
 from stable_baselines3.common.vec_env import DummyVecEnv, VecFrameStack, VecNormalize, VecTransposeImage
@@ -168,6 +168,58 @@ def test_dqn_same_gradient_steps_as_sb3_buffer(tmp_path, algo):
     assert counts[0][:2] == counts[1][:2]
     assert counts[1][2] == 1_500  # every transition stored, one stream
     assert isinstance(model.replay_buffer, ReplayBuffer)
+
+
+@pytest.mark.parametrize("algo", [SAC, TD3], ids=["SAC", "TD3"])
+def test_continuous_control_same_gradient_steps_as_sb3_buffer(tmp_path, algo):
+    """SAC and TD3 (Box actions) take as many gradient steps with the store as with SB3's buffer; the
+    store holds the actions as SB3 hands them over, squashed into Box(-1, 1)."""
+    counts = []
+    for kwargs in ({}, {"replay_buffer_class": ReplayStoreBuffer,
+                        "replay_buffer_kwargs": {"path": str(tmp_path / "r.zarr")}}):
+        model = algo("MlpPolicy", "Pendulum-v1", buffer_size=5_000, learning_starts=200, train_freq=4,
+                     gradient_steps=2, seed=0, device="cpu", policy_kwargs={"net_arch": [32, 32]}, **kwargs)
+        model.learn(800)
+        counts.append((model._n_updates, model.num_timesteps, model.replay_buffer.size()))
+    assert counts[0][:2] == counts[1][:2] and counts[0][0] > 0
+    assert counts[1][2] == 800
+    store = model.replay_buffer.store
+    assert store.action_space == gym.spaces.Box(-1, 1, (1,), np.float32)
+    assert np.abs(store.sample(64).action).max() <= 1.0
+
+
+def test_box_actions_sampled_as_added(tmp_path):
+    """Two Pendulum envs with actions SB3-style (squashed, float32): every sampled transition is one
+    that was added, its action array included, and comes out as SB3's (batch, action_dim) float32."""
+    venv = DummyVecEnv([lambda: gym.wrappers.TimeLimit(gym.make("Pendulum-v1"), 37)] * 2)
+    venv.seed(3)
+    rb = ReplayStoreBuffer(1_000, venv.observation_space, venv.action_space, "cpu", n_envs=2,
+                           path=tmp_path / "p.zarr")
+    rng = np.random.default_rng(0)
+    seen: dict[bytes, tuple] = {}
+    obs = venv.reset()
+    for _ in range(150):
+        actions = rng.uniform(-1, 1, size=(2, 1)).astype(np.float32)
+        new_obs, rewards, dones, infos = venv.step(2 * actions)  # Pendulum's torque is within [-2, 2]
+        next_obs = new_obs.copy()
+        for i, done in enumerate(dones):
+            if done:
+                next_obs[i] = infos[i]["terminal_observation"]
+        rb.add(obs, next_obs, actions, rewards, dones, infos)
+        for i in range(2):
+            seen[obs[i].tobytes() + next_obs[i].tobytes()] = (actions[i].tobytes(), np.float32(rewards[i]))
+        obs = new_obs
+    assert rb.size() == 300  # time limits end episodes as truncated: every move is sampleable
+    for _ in range(10):
+        s = rb.sample(64)
+        assert s.actions.shape == (64, 1) and s.actions.dtype == torch.float32
+        for j in range(64):
+            key = s.observations[j].numpy().tobytes() + s.next_observations[j].numpy().tobytes()
+            assert seen[key] == (s.actions[j].numpy().tobytes(), np.float32(s.rewards[j, 0].item()))
+            assert s.dones[j, 0] == 0.0
+    with pytest.raises(InvalidTransitionError, match="outside the action space's bounds"):
+        rb.add(obs, obs, np.full((2, 1), 1.5, np.float32), np.zeros(2), np.zeros(2), [{}, {}])
+    assert rb.size() == 300
 
 
 def test_sigkill_resume_with_buffer(tmp_path):
@@ -324,8 +376,8 @@ def test_save_and_load_replay_buffer_hold_the_path(tmp_path, caplog):
 
 def test_bad_input_refused_and_nothing_lost(tmp_path):
     box = gym.spaces.Box(0, 255, (4, 8, 8), np.uint8)
-    with pytest.raises(ConfigError, match="Discrete actions only"):
-        ReplayStoreBuffer(100, box, gym.spaces.Box(-1, 1, (2,)), "cpu", path=tmp_path / "a.zarr")
+    with pytest.raises(ConfigError, match="Discrete or Box actions only"):
+        ReplayStoreBuffer(100, box, gym.spaces.MultiBinary(3), "cpu", path=tmp_path / "a.zarr")
     with pytest.raises(ConfigError, match="Box observations only"):
         ReplayStoreBuffer(100, gym.spaces.Dict({"a": box}), gym.spaces.Discrete(2), "cpu", path=tmp_path / "a.zarr")
     with pytest.raises(ConfigError, match="needs a path"):

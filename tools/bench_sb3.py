@@ -14,7 +14,10 @@ one 4-stack (28 KB) per step until the buffer holds 1M. The table gives, per con
 steps/s of the whole ``learn`` (acting and training), the peak RSS at the end, what the buffer
 holds, and SB3's memory warning where it gave one. ``--cartpole`` instead checks that both
 buffers learn CartPole-v1 (mean return of 20 greedy episodes >= 195 within 100k steps), with
-rl-baselines3-zoo's hyperparameters, one run per seed (``--seeds 0 1 2``).
+rl-baselines3-zoo's hyperparameters, one run per seed (``--seeds 0 1 2``). ``--pendulum``: both
+buffers under SAC on Pendulum-v1 (Box actions; rl-baselines3-zoo's learning rate 1e-3, the rest SB3's
+defaults), the mean return of 10 deterministic episodes every 2k steps up to ``--steps``, and the
+wall time of the whole run.
 """
 
 from __future__ import annotations
@@ -94,6 +97,27 @@ print(json.dumps({"which": which, "seed": seed, "curve": curve, "seconds": time.
 """
 
 
+PENDULUM = r"""
+import json, sys, time
+from replaystore.integrations.sb3 import ReplayStoreBuffer  # first: loads triton before tensorflow (sb3.py)
+from stable_baselines3 import SAC
+from stable_baselines3.common.evaluation import evaluate_policy
+import gymnasium as gym
+which, path, seed, steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+kwargs = dict(learning_rate=1e-3, seed=seed, device="cpu")
+if which != "sb3":
+    kwargs.update(replay_buffer_class=ReplayStoreBuffer, replay_buffer_kwargs={"path": path})
+model = SAC("MlpPolicy", "Pendulum-v1", **kwargs)
+curve, start = [], time.perf_counter()
+while model.num_timesteps < steps:
+    model.learn(2_000, reset_num_timesteps=False)
+    mean, _ = evaluate_policy(model, gym.make("Pendulum-v1"), n_eval_episodes=10, deterministic=True)
+    curve.append([model.num_timesteps, round(float(mean), 1)])
+print(json.dumps({"which": which, "seed": seed, "curve": curve, "seconds": time.perf_counter() - start,
+                  "updates": model._n_updates}))
+"""
+
+
 def run_child(code: str, args: list[str]) -> dict:
     done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
     if done.returncode != 0:
@@ -109,7 +133,8 @@ def main() -> None:
     ap.add_argument("--sb3-fallback", type=int, default=200_000,
                     help="SB3's buffer size when 1M cannot be allocated (for the speed comparison)")
     ap.add_argument("--cartpole", action="store_true", help="check that both buffers learn CartPole-v1 instead")
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="--cartpole: the seeds to run")
+    ap.add_argument("--pendulum", action="store_true", help="SAC on Pendulum-v1 (Box actions) with both buffers instead")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="--cartpole, --pendulum: the seeds to run")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     results: list[dict] = []
@@ -119,6 +144,13 @@ def main() -> None:
             order = ["sb3", "replaystore"] if r % 2 == 0 else ["replaystore", "sb3"]
             for which in order:
                 path = os.path.join(tmp, f"{which}-{r}.zarr")
+                if args.pendulum:
+                    for seed in args.seeds:
+                        res = run_child(PENDULUM, [which, f"{path}-{seed}", str(seed), str(args.steps)])
+                        print(f"{which:12s} seed {seed}  curve {res['curve']}  {res['updates']} updates  "
+                              f"{res['seconds']:.0f} s", flush=True)
+                        results.append(res)
+                    continue
                 if args.cartpole:
                     for seed in args.seeds:
                         res = run_child(CARTPOLE, [which, f"{path}-{seed}", str(seed)])
@@ -137,7 +169,10 @@ def main() -> None:
                       f"disk {res['disk_bytes'] / 2**20:.1f} MB  allocated {res['allocated_bytes'] / 1e9:.1f} GB",
                       flush=True)
                 results.append(res)
-    if not args.cartpole:
+    if args.pendulum:
+        took = {w: sum(r["seconds"] for r in results if r["which"] == w) for w in ("sb3", "replaystore")}
+        print(f"\nwall time replaystore / sb3: {took['replaystore'] / took['sb3']:.2f}")
+    elif not args.cartpole:
         by = {w: [r for r in results if r["which"] == w] for w in ("sb3", "replaystore")}
         sps = {w: sorted(r["env_sps"] for r in rs)[len(rs) // 2] for w, rs in by.items()}
         rss = {w: max(r["peak_rss_mb"] for r in rs) for w, rs in by.items()}

@@ -91,6 +91,10 @@ class DQN:
     def _build(self, observation_space: Any, action_space: Any) -> Learner:
         """Check the model against the stacks and actions, and make the learner (once)."""
         if self.learner is None:
+            if not hasattr(action_space, "n"):
+                where = f"{self.store.path} holds" if self.store is not None else "the environment has"
+                raise TrainerError(f"{where} actions of {action_space}; DQN needs a Discrete action space (one Q-value "
+                                   "per action)")
             stack = self.store.frame_stack if self.store is not None else self._frame_stack(observation_space)
             shape = (stack, *observation_space.shape)
             check_model(self.model, shape, observation_space.dtype, int(action_space.n))
@@ -122,7 +126,7 @@ class DQN:
         if not store.writing:
             raise TrainerError(f"{store.path} is open read-only; DQN adds what it acts to the store: open it with "
                                "mode='a'")
-        if store.observation_space.shape != observation_space.shape or store.action_space.n != action_space.n:
+        if store.observation_space.shape != observation_space.shape or store.action_space != action_space:
             raise TrainerError(f"{store.path} stores {store.observation_space} with {store.action_space}, which the "
                                f"environment's {observation_space} and {action_space} do not match")
         if len(store.writing) != num_streams:

@@ -41,7 +41,7 @@ def open_store(args: Args, env: Any, *, resuming: bool) -> ReplayStore:
             raise TrainerError(f"cannot resume: {run_dir} has no {STORE}; it holds no run")
         store = open_writing(args, streams=None, cache_bytes=cache_bytes)
         if (store.observation_space.shape != env.observation_space.shape or store.frame_stack != args.frame_stack
-                or store.action_space.n != env.action_space.n):
+                or store.action_space != env.action_space):
             store.close()
             raise TrainerError(f"{path} stores {store.observation_space} x{store.frame_stack} with "
                                f"{store.action_space}, which does not match {args.env_id}; it was not written by this run")

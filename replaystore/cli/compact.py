@@ -50,11 +50,11 @@ from replaystore.errors import (
     UnsafePathError,
 )
 from replaystore.format.schema import (
-    SCALAR_FIELDS,
     CodecSpec,
     Layout,
     Schema,
     default_layout,
+    scalar_fields,
     stream_stride,
 )
 from replaystore.format.validate import validate_layout
@@ -237,8 +237,8 @@ def _build(new: ReplayStore, source: FrameReader, stride: int, targets: list[lis
             slots = np.concatenate([p.stream * stride + p.keep % p.ring.capacity for p in group]
                                    or [np.zeros(0, dtype=np.int64)])
             scalars = {name: np.concatenate([p.ring.fields[name][p.keep % p.ring.capacity] for p in group]
-                                            or [np.zeros(0, dtype=dtype)])
-                       for name, dtype in SCALAR_FIELDS.items()}
+                                            or [np.zeros((0, *shape), dtype=dtype)])
+                       for name, (shape, dtype) in scalar_fields(new.schema.action).items()}
             step = new.layout.shard_len
 
             def frame_blocks(slots: np.ndarray = slots) -> Iterator[np.ndarray]:

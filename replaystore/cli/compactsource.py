@@ -16,7 +16,7 @@ from pathlib import Path
 
 from replaystore.cli.verify import Report, verify_store
 from replaystore.errors import LockUnavailableError
-from replaystore.format.schema import State
+from replaystore.format.schema import State, scalar_fields
 from replaystore.storage.choose import open_backend
 from replaystore.storage.reader import FrameReader
 from replaystore.storage.ring import Ring
@@ -57,7 +57,8 @@ class Source:
 
     def ring(self, k: int) -> Ring:
         """Stream ``k``'s scalars, as of its commit verified."""
-        ring = Ring(self.schema.stream_capacity, self.schema.frame_stack, self.layout.shard_len)
+        ring = Ring(self.schema.stream_capacity, self.schema.frame_stack, self.layout.shard_len,
+                    dict(scalar_fields(self.schema.action)))
         ring.added, ring.oldest = self.states[k].added, self.states[k].oldest
         load_scalars(self.backend, k, ring, self.layout, check=False, damaged_as_zero=True)
         ring.rebuild_valid()

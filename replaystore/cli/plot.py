@@ -50,7 +50,8 @@ def plot_store(path: str | Path, out: str | Path, *, samples: int = SAMPLES, see
         else:
             batch = store.sample(n, rng=np.random.default_rng(seed))
             for row in range(n):
-                label = (f"slot {int(batch.index[row])}: action {int(batch.action[row])}, reward {float(batch.reward[row]):g}"
+                action = np.array2string(batch.action[row], precision=2) if batch.action.ndim > 1 else int(batch.action[row])
+                label = (f"slot {int(batch.index[row])}: action {action}, reward {float(batch.reward[row]):g}"
                          + (", terminated" if batch.terminated[row] else ", truncated" if batch.truncated[row] else ""))
                 if images:
                     frames = [*batch.obs[row], batch.next_obs[row][-1]]

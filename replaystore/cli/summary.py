@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from replaystore.format.schema import BoxSpec
 from replaystore.sampling.episodes import episode_table
 from replaystore.store import ReplayStore
 
@@ -64,7 +65,8 @@ def inspect_store(path: str | Path) -> dict[str, Any]:
             "format_version": store.backend.format_version,
             "schema": {
                 "observation_space": dataclasses.asdict(schema.observation) | {"shape": list(schema.observation.shape)},
-                "action_space": dataclasses.asdict(schema.action),
+                "action_space": {"type": "Box" if isinstance(schema.action, BoxSpec) else "Discrete",
+                                 **dataclasses.asdict(schema.action)},
                 "capacity": schema.capacity,
                 "frame_stack": schema.frame_stack,
                 "frame_padding": schema.frame_padding,
@@ -95,6 +97,12 @@ def inspect_store(path: str | Path) -> dict[str, Any]:
         store.close()
 
 
+def _actions(space: dict[str, Any]) -> str:
+    if space.get("type") == "Box":
+        return f"Box{tuple(space['shape'])} {space['dtype']} [{space['low']}, {space['high']}]"
+    return f"Discrete({space['n']}, start={space['start']})"
+
+
 def format_summary(info: dict[str, Any]) -> list[str]:
     """The summary as lines for a terminal."""
     s, lay, st, ep = info["schema"], info["layout"], info["state"], info["episodes"]
@@ -106,7 +114,7 @@ def format_summary(info: dict[str, Any]) -> list[str]:
         + (f", {s['num_streams']} streams)" if s["num_streams"] > 1 else ")"),
         f"observations      Box{tuple(obs['shape'])} {obs['dtype']} [{obs['low']}, {obs['high']}], frame_stack {s['frame_stack']}"
         + (f" ({s['frame_padding']} padding)" if s["frame_stack"] > 1 else ""),
-        f"actions           Discrete({s['action_space']['n']}, start={s['action_space']['start']})",
+        f"actions           {_actions(s['action_space'])}",
         f"capacity          {s['capacity']:,} steps; {info['live_steps']:,} live; {info['transitions']:,} sampleable transitions",
         (f"committed state   added={st['added']:,} oldest={st['oldest']:,} episodes_started={st['episodes']:,} "
         f"episode_in_progress={st['episode_in_progress']}"),

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from replaystore.errors import ChunkChecksumError, CorruptStoreError, ReplayStoreError
-from replaystore.format.schema import SCALAR_FIELDS, Layout, Schema, State, stream_stride
+from replaystore.format.schema import Layout, Schema, State, scalar_fields, stream_stride
 from replaystore.format.shards import (
     CRC_BYTES,
     EMPTY,
@@ -84,14 +84,14 @@ def verify_store(path: str | Path | Backend, *, progress: Callable[[int, int], N
 def _verify(report: Report, schema: Schema, layout: Layout, states: list[State],
             load: Callable[[str, int, int, int, int], bytes | None],
             progress: Callable[[int, int], None] | None) -> Report:
-    """Check every chunk ``load(array, shard, stream, stream's shard, frame ndim)`` gives."""
+    """Check every chunk ``load(array, shard, stream, stream's shard, item ndim)`` gives."""
     capacity = schema.stream_capacity  # each stream's ring
     stride = stream_stride(schema, layout)
     per_stream = -(-capacity // layout.shard_len)  # shards a stream uses
     live = [(st.live_start(capacity), st.added) for st in states]
     codec = numcodecs_codec(layout.codec)
     arrays = {"obs": (schema.observation.shape, schema.observation.dtype, layout.obs_chunk_len)}
-    arrays.update({name: ((), dtype, layout.shard_len) for name, dtype in SCALAR_FIELDS.items()})
+    arrays.update({name: (shape, dtype, layout.shard_len) for name, (shape, dtype) in scalar_fields(schema.action).items()})
     total, done = schema.num_streams * per_stream * len(arrays), 0
     ep_step = np.zeros(schema.num_streams * stride, dtype=np.int64)
 

@@ -46,6 +46,8 @@ SCALAR_FIELDS: dict[str, str] = {
     "priority": "float32",
 }
 MAX_CAPACITY = 2**40
+#: A per-step field's shape (beyond the step axis) and dtype.
+StepField = tuple[tuple[int, ...], str]
 #: What a frame stack holds before its episode's first step (``Schema.frame_padding``).
 FRAME_PADDINGS = ("reset", "zero")
 #: Steps a stream may ever add (positions carry the stream in the bits above these: see storage/rings.py).
@@ -58,7 +60,7 @@ class BoxSpec:
 
     shape: tuple[int, ...]
     dtype: str
-    low: Any  # a scalar when uniform, else a nested list
+    low: Any  # a number when uniform, else nested lists of numbers (infinities as floats)
     high: Any
 
     @property
@@ -69,8 +71,8 @@ class BoxSpec:
         import gymnasium as gym
 
         dtype = np.dtype(self.dtype)
-        low = np.asarray(self.low, dtype=dtype) if np.ndim(self.low) else self.low
-        high = np.asarray(self.high, dtype=dtype) if np.ndim(self.high) else self.high
+        low = np.asarray(self.low, dtype=dtype) if np.ndim(self.low) else dtype.type(self.low)
+        high = np.asarray(self.high, dtype=dtype) if np.ndim(self.high) else dtype.type(self.high)
         return gym.spaces.Box(low=low, high=high, shape=self.shape, dtype=dtype)
 
 
@@ -87,12 +89,19 @@ class DiscreteSpec:
         return gym.spaces.Discrete(self.n, start=self.start)
 
 
+#: An action space a store holds: ``Discrete`` (one int a step, stored as int32) or ``Box``
+#: (continuous control: an array of the Box's shape and dtype a step).
+ActionSpec = DiscreteSpec | BoxSpec
+#: Most elements in one ``Box`` action (its bytes are kept for every slot in RAM, like the scalars).
+MAX_ACTION_SIZE = 1024
+
+
 @dataclass(frozen=True)
 class Schema:
     """The spaces, ring capacity (steps) and frame stack a store was created with."""
 
     observation: BoxSpec
-    action: DiscreteSpec
+    action: ActionSpec
     capacity: int
     frame_stack: int
     num_streams: int = 1
@@ -104,6 +113,34 @@ class Schema:
     def stream_capacity(self) -> int:
         """Steps in each stream's ring (``capacity`` is split evenly)."""
         return self.capacity // self.num_streams
+
+
+def action_field(action: ActionSpec) -> StepField:
+    """How one step's action is stored: one int32 for ``Discrete``; the Box's shape and dtype."""
+    if isinstance(action, BoxSpec):
+        return action.shape, action.dtype
+    return (), SCALAR_FIELDS["action"]
+
+
+def scalar_fields(action: ActionSpec) -> dict[str, StepField]:
+    """Every per-step field but the frames, for a store of ``action``s: name -> (shape, dtype).
+    Each is one array over the slots, kept whole in RAM (``SCALAR_FIELDS``, with the action's own)."""
+    fields: dict[str, StepField] = {name: ((), dtype) for name, dtype in SCALAR_FIELDS.items()}
+    fields["action"] = action_field(action)
+    return fields
+
+
+def batch_action(action: ActionSpec) -> StepField:
+    """A sampled action's shape and dtype: int64 for ``Discrete`` (what losses index with), a Box's own."""
+    return (action.shape, action.dtype) if isinstance(action, BoxSpec) else ((), "int64")
+
+
+def item_ndim(schema: Schema, name: str) -> int:
+    """Dimensions of one step of array ``name`` (the frames', a Box action's, else 0): its shard keys
+    carry one ``/0`` per dimension (zarr v3 default key encoding)."""
+    if name == "obs":
+        return len(schema.observation.shape)
+    return len(action_field(schema.action)[0]) if name == "action" else 0
 
 
 @dataclass(frozen=True)
@@ -172,6 +209,11 @@ def _json_number(x: Any) -> Any:
     return x
 
 
+def _bound(bound: np.ndarray) -> Any:
+    """A Box bound as a spec holds it: a number when uniform, else nested lists."""
+    return _parse_bound(_compact_bound(bound))
+
+
 def _parse_bound(b: Any) -> Any:
     if isinstance(b, str):
         return float(b)
@@ -192,21 +234,29 @@ def box_from_space(space: Any) -> BoxSpec:
     return BoxSpec(
         shape=tuple(int(s) for s in space.shape),
         dtype=np.dtype(space.dtype).name,
-        low=_compact_bound(space.low),
-        high=_compact_bound(space.high),
+        low=_bound(space.low),
+        high=_bound(space.high),
     )
 
 
-def discrete_from_space(space: Any) -> DiscreteSpec:
-    """Describe a gymnasium Discrete; any other action space is a ``ConfigError``."""
+def action_from_space(space: Any) -> ActionSpec:
+    """Describe a gymnasium Discrete or Box action space; any other is a ``ConfigError``."""
     import gymnasium as gym
 
-    if not isinstance(space, gym.spaces.Discrete):
+    if isinstance(space, gym.spaces.Discrete):
+        return DiscreteSpec(n=int(space.n), start=int(space.start))
+    if not isinstance(space, gym.spaces.Box):
         raise ConfigError(
-            f"action_space is {space!r}, but replaystore stores Discrete actions only; "
-            "use a Discrete action space (DQN needs one)"
+            f"action_space is {space!r}, but replaystore stores Discrete or Box actions only; "
+            "wrap the env so its actions are one of those (e.g. FlattenAction for a Dict or Tuple of Boxes)"
         )
-    return DiscreteSpec(n=int(space.n), start=int(space.start))
+    spec = BoxSpec(shape=tuple(int(s) for s in space.shape), dtype=np.dtype(space.dtype).name,
+                   low=_bound(space.low), high=_bound(space.high))
+    size = int(np.prod(spec.shape, dtype=np.int64))
+    if np.dtype(spec.dtype).kind not in "biuf" or not 0 < size <= MAX_ACTION_SIZE or len(spec.shape) > 8:
+        raise ConfigError(f"action_space is {space!r}; a Box action must hold 1..{MAX_ACTION_SIZE} bool, int or "
+                          "float values in at most 8 dimensions (each is kept in RAM for every slot)")
+    return spec
 
 
 # --------------------------------------------------------------------------------------------------
@@ -228,15 +278,11 @@ def slot_count(schema: Schema, layout: Layout) -> int:
 def to_attrs(schema: Schema, layout: Layout, version: int) -> dict[str, Any]:
     """The ``replaystore`` attribute of a new store's root ``zarr.json`` (format ``version`` 2 or 3:
     each stream's state is in its own ``stream_doc``; version 1: add the state, ``with_root_state``)."""
-    obs = dataclasses.asdict(schema.observation)
-    obs["shape"] = list(obs["shape"])
-    obs["low"] = _compact_bound(np.asarray(_parse_bound(obs["low"])))
-    obs["high"] = _compact_bound(np.asarray(_parse_bound(obs["high"])))
     return {
         "format_version": version,
         "schema": {
-            "observation_space": {"type": "Box", **obs},
-            "action_space": {"type": "Discrete", **dataclasses.asdict(schema.action)},
+            "observation_space": _space_attrs(schema.observation),
+            "action_space": _space_attrs(schema.action),
             "capacity": schema.capacity,
             "frame_stack": schema.frame_stack,
             **({} if version == ROOT_STATE_VERSION else {"num_streams": schema.num_streams}),
@@ -248,6 +294,17 @@ def to_attrs(schema: Schema, layout: Layout, version: int) -> dict[str, Any]:
             "codec": dataclasses.asdict(layout.codec),
         },
     }
+
+
+def _space_attrs(spec: BoxSpec | DiscreteSpec) -> dict[str, Any]:
+    """A space's entry in the attributes: its type, then its fields (a Box's bounds as strict JSON)."""
+    if isinstance(spec, DiscreteSpec):
+        return {"type": "Discrete", **dataclasses.asdict(spec)}
+    box = dataclasses.asdict(spec)
+    box["shape"] = list(box["shape"])
+    box["low"] = _compact_bound(np.asarray(_parse_bound(box["low"])))
+    box["high"] = _compact_bound(np.asarray(_parse_bound(box["high"])))
+    return {"type": "Box", **box}
 
 
 def group_doc(attributes: dict[str, Any]) -> dict[str, Any]:
@@ -312,23 +369,21 @@ def from_attrs(attrs: Any, *, path: str) -> tuple[Schema, Layout, int]:
     s = _get(root, "schema", dict, where)
     obs = _get(s, "observation_space", dict, f"{where}.schema")
     act = _get(s, "action_space", dict, f"{where}.schema")
-    if obs.get("type") != "Box" or act.get("type") != "Discrete":
-        raise CorruptStoreError(f"{where}.schema holds space types {obs.get('type')!r}/{act.get('type')!r}, expected Box/Discrete")
-    shape = _get(obs, "shape", list, f"{where}.observation_space")
-    if not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v < 2**20 for v in shape) or len(shape) > 8:
-        raise CorruptStoreError(f"{where}.observation_space.shape is {shape!r}, expected up to 8 positive ints")
-    dtype = _get(obs, "dtype", str, f"{where}.observation_space")
-    try:
-        np_dtype = np.dtype(dtype)
-    except TypeError as exc:
-        raise CorruptStoreError(f"{where}.observation_space.dtype is {dtype!r}, not a numpy dtype") from exc
-    if np_dtype.kind not in "biuf":
-        raise CorruptStoreError(f"{where}.observation_space.dtype is {dtype!r}, expected a bool, int or float dtype")
-    box = BoxSpec(tuple(shape), np_dtype.name, _parse_bound(obs.get("low", 0)), _parse_bound(obs.get("high", 0)))
-    discrete = DiscreteSpec(
-        n=_get_int(act, "n", f"{where}.action_space", 1, 2**31 - 1),
-        start=_get_int(act, "start", f"{where}.action_space", -(2**31), 2**31 - 1),
-    )
+    if obs.get("type") != "Box" or act.get("type") not in ("Discrete", "Box"):
+        raise CorruptStoreError(f"{where}.schema holds space types {obs.get('type')!r}/{act.get('type')!r}, expected "
+                                "Box/Discrete or Box/Box")
+    box = _parse_box(obs, f"{where}.observation_space")
+    action: ActionSpec
+    if act["type"] == "Box":
+        action = _parse_box(act, f"{where}.action_space")
+        if np.prod(action.shape, dtype=np.int64) > MAX_ACTION_SIZE:
+            raise CorruptStoreError(f"{where}.action_space.shape is {list(action.shape)}, more than "
+                                    f"{MAX_ACTION_SIZE} values an action; the store's zarr.json is damaged")
+    else:
+        action = DiscreteSpec(
+            n=_get_int(act, "n", f"{where}.action_space", 1, 2**31 - 1),
+            start=_get_int(act, "start", f"{where}.action_space", -(2**31), 2**31 - 1),
+        )
     capacity = _get_int(s, "capacity", f"{where}.schema", 2, MAX_CAPACITY)
     frame_stack = _get_int(s, "frame_stack", f"{where}.schema", 1, 1024)
     padding = _get(s, "frame_padding", str, f"{where}.schema") if "frame_padding" in s else "reset"
@@ -357,7 +412,22 @@ def from_attrs(attrs: Any, *, path: str) -> tuple[Schema, Layout, int]:
         raise CorruptStoreError(f"{where}.layout {layout} does not fit capacity {capacity}")
     if version == ROOT_STATE_VERSION:
         root_state(attrs, path=path)  # checked now: the store's one commit
-    return Schema(box, discrete, capacity, frame_stack, num_streams, padding), layout, version
+    return Schema(box, action, capacity, frame_stack, num_streams, padding), layout, version
+
+
+def _parse_box(d: dict[str, Any], where: str) -> BoxSpec:
+    """A Box space's entry in the attributes, checked (``where``: the entry's name in messages)."""
+    shape = _get(d, "shape", list, where)
+    if not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v < 2**20 for v in shape) or len(shape) > 8:
+        raise CorruptStoreError(f"{where}.shape is {shape!r}, expected up to 8 positive ints")
+    dtype = _get(d, "dtype", str, where)
+    try:
+        np_dtype = np.dtype(dtype)
+    except TypeError as exc:
+        raise CorruptStoreError(f"{where}.dtype is {dtype!r}, not a numpy dtype") from exc
+    if np_dtype.kind not in "biuf":
+        raise CorruptStoreError(f"{where}.dtype is {dtype!r}, expected a bool, int or float dtype")
+    return BoxSpec(tuple(shape), np_dtype.name, _parse_bound(d.get("low", 0)), _parse_bound(d.get("high", 0)))
 
 
 def root_state(attrs: Any, *, path: str) -> State:

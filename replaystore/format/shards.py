@@ -24,7 +24,7 @@ import zarr
 from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
 
 from replaystore.errors import ChunkChecksumError, ConfigError
-from replaystore.format.schema import SCALAR_FIELDS, CodecSpec, Layout, Schema, slot_count
+from replaystore.format.schema import CodecSpec, Layout, Schema, scalar_fields, slot_count
 
 EMPTY = np.uint64(2**64 - 1)
 INDEX_ENTRY_BYTES = 16
@@ -100,8 +100,8 @@ def store_arrays(schema: Schema, layout: Layout) -> dict[str, bytes]:
     box = schema.observation
     out = {"obs": array_metadata(length=length, item_shape=box.shape, dtype=box.dtype, chunk_len=layout.obs_chunk_len,
                                  shard_len=layout.shard_len, codec=layout.codec)}
-    for name, dtype in SCALAR_FIELDS.items():
-        out[name] = array_metadata(length=length, item_shape=(), dtype=dtype, chunk_len=layout.shard_len,
+    for name, (shape, dtype) in scalar_fields(schema.action).items():
+        out[name] = array_metadata(length=length, item_shape=shape, dtype=dtype, chunk_len=layout.shard_len,
                                    shard_len=layout.shard_len, codec=layout.codec)
     return out
 

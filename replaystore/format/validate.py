@@ -24,12 +24,13 @@ from replaystore.format.schema import (
     FRAME_PADDINGS,
     MAX_CAPACITY,
     MAX_STREAMS,
-    SCALAR_FIELDS,
+    BoxSpec,
     Layout,
     Schema,
+    action_from_space,
     box_from_space,
     default_layout,
-    discrete_from_space,
+    scalar_fields,
     slot_count,
 )
 from replaystore.format.shards import validate_codec
@@ -64,8 +65,12 @@ def check_obs(schema: Schema, path: str | Path, value: Any, name: str) -> np.nda
     _refuse_nan(arr, name, path)
     return arr
 
-def check_action(schema: Schema, path: str | Path, action: Any) -> int:
+def check_action(schema: Schema, path: str | Path, action: Any) -> int | np.ndarray:
+    """One step's action: an int in a ``Discrete`` store's range, or an array of a ``Box`` store's
+    shape within its bounds (in the store's dtype)."""
     spec = schema.action
+    if isinstance(spec, BoxSpec):
+        return check_box_actions(spec, path, np.asarray(action), "action", ())[0]
     a = np.asarray(action)
     if a.shape != () or a.dtype.kind not in "iub":
         raise InvalidTransitionError(
@@ -77,6 +82,39 @@ def check_action(schema: Schema, path: str | Path, action: Any) -> int:
             f"action is {value}, outside the action space [{spec.start}, {spec.start + spec.n - 1}] of {path}"
         )
     return value
+
+def check_box_actions(spec: BoxSpec, path: str | Path, arr: np.ndarray, name: str,
+                      lead: tuple[int, ...]) -> np.ndarray:
+    """Box actions with ``lead`` leading axes (``()``: one action), checked and cast to the store's
+    dtype: the Box's shape, a dtype that casts to the store's without turning floats into ints,
+    finite, within the Box's bounds (a ``(-1, 1)`` Box holds policies' squashed actions, as SB3's
+    buffers do). Returns them with one leading axis."""
+    want = (*lead, *spec.shape)
+    dtype = np.dtype(spec.dtype)
+    if arr.shape != want:
+        raise InvalidTransitionError(f"{name} has shape {arr.shape}, but {path} stores Box actions of shape "
+                                     f"{spec.shape}: pass an array of shape {want}; nothing was written")
+    if arr.dtype.kind not in "biuf" or not np.can_cast(arr.dtype, dtype, casting="same_kind"):
+        raise InvalidTransitionError(f"{name} has dtype {arr.dtype}, but {path} stores {spec.dtype} actions: convert "
+                                     f"it with .astype({spec.dtype!r}); nothing was written")
+    given = arr.reshape(-1, *spec.shape)
+    low = np.asarray(spec.low, dtype=np.float64)
+    high = np.asarray(spec.high, dtype=np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):  # the bounds on the values given (an int64 cast to int32 would wrap)
+        rows = given.astype(dtype)
+        bad = ~((given >= low) & (given <= high)) | (~np.isfinite(rows) if dtype.kind == "f" else False)
+    if bad.any():
+        i = np.unravel_index(int(np.argmax(bad)), bad.shape)
+        where = name if not lead else f"{name}[{i[0]}]"
+        value = given[i].item()
+        what = (f"not finite as {spec.dtype}: actions must be finite numbers" if dtype.kind == "f" and not np.isfinite(rows[i]) else
+                f"outside the action space's bounds [{np.broadcast_to(low, spec.shape)[i[1:]]:g}, "
+                f"{np.broadcast_to(high, spec.shape)[i[1:]]:g}]: clip it, or create the store with the bounds "
+                "the policy's actions have")
+        raise InvalidTransitionError(f"{where} holds {value!r} at index {tuple(int(j) for j in i[1:])}, {what} "
+                                     f"({path}); nothing was written")
+    return rows
+
 
 def check_reward(reward: Any) -> float:
     r = np.asarray(reward)
@@ -122,7 +160,7 @@ def new_schema(capacity: Any, observation_space: Any, action_space: Any, frame_s
                layout: Layout | None, frame_padding: Any = "reset") -> tuple[Schema, Layout]:
     """The schema and layout of a new store, every argument of ``ReplayStore.create`` checked."""
     box = box_from_space(observation_space)
-    discrete = discrete_from_space(action_space)
+    action = action_from_space(action_space)
     cap = int_in(capacity, 2, MAX_CAPACITY)
     if cap is None:
         raise ConfigError(f"capacity is {capacity!r}; it must be an int between 2 and {MAX_CAPACITY} steps")
@@ -142,7 +180,7 @@ def new_schema(capacity: Any, observation_space: Any, action_space: Any, frame_s
                           f"such as {lower} or {upper}")
     layout = layout or default_layout(box.frame_bytes, cap // n)
     validate_layout(layout, cap // n)
-    return Schema(box, discrete, cap, stack, n, str(frame_padding)), layout
+    return Schema(box, action, cap, stack, n, str(frame_padding)), layout
 
 
 def int_in(value: Any, lo: int, hi: int) -> int | None:
@@ -187,7 +225,7 @@ def check_arrays(where: str, schema: Schema, layout: Layout, read: Callable[[str
     """The arrays' own zarr.json must describe the layout the group attributes claim (``read(name)``:
     the bytes of array ``name``'s zarr.json, None if it is missing)."""
     expected = {"obs": (schema.observation.shape, schema.observation.dtype, layout.obs_chunk_len)}
-    expected.update({name: ((), dtype, layout.shard_len) for name, dtype in SCALAR_FIELDS.items()})
+    expected.update({name: (shape, dtype, layout.shard_len) for name, (shape, dtype) in scalar_fields(schema.action).items()})
     for name, (shape, dtype, chunk_len) in expected.items():
         path = f"{where}/{name}/zarr.json"
         try:
@@ -210,11 +248,12 @@ def check_arrays(where: str, schema: Schema, layout: Layout, read: Callable[[str
 
 
 def check_rows(schema: Schema, path: str | Path, n: int, obs: Any, action: Any, reward: Any, next_obs: Any,
-               terminated: Any, truncated: Any) -> tuple[np.ndarray, list[int], list[float], np.ndarray, list[bool],
-                                                        list[bool]]:
+               terminated: Any, truncated: Any) -> tuple[np.ndarray, list[int] | np.ndarray, list[float], np.ndarray,
+                                                        list[bool], list[bool]]:
     """``add_batch``'s arguments checked whole: each with a leading axis of ``n`` (one row per
     stream written), every row valid. The error names the field and the first bad row. Returns
-    the observation arrays and the per-row scalars as Python lists (what the per-stream writes use)."""
+    the observation arrays and the per-row scalars as Python lists (what the per-stream writes use;
+    a Box store's actions as one array, a row each)."""
     spec = schema.observation
 
     def rows(value: Any, name: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -227,15 +266,19 @@ def check_rows(schema: Schema, path: str | Path, n: int, obs: Any, action: Any, 
 
     obs_a = check_obs_rows(spec, path, rows(obs, "obs", spec.shape), "obs")
     next_a = check_obs_rows(spec, path, rows(next_obs, "next_obs", spec.shape), "next_obs")
-    act = rows(action, "action", ())
-    if act.dtype.kind not in "iub":
-        raise InvalidTransitionError(f"action has dtype {act.dtype}; {path} stores Discrete actions: pass ints")
     a = schema.action
-    actions = act.tolist()
-    for i, value in enumerate(actions):
-        if not a.start <= value < a.start + a.n:
-            raise InvalidTransitionError(f"action[{i}] is {value}, outside the action space "
-                                         f"[{a.start}, {a.start + a.n - 1}] of {path}; nothing was written")
+    actions: list[int] | np.ndarray
+    if isinstance(a, BoxSpec):
+        actions = check_box_actions(a, path, np.asarray(action), "action", (n,))
+    else:
+        act = rows(action, "action", ())
+        if act.dtype.kind not in "iub":
+            raise InvalidTransitionError(f"action has dtype {act.dtype}; {path} stores Discrete actions: pass ints")
+        actions = act.tolist()
+        for i, value in enumerate(actions):
+            if not a.start <= value < a.start + a.n:
+                raise InvalidTransitionError(f"action[{i}] is {value}, outside the action space "
+                                             f"[{a.start}, {a.start + a.n - 1}] of {path}; nothing was written")
     rew = rows(reward, "reward", ())
     if rew.dtype.kind not in "biuf":
         raise InvalidTransitionError(f"reward has dtype {rew.dtype}; rewards must be real numbers")

@@ -1,10 +1,15 @@
 """A replay store as Stable-Baselines3's replay buffer: ``ReplayStoreBuffer``.
 
-For SB3 (DQN, QR-DQN: a Discrete action space and a Box observation space)::
+For SB3's off-policy algorithms on a Box observation space: DQN and QR-DQN (Discrete actions), SAC,
+TD3, DDPG and TQC (Box actions)::
 
     from replaystore.integrations.sb3 import ReplayStoreBuffer
     model = DQN("CnnPolicy", env, buffer_size=1_000_000,
                 replay_buffer_class=ReplayStoreBuffer, replay_buffer_kwargs={"path": "runs/replay.zarr"})
+
+SB3 stores Box actions as its policies emit them, squashed to ``[-1, 1]`` (``policy.scale_action``),
+so the store of a Box action space is made with ``Box(-1, 1)`` of its shape (``buffer_action_space``)
+and refuses an action outside it.
 
 and for a cleanrl-style script, in place of SB3's ``ReplayBuffer``::
 
@@ -41,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from replaystore.errors import ConfigError, InvalidTransitionError, StoreNotFoundError
-from replaystore.format.schema import box_from_space, discrete_from_space
+from replaystore.format.schema import action_from_space, box_from_space
 from replaystore.integrations.stacking import StackChecker, StackLayout, choose, from_frames
 from replaystore.store import DEFAULT_CACHE_BYTES, ReplayStore
 
@@ -67,7 +72,7 @@ class StoreSide:
         if path is None or str(path) == "":
             raise ConfigError("ReplayStoreBuffer needs a path: replay_buffer_kwargs={'path': 'runs/replay.zarr'}")
         box_from_space(observation_space)  # refuses what a store cannot hold, before anything is made
-        discrete_from_space(action_space)
+        self.stored_actions = buffer_action_space(action_space)
         if isinstance(n_steps, bool) or not isinstance(n_steps, (int, np.integer)) or not 1 <= n_steps <= 1000:
             raise ConfigError(f"n_steps is {n_steps!r}; it must be an int from 1 (one-step returns) to 1000")
         if not 0.0 <= float(gamma) <= 1.0:
@@ -134,16 +139,16 @@ class StoreSide:
         if np.dtype(schema.observation.dtype) != np.dtype(self.observation_space.dtype):
             raise ConfigError(f"the store at {where} holds {schema.observation.dtype} observations, this env gives "
                               f"{np.dtype(self.observation_space.dtype)}; use a new path")
-        if discrete_from_space(self.action_space) != schema.action:
+        if action_from_space(self.stored_actions) != schema.action:
             raise ConfigError(f"the store at {where} holds actions of {schema.action}, this env's action space is "
-                              f"{self.action_space}; use a new path")
+                              f"{self.action_space} (stored as {self.stored_actions}); use a new path")
 
     def create(self, first: np.ndarray) -> None:
         """Make the store, its stacking layout found from ``first`` (the first observations)."""
         stacks = choose(self.obs_shape, first, **self.options)
         capacity = max(2, self.buffer_size // self.n_envs) * self.n_envs
         self.store = ReplayStore.create(
-            self.path, capacity, stacks.frame_space(self.observation_space), self.action_space, stacks.frame_stack,
+            self.path, capacity, stacks.frame_space(self.observation_space), self.stored_actions, stacks.frame_stack,
             num_streams=self.n_envs, frame_padding=stacks.padding if stacks.frame_stack > 1 else "reset",
             layout=self.layout_arg, overwrite=self.overwrite, cache_bytes=self.cache_bytes,
             storage_options=self.storage_options)
@@ -174,8 +179,9 @@ class StoreSide:
         obs_a = self._rows(obs, "obs")
         next_a = self._rows(next_obs, "next_obs")
         act = np.asarray(action)
-        if act.size != n:
-            raise InvalidTransitionError(f"action has shape {act.shape}; this buffer takes one action per env ({n})")
+        shape = (n, *self.stored_actions.shape)
+        if act.size != math.prod(shape):
+            raise InvalidTransitionError(f"action has shape {act.shape}; this buffer takes one action per env: {shape}")
         done_a = np.asarray(done).reshape(-1)
         if done_a.shape != (n,):
             raise InvalidTransitionError(f"done has shape {np.shape(done)}; this buffer takes one flag per env ({n})")
@@ -191,7 +197,7 @@ class StoreSide:
         if end:
             store.end_episode(streams=end)
         stacks = self.stacks
-        store.add_batch(stacks.newest(obs_a), act.reshape(n), np.asarray(reward).reshape(n), stacks.newest(next_a),
+        store.add_batch(stacks.newest(obs_a), act.reshape(shape), np.asarray(reward).reshape(n), stacks.newest(next_a),
                         done_b & ~timeouts, done_b & timeouts, autoreset_mode="disabled", skip=skip)
         self.checker.advance(next_a, done_b, skip)
         self.skipped += len(skip)
@@ -229,7 +235,7 @@ class StoreSide:
                                   "or n_steps=1")
             reward = env.normalize_reward(reward).astype(np.float32)
         terminated = batch["terminated"].reshape(-1, 1)
-        out = {"observations": obs, "actions": batch["action"].reshape(-1, 1), "next_observations": next_obs,
+        out = {"observations": obs, "actions": batch["action"].reshape(len(reward), -1), "next_observations": next_obs,
                "dones": terminated.astype(np.float32), "rewards": reward, "discounts": None}
         if self.n_steps > 1:  # gamma ** m; where the last move terminated SB3's target ignores it
             full = np.float32(self.gamma) ** np.float32(self.n_steps)
@@ -244,6 +250,18 @@ class StoreSide:
 
     def __len__(self) -> int:
         return 0 if self.store is None else len(self.store)
+
+
+def buffer_action_space(action_space: Any) -> Any:
+    """The action space of the actions SB3 hands its buffer: a Discrete as it is; a Box as
+    ``Box(-1, 1)`` of its shape in float32 (SB3's off-policy algorithms store the policy's squashed
+    action, and SB3's own buffer keeps float64 as float32). Any other is a ``ConfigError``."""
+    import gymnasium as gym
+
+    action_from_space(action_space)  # refuses what a store cannot hold
+    if isinstance(action_space, gym.spaces.Box):
+        return gym.spaces.Box(-1.0, 1.0, shape=action_space.shape, dtype=np.float32)
+    return action_space
 
 
 #: The buffer of this process writing each store (by path): a new one for the same path takes over.

@@ -85,7 +85,7 @@ def prepare(ring: Rings, reader: FrameReader, positions: np.ndarray, *, n_step: 
         raise ValueError("prepare(..., batches > 1) needs an out array for the frames")
     outs: list = [None] if out is None else [[out[0][i], out[1][i]] for i in range(batches)]
     fields = {
-        "action": ring.action[slots].astype(np.int64),
+        "action": ring.action[slots].astype(ring.action_dtype, copy=False),
         "reward": reward,
         "terminated": terminated,
         "truncated": truncated,

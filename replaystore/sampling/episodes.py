@@ -39,7 +39,7 @@ class Episode:
     whether that is the episode's first (False: the ring overwrote its start)."""
 
     obs: np.ndarray
-    action: np.ndarray  # (moves,) int64
+    action: np.ndarray  # (moves,) int64; a Box store's (moves, *shape) in its dtype
     reward: np.ndarray  # (moves,) float32
     terminated: np.ndarray  # (moves,) bool
     truncated: np.ndarray  # (moves,) bool
@@ -126,7 +126,7 @@ def plan_episode(rings: Rings, reader: FrameReader, index: int, stream: int = 0)
     slots = positions % ring.capacity
     move = slots[:-1]
     ended, from_start = how_it_ended(ring, table, i)
-    fields = {"action": ring.action[move].astype(np.int64), "reward": ring.reward[move].astype(np.float32),
+    fields = {"action": ring.action[move].astype(ring.action_dtype, copy=False), "reward": ring.reward[move].astype(np.float32),
               "terminated": ring.terminated[move].copy(), "truncated": ring.truncated[move].copy()}
     out = np.empty((positions.size, *reader.shape), dtype=reader.dtype)
     plans = reader.plan_many((int(stream) << SHIFT | positions)[None, None], [[out]])

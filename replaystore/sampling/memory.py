@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from replaystore.errors import ConfigError
-from replaystore.format.schema import SCALAR_FIELDS, Layout, Schema, slot_count
+from replaystore.format.schema import Layout, Schema, scalar_fields, slot_count
 from replaystore.storage.areas import OUTPUT_POOL
 
 DECODE_AREA_CHUNKS = 128
@@ -66,7 +66,8 @@ def estimate(schema: Schema, layout: Layout, *, writable: bool | int, cache_byte
     ``writable``: how many streams this process writes (True: one)."""
     cap = slot_count(schema, layout)
     frame = schema.observation.frame_bytes
-    per_step = sum(np.dtype(d).itemsize for d in SCALAR_FIELDS.values()) + 1  # + the sampleable bitmap
+    per_step = 1 + sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize  # + 1: the sampleable bitmap
+                       for shape, dtype in scalar_fields(schema.action).values())
     tree_leaves = 1 << max(0, int(cap - 1).bit_length())
     chunks_per_shard = layout.shard_len // layout.obs_chunk_len
     n_shards = -(-cap // layout.shard_len)

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from replaystore.errors import SampleError
-from replaystore.format.schema import Schema
+from replaystore.format.schema import Schema, batch_action
 from replaystore.sampling.assemble import Batch, prepare
 from replaystore.sampling.draws import count_sampleable, sample_prioritized, sample_uniform
 from replaystore.sampling.pending import FieldSpec, Pending
@@ -73,7 +73,8 @@ class UniformSampler(Sampler):
         stack = (batch_size, schema.frame_stack, *schema.observation.shape)
         frame = np.dtype(schema.observation.dtype)
         one = (batch_size,)
-        return {"obs": (stack, frame), "next_obs": (stack, frame), "action": (one, np.dtype(np.int64)),
+        act_shape, act_dtype = batch_action(schema.action)
+        return {"obs": (stack, frame), "next_obs": (stack, frame), "action": ((batch_size, *act_shape), np.dtype(act_dtype)),
                 "reward": (one, np.dtype(np.float32)), "terminated": (one, np.dtype(bool)),
                 "truncated": (one, np.dtype(bool)), "discount": (one, np.dtype(np.float32)),
                 "index": (one, np.dtype(np.int64)), "weight": (one, np.dtype(np.float32))}

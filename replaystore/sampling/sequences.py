@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from replaystore.errors import SampleError
-from replaystore.format.schema import Schema
+from replaystore.format.schema import Schema, batch_action
 from replaystore.sampling.draws import count_sampleable, sample_uniform
 from replaystore.sampling.pending import FieldSpec, Pending
 from replaystore.sampling.samplers import Sampler
@@ -43,7 +43,7 @@ class SequenceBatch:
     each window's first step."""
 
     obs: np.ndarray  # (batch, length + 1, frame_stack, *obs_shape)
-    action: np.ndarray  # (batch, length) int64
+    action: np.ndarray  # (batch, length) int64; a Box store's (batch, length, *shape) in its dtype
     reward: np.ndarray  # (batch, length) float32
     terminated: np.ndarray  # (batch, length) bool
     truncated: np.ndarray  # (batch, length) bool
@@ -66,8 +66,9 @@ class SequenceSampler(Sampler):
 
     def spec(self, batch_size: int, schema: Schema) -> dict[str, FieldSpec]:
         n, L = batch_size, self.length
+        act_shape, act_dtype = batch_action(schema.action)
         return {"obs": ((n, L + 1, schema.frame_stack, *schema.observation.shape), np.dtype(schema.observation.dtype)),
-                "action": ((n, L), np.dtype(np.int64)), "reward": ((n, L), np.dtype(np.float32)),
+                "action": ((n, L, *act_shape), np.dtype(act_dtype)), "reward": ((n, L), np.dtype(np.float32)),
                 "terminated": ((n, L), np.dtype(bool)), "truncated": ((n, L), np.dtype(bool)),
                 "index": ((n,), np.dtype(np.int64))}
 
@@ -82,7 +83,7 @@ class SequenceSampler(Sampler):
         if batches > 1 and out is None:
             raise ValueError("plan(..., batches > 1) needs an out array for the frames")
         outs: list = [None] if out is None else [[out[0][i]] for i in range(batches)]
-        fields = {"action": rings.action[slots].astype(np.int64), "reward": rings.reward[slots].astype(np.float32),
+        fields = {"action": rings.action[slots].astype(rings.action_dtype, copy=False), "reward": rings.reward[slots].astype(np.float32),
                   "terminated": rings.terminated[slots].copy(), "truncated": rings.truncated[slots].copy(),
                   "index": slots[:, 0].copy()}
         return Pending(fields, reader.plan_many(stacks, outs), self.frames, out, SequenceBatch)

@@ -10,8 +10,8 @@ index within its episode, which is all frame stacking needs: offset ``m`` of the
 Step ``t`` is a sampleable (1-step) transition when it is live, not last, its successor ``t+1`` is
 stored, and its stack does not reach below the oldest live step. That set is kept as a per-slot
 bitmap ``valid`` with a count, updated at O(frame_stack) cost per step, so ``len()`` is O(1) and
-uniform sampling is one vectorised draw plus a gather. The scalars are small (19 bytes a step, plus
-1 for the bitmap), so the whole ring of them lives in RAM (20 MB per million steps) and is written
+uniform sampling is one vectorised draw plus a gather. The scalars are small (19 bytes a step with a
+Discrete action, plus 1 for the bitmap; a Box action adds its own bytes), so the whole ring of them lives in RAM (20 MB per million steps) and is written
 to disk as shards.
 """
 
@@ -21,9 +21,14 @@ from typing import Any
 
 import numpy as np
 
-from replaystore.format.schema import SCALAR_FIELDS
+from replaystore.format.schema import StepField
 
 SMALL_RANGE = 16
+
+
+def new_fields(specs: dict[str, StepField], length: int) -> dict[str, np.ndarray]:
+    """Zeroed per-step arrays of ``length`` slots for ``specs`` (schema.scalar_fields)."""
+    return {name: np.zeros((length, *shape), dtype=dtype) for name, (shape, dtype) in specs.items()}
 
 
 def name_fields(obj: Any) -> None:
@@ -44,16 +49,19 @@ class Ring:
     is_last: np.ndarray
     ep_step: np.ndarray
     priority: np.ndarray
+    #: the dtype sampled actions are returned in (schema.batch_action; rings.py sets a Box store's)
+    action_dtype = np.dtype(np.int64)
 
-    def __init__(self, capacity: int, frame_stack: int, shard_len: int, *,
-                 fields: dict[str, np.ndarray] | None = None, valid: np.ndarray | None = None) -> None:
-        """``fields`` and ``valid``: arrays of ``capacity`` to use (a stream's views of a store's
-        arrays, see rings.py) instead of new ones."""
+    def __init__(self, capacity: int, frame_stack: int, shard_len: int, fields: dict[str, StepField | np.ndarray], *,
+                 valid: np.ndarray | None = None) -> None:
+        """``fields``: every per-step field, as its spec (schema.scalar_fields: new arrays are made) or
+        as an array of ``capacity`` slots to use (a stream's views of a store's arrays, see rings.py);
+        ``valid`` likewise."""
         self.capacity = capacity
         self.frame_stack = frame_stack
         self.shard_len = shard_len
-        self.fields: dict[str, np.ndarray] = fields if fields is not None else {
-            name: np.zeros(capacity, dtype=dtype) for name, dtype in SCALAR_FIELDS.items()
+        self.fields: dict[str, np.ndarray] = {
+            name: f if isinstance(f, np.ndarray) else np.zeros((capacity, *f[0]), dtype=f[1]) for name, f in fields.items()
         }
         name_fields(self)
         self.valid = valid if valid is not None else np.zeros(capacity, dtype=bool)
@@ -107,7 +115,7 @@ class Ring:
         self.dirty_shards.add(s // self.shard_len)
         return position
 
-    def set_move(self, position: int, action: int, reward: float, terminated: bool, truncated: bool) -> None:
+    def set_move(self, position: int, action: int | np.ndarray, reward: float, terminated: bool, truncated: bool) -> None:
         """Record the move made from step ``position`` (the head of the episode in progress)."""
         s = position % self.capacity
         self.action[s] = action

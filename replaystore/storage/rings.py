@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from replaystore.format.schema import MAX_POSITION, SCALAR_FIELDS
-from replaystore.storage.ring import Ring, name_fields
+from replaystore.format.schema import MAX_POSITION, ActionSpec, batch_action, scalar_fields
+from replaystore.storage.ring import Ring, name_fields, new_fields
 
 SHIFT = MAX_POSITION.bit_length()  # 46: a stream may add 2**46 steps (70 trillion)
 MASK = (1 << SHIFT) - 1
@@ -40,8 +40,10 @@ class Rings:
     ep_step: np.ndarray
     priority: np.ndarray
 
-    def __init__(self, num_streams: int, stream_capacity: int, stride: int, frame_stack: int, shard_len: int, *,
-                 zero_padding: bool = False) -> None:
+    def __init__(self, num_streams: int, stream_capacity: int, stride: int, frame_stack: int, shard_len: int,
+                 action: ActionSpec, *, zero_padding: bool = False) -> None:
+        """``action``: the store's action space (schema.action), which sets the action array's shape
+        and dtype, and the dtype sampled actions are returned in (``action_dtype``)."""
         self.num_streams = num_streams
         self.zero_padding = zero_padding
         self.stream_capacity = stream_capacity
@@ -49,7 +51,8 @@ class Rings:
         self.size = stride * num_streams
         self.frame_stack = frame_stack
         self.shard_len = shard_len
-        self.fields: dict[str, np.ndarray] = {name: np.zeros(self.size, dtype=dtype) for name, dtype in SCALAR_FIELDS.items()}
+        self.fields = new_fields(scalar_fields(action), self.size)
+        self.action_dtype = np.dtype(batch_action(action)[1])
         self.valid = np.zeros(self.size, dtype=bool)
         #: the priority a new transition is written with (the prioritized sampler raises it to the
         #: largest priority it has seen, so a new transition is drawn at least as often as any other)
@@ -59,6 +62,7 @@ class Rings:
             region = slice(k * stride, k * stride + stream_capacity)
             self.streams.append(Ring(stream_capacity, frame_stack, shard_len, valid=self.valid[region],
                                      fields={name: values[region] for name, values in self.fields.items()}))
+            self.streams[-1].action_dtype = self.action_dtype
         name_fields(self)
 
     # ---------------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ def load_scalars(backend: Backend, k: int, ring: Ring, layout: Layout, *, shards
     out: dict[str, np.ndarray] = {}
     for name, _, j in wanted:
         values = ring.fields[name]
-        buf = out.setdefault(name, np.zeros(layout.shard_len, dtype=values.dtype))
+        buf = out.setdefault(name, np.zeros((layout.shard_len, *values.shape[1:]), dtype=values.dtype))
         start = j * layout.shard_len
         rows = min(layout.shard_len, ring.capacity - start)
         raw = next(raws)

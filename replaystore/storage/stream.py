@@ -65,7 +65,7 @@ class StreamWriter:
     # ---------------------------------------------------------------------------------------------
     # Moves
 
-    def add(self, obs: np.ndarray, action: int, reward: float, next_obs: np.ndarray, terminated: bool,
+    def add(self, obs: np.ndarray, action: int | np.ndarray, reward: float, next_obs: np.ndarray, terminated: bool,
             truncated: bool) -> None:
         """One checked move: all or nothing."""
         writer, ring = self.shards, self.ring

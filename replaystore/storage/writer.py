@@ -155,7 +155,7 @@ class ShardWriter:
         for name, values in fields.items():
             buf = self._scalar_buffer.get(name)
             if buf is None:
-                buf = self._scalar_buffer[name] = np.zeros(self.layout.shard_len, dtype=values.dtype)
+                buf = self._scalar_buffer[name] = np.zeros((self.layout.shard_len, *values.shape[1:]), dtype=values.dtype)
             buf[:rows] = values[start : start + rows]
             buf[rows:] = 0
             data = encode_shard(buf, chunk_len=self.layout.shard_len, rows=rows, codec=self.codec)

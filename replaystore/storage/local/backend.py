@@ -44,6 +44,7 @@ from replaystore.format.schema import (
     State,
     from_attrs,
     group_doc,
+    item_ndim,
     root_state,
     slot_count,
     stream_doc,
@@ -315,18 +316,16 @@ class LocalBackend(Backend):
 
     def _path(self, name: str, k: int, j: int) -> Path:
         schema, _ = self._known()
-        return self.root / shard_key(name, self.shard_of(k, j), len(schema.observation.shape) if name == FRAMES else 0)
+        return self.root / shard_key(name, self.shard_of(k, j), item_ndim(schema, name))
 
     def _owned(self, k: int) -> set[str]:
         """The keys stream ``k``'s writer writes (its commit, its shards of every array)."""
         schema, layout = self._known()
         per = stream_stride(schema, layout) // layout.shard_len
-        ndim = len(schema.observation.shape)
         keys = {f"{STREAMS_DIR}/{k}/zarr.json"}
         for j in range(per):
             shard = self.shard_of(k, j)
-            keys.add(shard_key(FRAMES, shard, ndim))
-            keys.update(shard_key(name, shard, 0) for name in SCALAR_FIELDS)
+            keys.update(shard_key(name, shard, item_ndim(schema, name)) for name in (FRAMES, *SCALAR_FIELDS))
         return keys
 
 

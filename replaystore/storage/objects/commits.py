@@ -43,6 +43,7 @@ from replaystore.format.schema import (
     Layout,
     Schema,
     State,
+    item_ndim,
     stream_doc,
     stream_state_from_doc,
     stream_stride,
@@ -95,7 +96,7 @@ class ObjectStreams:
         self.layout = layout
         self.lease_ttl = float(lease_ttl)
         self.gc_grace = float(gc_grace)
-        self.ndim = len(schema.observation.shape)
+        self.ndims = {name: item_ndim(schema, name) for name in ARRAYS}
         self.per_stream = stream_stride(schema, layout) // layout.shard_len
         self.n_shards = -(-schema.stream_capacity // layout.shard_len)
         self.latest: dict[int, StreamDoc] = {}  # the last document read of each stream
@@ -116,7 +117,7 @@ class ObjectStreams:
         """The key of stream ``k``'s shard ``j`` of array ``name`` at generation ``suffix``."""
         if suffix is None:
             return None
-        return f"{shard_key(name, k * self.per_stream + j, self.ndim if name == 'obs' else 0)}.{suffix}"
+        return f"{shard_key(name, k * self.per_stream + j, self.ndims[name])}.{suffix}"
 
     def obs_keys(self, k: int, doc: StreamDoc | None = None) -> dict[int, str | None]:
         """Global frame shard -> key, for stream ``k`` in ``doc`` (default: the latest read)."""
