@@ -248,10 +248,10 @@ def action_from_space(space: Any) -> ActionSpec:
     if not isinstance(space, gym.spaces.Box):
         raise ConfigError(
             f"action_space is {space!r}, but replaystore stores Discrete or Box actions only; "
-            "wrap the env so its actions are one of those (e.g. FlattenAction for a Dict or Tuple of Boxes)"
+            "wrap the env so its actions are one of those (gymnasium's TransformAction can map a Box onto "
+            "a Dict, Tuple or MultiDiscrete)"
         )
-    spec = BoxSpec(shape=tuple(int(s) for s in space.shape), dtype=np.dtype(space.dtype).name,
-                   low=_bound(space.low), high=_bound(space.high))
+    spec = box_from_space(space)
     size = int(np.prod(spec.shape, dtype=np.int64))
     if np.dtype(spec.dtype).kind not in "biuf" or not 0 < size <= MAX_ACTION_SIZE or len(spec.shape) > 8:
         raise ConfigError(f"action_space is {space!r}; a Box action must hold 1..{MAX_ACTION_SIZE} bool, int or "
