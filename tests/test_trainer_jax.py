@@ -32,7 +32,10 @@ stack_shape = tuple(int(x) for x in data["stack_shape"])
 from replaystore.trainer.learner import make_learner
 from replaystore.trainer.models import q_network
 model = q_network(stack_shape, np.uint8, 3, hidden_sizes=[16])
-agent = make_learner(model, keras.optimizers.Adam(1e-3, global_clipnorm=10.0), stack_shape=stack_shape,
+# epsilon 1e-3, not Keras's 1e-7: Adam's first step moves each weight by lr * g / (|g| + epsilon), so
+# with 1e-7 a gradient element near zero (a conv weight behind a dead unit) turns a 1e-8 difference
+# between the backends' float sums into a 1e-3 difference in the weight (it failed 44 of 8192 once)
+agent = make_learner(model, keras.optimizers.Adam(1e-3, epsilon=1e-3, global_clipnorm=10.0), stack_shape=stack_shape,
                      dtype=np.uint8, target_every=1000, tau=1.0)
 if "online/0" in data:
     agent.load_state({part: [data[f"{part}/{i}"] for i in range(int(data[f"{part}_n"]))]
