@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from replaystore.format.schema import BoxSpec
+from replaystore.format.spaces import BoxSpec
 from replaystore.sampling.episodes import episode_table
 from replaystore.store import ReplayStore
 

@@ -12,7 +12,8 @@ different streams never rewrite the same file. A store of one stream on a file s
 its one commit is ``"state"`` here, with no ``num_streams`` (storage/local reads it as stream 0's).
 Version 3 is a store on object storage (storage/objects). Everything read back from disk is validated here, so a hostile or
 truncated ``zarr.json`` becomes a ``CorruptStoreError`` naming the bad key rather than a crash deep
-inside numpy.
+inside numpy. The spaces themselves (``BoxSpec``, ``DiscreteSpec``, from and to gymnasium) are
+spaces.py's.
 """
 
 from __future__ import annotations
@@ -24,7 +25,16 @@ from typing import Any
 
 import numpy as np
 
-from replaystore.errors import ConfigError, CorruptStoreError, FormatVersionError
+from replaystore.errors import CorruptStoreError, FormatVersionError
+from replaystore.format.spaces import (
+    MAX_ACTION_SIZE,
+    ActionSpec,
+    BoxSpec,
+    DiscreteSpec,
+    StepField,
+    parse_bound,
+    space_attrs,
+)
 
 FORMAT_VERSION = 3  # the newest format version written (and the highest read): see the versions below
 ROOT_STATE_VERSION = 1  # one stream, its commit in the root zarr.json (read and appended to, no longer created)
@@ -46,54 +56,10 @@ SCALAR_FIELDS: dict[str, str] = {
     "priority": "float32",
 }
 MAX_CAPACITY = 2**40
-#: A per-step field's shape (beyond the step axis) and dtype.
-StepField = tuple[tuple[int, ...], str]
 #: What a frame stack holds before its episode's first step (``Schema.frame_padding``).
 FRAME_PADDINGS = ("reset", "zero")
 #: Steps a stream may ever add (positions carry the stream in the bits above these: see storage/rings.py).
 MAX_POSITION = 2**46 - 1
-
-
-@dataclass(frozen=True)
-class BoxSpec:
-    """A gymnasium ``Box`` observation space: shape, dtype and bounds."""
-
-    shape: tuple[int, ...]
-    dtype: str
-    low: Any  # a number when uniform, else nested lists of numbers (infinities as floats)
-    high: Any
-
-    @property
-    def frame_bytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
-
-    def to_space(self) -> Any:
-        import gymnasium as gym
-
-        dtype = np.dtype(self.dtype)
-        low = np.asarray(self.low, dtype=dtype) if np.ndim(self.low) else dtype.type(self.low)
-        high = np.asarray(self.high, dtype=dtype) if np.ndim(self.high) else dtype.type(self.high)
-        return gym.spaces.Box(low=low, high=high, shape=self.shape, dtype=dtype)
-
-
-@dataclass(frozen=True)
-class DiscreteSpec:
-    """A gymnasium ``Discrete`` action space: ``n`` actions starting at ``start``."""
-
-    n: int
-    start: int = 0
-
-    def to_space(self) -> Any:
-        import gymnasium as gym
-
-        return gym.spaces.Discrete(self.n, start=self.start)
-
-
-#: An action space a store holds: ``Discrete`` (one int a step, stored as int32) or ``Box``
-#: (continuous control: an array of the Box's shape and dtype a step).
-ActionSpec = DiscreteSpec | BoxSpec
-#: Most elements in one ``Box`` action (its bytes are kept for every slot in RAM, like the scalars).
-MAX_ACTION_SIZE = 1024
 
 
 @dataclass(frozen=True)
@@ -184,82 +150,6 @@ class State:
 
 
 # --------------------------------------------------------------------------------------------------
-# Spaces <-> specs
-
-
-def _compact_bound(bound: np.ndarray) -> Any:
-    """A Box bound for JSON: one number when uniform, else nested lists; infinities (and NaN) as the
-    strings ``"inf"``/``"-inf"`` (``"nan"``) anywhere, so the document is strict JSON."""
-    flat = np.asarray(bound).ravel()
-    if flat.size and np.all(flat == flat[0]):
-        return _json_number(flat[0])
-    return _json_numbers(np.asarray(bound).tolist())
-
-
-def _json_numbers(value: Any) -> Any:
-    if isinstance(value, list):
-        return [_json_numbers(v) for v in value]
-    return _json_number(value)
-
-
-def _json_number(x: Any) -> Any:
-    x = np.asarray(x).item()
-    if isinstance(x, float) and not np.isfinite(x):
-        return "inf" if x > 0 else ("-inf" if x < 0 else "nan")
-    return x
-
-
-def _bound(bound: np.ndarray) -> Any:
-    """A Box bound as a spec holds it: a number when uniform, else nested lists."""
-    return _parse_bound(_compact_bound(bound))
-
-
-def _parse_bound(b: Any) -> Any:
-    if isinstance(b, str):
-        return float(b)
-    if isinstance(b, list):
-        return [_parse_bound(v) for v in b]
-    return b
-
-
-def box_from_space(space: Any) -> BoxSpec:
-    """Describe a gymnasium Box; any other observation space is a ``ConfigError``."""
-    import gymnasium as gym
-
-    if not isinstance(space, gym.spaces.Box):
-        raise ConfigError(
-            f"observation_space is {space!r}, but replaystore stores Box observations only; "
-            "wrap the env (e.g. FlattenObservation) so it yields a Box"
-        )
-    return BoxSpec(
-        shape=tuple(int(s) for s in space.shape),
-        dtype=np.dtype(space.dtype).name,
-        low=_bound(space.low),
-        high=_bound(space.high),
-    )
-
-
-def action_from_space(space: Any) -> ActionSpec:
-    """Describe a gymnasium Discrete or Box action space; any other is a ``ConfigError``."""
-    import gymnasium as gym
-
-    if isinstance(space, gym.spaces.Discrete):
-        return DiscreteSpec(n=int(space.n), start=int(space.start))
-    if not isinstance(space, gym.spaces.Box):
-        raise ConfigError(
-            f"action_space is {space!r}, but replaystore stores Discrete or Box actions only; "
-            "wrap the env so its actions are one of those (gymnasium's TransformAction can map a Box onto "
-            "a Dict, Tuple or MultiDiscrete)"
-        )
-    spec = box_from_space(space)
-    size = int(np.prod(spec.shape, dtype=np.int64))
-    if np.dtype(spec.dtype).kind not in "biuf" or not 0 < size <= MAX_ACTION_SIZE or len(spec.shape) > 8:
-        raise ConfigError(f"action_space is {space!r}; a Box action must hold 1..{MAX_ACTION_SIZE} bool, int or "
-                          "float values in at most 8 dimensions (each is kept in RAM for every slot)")
-    return spec
-
-
-# --------------------------------------------------------------------------------------------------
 # Attributes <-> dataclasses
 
 
@@ -281,8 +171,8 @@ def to_attrs(schema: Schema, layout: Layout, version: int) -> dict[str, Any]:
     return {
         "format_version": version,
         "schema": {
-            "observation_space": _space_attrs(schema.observation),
-            "action_space": _space_attrs(schema.action),
+            "observation_space": space_attrs(schema.observation),
+            "action_space": space_attrs(schema.action),
             "capacity": schema.capacity,
             "frame_stack": schema.frame_stack,
             **({} if version == ROOT_STATE_VERSION else {"num_streams": schema.num_streams}),
@@ -294,17 +184,6 @@ def to_attrs(schema: Schema, layout: Layout, version: int) -> dict[str, Any]:
             "codec": dataclasses.asdict(layout.codec),
         },
     }
-
-
-def _space_attrs(spec: BoxSpec | DiscreteSpec) -> dict[str, Any]:
-    """A space's entry in the attributes: its type, then its fields (a Box's bounds as strict JSON)."""
-    if isinstance(spec, DiscreteSpec):
-        return {"type": "Discrete", **dataclasses.asdict(spec)}
-    box = dataclasses.asdict(spec)
-    box["shape"] = list(box["shape"])
-    box["low"] = _compact_bound(np.asarray(_parse_bound(box["low"])))
-    box["high"] = _compact_bound(np.asarray(_parse_bound(box["high"])))
-    return {"type": "Box", **box}
 
 
 def group_doc(attributes: dict[str, Any]) -> dict[str, Any]:
@@ -427,7 +306,7 @@ def _parse_box(d: dict[str, Any], where: str) -> BoxSpec:
         raise CorruptStoreError(f"{where}.dtype is {dtype!r}, not a numpy dtype") from exc
     if np_dtype.kind not in "biuf":
         raise CorruptStoreError(f"{where}.dtype is {dtype!r}, expected a bool, int or float dtype")
-    return BoxSpec(tuple(shape), np_dtype.name, _parse_bound(d.get("low", 0)), _parse_bound(d.get("high", 0)))
+    return BoxSpec(tuple(shape), np_dtype.name, parse_bound(d.get("low", 0)), parse_bound(d.get("high", 0)))
 
 
 def root_state(attrs: Any, *, path: str) -> State:

@@ -24,16 +24,14 @@ from replaystore.format.schema import (
     FRAME_PADDINGS,
     MAX_CAPACITY,
     MAX_STREAMS,
-    BoxSpec,
     Layout,
     Schema,
-    action_from_space,
-    box_from_space,
     default_layout,
     scalar_fields,
     slot_count,
 )
 from replaystore.format.shards import validate_codec
+from replaystore.format.spaces import BoxSpec, action_from_space, box_from_space
 
 
 def parse_group_doc(raw: bytes, where: str) -> dict[str, Any]:

@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from replaystore.errors import ConfigError, InvalidTransitionError, StoreNotFoundError
-from replaystore.format.schema import action_from_space, box_from_space
+from replaystore.format.spaces import action_from_space, box_from_space
 from replaystore.integrations.stacking import StackChecker, StackLayout, choose, from_frames
 from replaystore.store import DEFAULT_CACHE_BYTES, ReplayStore
 

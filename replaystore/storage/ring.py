@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from replaystore.format.schema import StepField
+from replaystore.format.spaces import StepField
 
 SMALL_RANGE = 16
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from replaystore.format.schema import MAX_POSITION, ActionSpec, batch_action, scalar_fields
+from replaystore.format.schema import MAX_POSITION, batch_action, scalar_fields
+from replaystore.format.spaces import ActionSpec
 from replaystore.storage.ring import Ring, name_fields, new_fields
 
 SHIFT = MAX_POSITION.bit_length()  # 46: a stream may add 2**46 steps (70 trillion)
