@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Self
 
@@ -54,7 +54,7 @@ from replaystore.format.validate import (
     new_schema,
 )
 from replaystore.sampling.assemble import Batch
-from replaystore.sampling.episodes import Episode, plan_episode
+from replaystore.sampling.episodes import Episode, episode_table, plan_episode, plan_span, stream_ring
 from replaystore.sampling.memory import check_budget, check_config, estimate
 from replaystore.sampling.pending import Pending
 from replaystore.sampling.priority import Priorities, check_priorities, check_slots
@@ -405,6 +405,38 @@ class ReplayStore:
             pending = plan_episode(self.rings, self.reader, index, stream)
         episode: Episode = pending.finish(self.reader)
         return episode
+
+    def iter_episodes(self, *, stream: int | None = None, whole: bool = False) -> Iterator[Episode]:
+        """Every live episode of ``stream`` (None: of each stream in turn), oldest first, each read
+        whole as ``episode`` reads it, one at a time; with ``whole``, only those whose first and
+        last steps are both live and that hold a move (no episode in progress, none the ring has cut).
+        Each stream's episodes are listed once, when the iteration reaches it: an episode the writer
+        overwrites before it is read raises ``SampleError``.
+
+        Example:
+            >>> sum(len(e) for e in ReplayStore.open("/tmp/doc.zarr").iter_episodes()) > 0
+            True
+        """
+        with self._mutex:
+            self._check_open()
+            if stream is not None:
+                stream_ring(self.rings, stream)  # a stream the store does not have: SampleError here
+            streams = range(self.num_streams) if stream is None else [int(stream)]
+        return self._episodes_of(streams, whole)
+
+    def _episodes_of(self, streams: Iterable[int], whole: bool) -> Iterator[Episode]:
+        for k in streams:
+            with self._mutex:
+                self._check_open()
+                table = episode_table(stream_ring(self.rings, k))
+            for i in range(int(table["start_step"].size)):
+                if whole and not (table["whole"][i] and table["lengths"][i]):
+                    continue
+                with self._mutex:
+                    self._check_open()
+                    pending = plan_span(stream_ring(self.rings, k), self.reader, k, i, table)
+                episode: Episode = pending.finish(self.reader)
+                yield episode
 
     def sampler(self, *, n_step: int = 1, gamma: float = 0.99, prioritized: bool = False, alpha: float = 0.6,
                 beta: float = 0.4, sequence_length: int | None = None) -> Sampler:

@@ -173,6 +173,35 @@ def test_episodes_read_whole(where: str) -> None:
         store.episode(0, stream=3)
 
 
+def test_every_episode_iterated_as_read_one_at_a_time(where: str) -> None:
+    """``iter_episodes`` gives what ``episode`` gives for each index of each stream, in order; with
+    ``whole`` only the episodes with both ends live; and an episode the writer overwrites before it
+    is reached raises instead of coming back as other steps."""
+    create(where)
+    with ReplayStore.open(where) as store:
+        want = [store.episode(i, stream=k) for k in range(3) for i in range(store.episode(-1, stream=k).index + 1)]
+        got = list(store.iter_episodes())
+        assert [(e.stream, e.index, e.first_step, e.ended) for e in got] == [
+            (e.stream, e.index, e.first_step, e.ended) for e in want]
+        for a, b in zip(got, want, strict=True):
+            for name in ("obs", "action", "reward", "terminated", "truncated"):
+                np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+        whole = [(e.stream, e.index) for e in store.iter_episodes(whole=True)]
+        assert whole == [(e.stream, e.index) for e in want if e.from_start and e.ended in ("terminated", "truncated")]
+        assert whole and len(whole) < len(want)
+        assert [e.index for e in store.iter_episodes(stream=2)] == [e.index for e in want if e.stream == 2]
+        with pytest.raises(SampleError, match="has 3 streams"):
+            store.iter_episodes(stream=3)
+    with ReplayStore.open(where, mode="a", streams=[0]) as writer:
+        episodes = writer.iter_episodes(stream=0)
+        first = next(episodes)
+        for move in moves(0, 40, start=after(0, COUNTS[0])):  # the ring (32 steps) turns over
+            writer.add(*move)
+        with pytest.raises(SampleError, match="no longer live"):
+            next(episodes)
+        assert first.stream == 0
+
+
 def test_blocks_of_transitions_and_of_sequences(where: str) -> None:
     create(where)
     with ReplayStore.open(where) as store:

@@ -9,7 +9,9 @@ starts; the oldest live episode may have lost its first steps to the ring.
 ``episode_table`` finds every live episode from the scalar arrays alone (``replaystore inspect``
 and ``episodes`` list them without decoding a frame); ``plan_episode`` reads one episode's scalars
 and plans its frames through the store's ``FrameReader``, into an array of its own (an episode can
-be 100+ MB of frames: it never goes into the reader's recycled output blocks).
+be 100+ MB of frames: it never goes into the reader's recycled output blocks). ``plan_span`` does
+the same from a table made earlier, so that reading every episode (``ReplayStore.iter_episodes``)
+makes each stream's table once, not once per episode.
 """
 
 from __future__ import annotations
@@ -121,12 +123,23 @@ def plan_episode(rings: Rings, reader: FrameReader, index: int, stream: int = 0)
         raise SampleError(f"episode index is {index!r}; stream {stream} holds {count} live episodes (index {held}; "
                           "negative counts from the newest)")
     i = int(index) % count
+    return plan_span(ring, reader, stream, i, table)
+
+
+def plan_span(ring: Ring, reader: FrameReader, stream: int, i: int, table: dict[str, np.ndarray]) -> Pending:
+    """Episode ``i`` of ``table`` (``episode_table`` of ``stream``'s ring, now or earlier: its steps
+    must still be live), its scalars read and its frames planned. ``SampleError`` when the ring
+    has overwritten its oldest step since ``table`` was made."""
     first, last = int(table["start_step"][i]), int(table["end_step"][i])
+    if first < ring.lo or last >= ring.added:
+        raise SampleError(f"stream {stream}'s episode {i} (steps {first}..{last}) is no longer live: the writer "
+                          f"overwrote it (live steps are {ring.lo}..{ring.added - 1}); read episodes from a handle "
+                          "no one writes to, or faster than the ring turns over")
     positions = np.arange(first, last + 1, dtype=np.int64)
     slots = positions % ring.capacity
     move = slots[:-1]
     ended, from_start = how_it_ended(ring, table, i)
-    fields = {"action": ring.action[move].astype(ring.action_dtype, copy=False), "reward": ring.reward[move].astype(np.float32),
+    fields: dict[str, np.ndarray] = {"action": ring.action[move].astype(ring.action_dtype, copy=False), "reward": ring.reward[move].astype(np.float32),
               "terminated": ring.terminated[move].copy(), "truncated": ring.truncated[move].copy()}
     out = np.empty((positions.size, *reader.shape), dtype=reader.dtype)
     plans = reader.plan_many((int(stream) << SHIFT | positions)[None, None], [[out]])

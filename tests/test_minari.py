@@ -1,0 +1,356 @@
+"""Minari datasets in and out of a store (integrations/minari.py), against datasets that Minari itself
+recorded from real envs (``minari.DataCollector``) or wrote (``create_dataset_from_buffers``), and
+read back with ``minari.load_dataset``."""
+
+from __future__ import annotations
+
+import errno
+import os
+import warnings
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+minari = pytest.importorskip("minari")
+
+from minari.data_collector.episode_buffer import EpisodeBuffer  # noqa: E402
+
+from replaystore import ReplayStore  # noqa: E402
+from replaystore.cli import main  # noqa: E402
+from replaystore.errors import (  # noqa: E402
+    ConfigError,
+    InvalidTransitionError,
+    StoreExistsError,
+    StoreNotFoundError,
+    StoreWriteError,
+)
+from replaystore.integrations.minari import minari_from_store, store_from_minari  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def datasets_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Minari's local datasets for this test only."""
+    root = tmp_path / "minari"
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(root))
+    return root
+
+
+def record(dataset_id: str, env: gym.Env, steps: int, *, seed: int = 0) -> minari.MinariDataset:
+    """``steps`` random moves of ``env`` recorded by Minari's own DataCollector."""
+    collector = minari.DataCollector(env)
+    collector.reset(seed=seed)
+    collector.action_space.seed(seed)
+    for _ in range(steps):
+        _, _, terminated, truncated, _ = collector.step(collector.action_space.sample())
+        if terminated or truncated:
+            collector.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dataset = collector.create_dataset(dataset_id, algorithm_name="random", author="tests", author_email="t@t",
+                                           code_permalink="tests/test_minari.py", description="random play")
+    collector.close()
+    return dataset
+
+
+def written(dataset_id: str, episodes: list[dict], obs_space: gym.Space, action_space: gym.Space):
+    """A dataset Minari writes from ``episodes`` as given (Minari checks none of the values)."""
+    buffers = [EpisodeBuffer(observations=e["obs"], actions=e["action"], rewards=e["reward"],
+                             terminations=e["terminated"], truncations=e["truncated"], infos={}) for e in episodes]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return minari.create_dataset_from_buffers(dataset_id, buffers, observation_space=obs_space,
+                                                  action_space=action_space, jpeg_encoding=False)
+
+
+def episode(moves: int, *, start: float = 0.0, end: str = "terminated") -> dict:
+    obs = (start + np.arange(moves + 1, dtype=np.float32))[:, None] * np.ones((1, 3), np.float32)
+    flags = np.zeros(moves, bool)
+    terminated, truncated = flags.copy(), flags.copy()
+    if end == "terminated":
+        terminated[-1] = True
+    elif end == "truncated":
+        truncated[-1] = True
+    return {"obs": obs, "action": np.arange(moves) % 3, "reward": np.linspace(-1, 1, moves),
+            "terminated": terminated, "truncated": truncated}
+
+
+VECTOR = gym.spaces.Box(-1e6, 1e6, (3,), np.float32)
+
+
+def where(store: ReplayStore, dataset) -> dict[int, tuple[int, int]]:
+    """Global store position -> (episode, move) of the dataset, for a store filled from it in order."""
+    out, position = {}, 0
+    for e, ep in enumerate(dataset.iterate_episodes()):
+        for t in range(len(ep) + 1):
+            out[position + t] = (e, t)
+        position += len(ep) + 1
+    return out
+
+
+def left_beside(path: Path) -> list[str]:
+    return sorted(p.name for p in path.parent.iterdir() if p.name.startswith(f".{path.name}"))
+
+
+# -------------------------------------------------------------------------------------------------
+# In and out
+
+
+def test_a_recorded_dataset_is_stored_sampled_and_exported_exactly(tmp_path: Path) -> None:
+    data = record("cartpole/random-v0", gym.make("CartPole-v1"), 1500)
+    path = tmp_path / "cartpole.zarr"
+    report = store_from_minari("cartpole/random-v0", path)
+    assert (report.episodes, report.moves, report.closed, report.frame_stack) == (len(data), 1500, 0, 1)
+    episodes = list(data.iterate_episodes())
+    with ReplayStore.open(path) as store:
+        assert len(store) == 1500 and store.capacity == 1500 + len(data)
+        assert store.action_space == data.action_space
+        for i, ep in enumerate(episodes):  # every episode, whole
+            got = store.episode(i)
+            assert np.array_equal(got.obs, ep.observations) and np.array_equal(got.action, ep.actions)
+            assert np.array_equal(got.reward, ep.rewards.astype(np.float32))
+            assert np.array_equal(got.terminated, ep.terminations) and np.array_equal(got.truncated, ep.truncations)
+        at = where(store, data)
+        gamma = 0.9
+        for n_step in (1, 3):  # sampled transitions are the dataset's, n-step returns computed from it
+            batch = store.sample(256, n_step=n_step, gamma=gamma, rng=np.random.default_rng(n_step))
+            for j, g in enumerate(batch.index):
+                e, t = at[int(g)]
+                ep = episodes[e]
+                m = min(n_step, len(ep) - t)
+                assert np.array_equal(batch.obs[j, -1], ep.observations[t])
+                assert np.array_equal(batch.next_obs[j, -1], ep.observations[t + m])
+                assert batch.action[j] == ep.actions[t]
+                want = sum(gamma**i * np.float32(ep.rewards[t + i]) for i in range(m))
+                assert batch.reward[j] == pytest.approx(want, rel=1e-5)
+                ends = bool(ep.terminations[t + m - 1])
+                assert batch.discount[j] == pytest.approx(0.0 if ends else gamma**m)
+    out = minari_from_store(path, "replaystore/cartpole/back-v0", env="CartPole-v1", author="tests")
+    assert (out.episodes, out.moves, out.partial, out.in_progress) == (len(data), 1500, 0, 0)
+    back = minari.load_dataset("replaystore/cartpole/back-v0")
+    assert back.total_steps == 1500 and back.spec.env_spec.id == "CartPole-v1"
+    assert back.recover_environment().spec.id == "CartPole-v1"
+    assert back.storage.metadata["author"] == {"tests"}
+    for a, b in zip(episodes, back.iterate_episodes(), strict=True):
+        assert np.array_equal(a.observations, b.observations) and np.array_equal(a.actions, b.actions)
+        assert np.array_equal(a.rewards.astype(np.float32), b.rewards)
+        assert np.array_equal(a.terminations, b.terminations) and np.array_equal(a.truncations, b.truncations)
+    assert "replaystore/cartpole/back-v0" in minari.list_local_datasets()
+
+
+def test_frame_stacks_are_stored_once_a_frame_and_sampled_as_recorded(tmp_path: Path) -> None:
+    import ale_py
+
+    gym.register_envs(ale_py)
+    env = gym.make("ALE/Pong-v5", frameskip=1, repeat_action_probability=0.0, full_action_space=False)
+    env = gym.wrappers.FrameStackObservation(gym.wrappers.AtariPreprocessing(env, noop_max=0), 4)
+    data = record("pong/random-v0", env, 400)
+    episodes = list(data.iterate_episodes())
+    path = tmp_path / "pong.zarr"
+    report = store_from_minari(data, path)
+    assert report.frame_stack == 4 and "4 frames of (84, 84)" in report.stacking
+    with ReplayStore.open(path) as store:
+        assert store.observation_space.shape == (84, 84) and store.frame_stack == 4
+        assert store.schema.frame_padding == "reset"
+        at = where(store, data)
+        batch = store.sample(64, rng=np.random.default_rng(0))
+        assert batch.obs.shape == (64, 4, 84, 84)
+        for j, g in enumerate(batch.index):  # each sampled stack is the observation Minari recorded
+            e, t = at[int(g)]
+            assert np.array_equal(batch.obs[j], episodes[e].observations[t])
+            assert np.array_equal(batch.next_obs[j], episodes[e].observations[t + 1])
+        assert store.backend.stored_bytes()["obs"] < 401 * 84 * 84  # each frame once, compressed
+    minari_from_store(path, "back/pong-stacks-v0", stacks=True)
+    minari_from_store(path, "back/pong-frames-v0")
+    stacks, frames = minari.load_dataset("back/pong-stacks-v0"), minari.load_dataset("back/pong-frames-v0")
+    assert stacks.observation_space.shape == (4, 84, 84) and frames.observation_space.shape == (84, 84)
+    assert not stacks.storage.metadata["jpeg_encoding"]
+    for a, b, c in zip(episodes, stacks.iterate_episodes(), frames.iterate_episodes(), strict=True):
+        assert np.array_equal(a.observations, b.observations)  # the recorded stacks, rebuilt
+        assert np.array_equal(a.observations[:, -1], c.observations)
+
+
+def test_box_actions_and_zero_padded_stacks_round_trip(tmp_path: Path) -> None:
+    frames = np.random.default_rng(0).integers(1, 255, (12, 2, 5), dtype=np.uint8)
+    eps = []
+    for start, moves in ((0, 4), (5, 6)):  # SB3 VecFrameStack style: zeros before the first frame, last axis
+        seq = np.concatenate([np.zeros((2, 2, 5), np.uint8), frames[start:start + moves + 1]])
+        obs = np.stack([np.concatenate(list(seq[t:t + 3]), axis=-1) for t in range(moves + 1)])
+        ep = episode(moves, end="truncated")
+        ep["obs"] = obs
+        ep["action"] = np.linspace(-2, 2, moves * 2, dtype=np.float32).reshape(moves, 2)
+        eps.append(ep)
+    obs_space = gym.spaces.Box(0, 255, (2, 15), np.uint8)
+    action_space = gym.spaces.Box(-2, 2, (2,), np.float32)
+    written("box/stacked-v0", eps, obs_space, action_space)
+    path = tmp_path / "box.zarr"
+    report = store_from_minari("box/stacked-v0", path)
+    assert report.frame_stack == 3 and "zero-padded" in report.stacking
+    with ReplayStore.open(path) as store:
+        assert store.observation_space.shape == (2, 5) and store.schema.frame_padding == "zero"
+        assert store.action_space == action_space
+        for i, ep in enumerate(eps):
+            got = store.episode(i)
+            assert np.array_equal(got.obs, ep["obs"][..., -5:]) and np.array_equal(got.action, ep["action"])
+            assert got.ended == "truncated"
+    minari_from_store(path, "box/back-v0", stacks=True)
+    for ep, back in zip(eps, minari.load_dataset("box/back-v0").iterate_episodes(), strict=True):
+        # the stacks on a new first axis, zero-padded as the store pads them
+        assert np.array_equal(np.concatenate(list(back.observations.transpose(1, 0, 2, 3)), axis=-1), ep["obs"])
+        assert np.array_equal(back.actions, ep["action"])
+
+
+def test_an_episode_cut_short_is_closed_as_truncated(tmp_path: Path) -> None:
+    eps = [episode(5), episode(4, start=20.0, end="none"), episode(3, start=30.0)]
+    written("cut/short-v0", eps, VECTOR, gym.spaces.Discrete(3))
+    report = store_from_minari("cut/short-v0", tmp_path / "cut.zarr")
+    assert (report.episodes, report.moves, report.closed, report.empty) == (3, 12, 1, 0)
+    with ReplayStore.open(tmp_path / "cut.zarr") as store:
+        assert [store.episode(i).ended for i in range(3)] == ["terminated", "truncated", "terminated"]
+        assert np.array_equal(store.episode(1).obs, eps[1]["obs"])
+        assert not store.episode(1).truncated[:-1].any()  # closed after its last move only (the flag on the step)
+
+
+def test_a_smaller_capacity_keeps_the_newest_episodes(tmp_path: Path) -> None:
+    eps = [episode(9, start=100.0 * i) for i in range(6)]
+    written("many/eps-v0", eps, VECTOR, gym.spaces.Discrete(3))
+    store_from_minari("many/eps-v0", tmp_path / "small.zarr", capacity=32)
+    with ReplayStore.open(tmp_path / "small.zarr") as store:
+        assert store.capacity == 32
+        assert np.array_equal(store.episode(-1).obs, eps[-1]["obs"])
+        assert np.array_equal(store.episode(-2).obs, eps[-2]["obs"])
+
+
+def test_a_store_on_object_storage(s3_url: str) -> None:
+    data = record("cartpole/s3-v0", gym.make("CartPole-v1"), 300)
+    report = store_from_minari(data, s3_url)
+    assert report.path == s3_url and report.moves == 300
+    with ReplayStore.open(s3_url) as store:
+        assert np.array_equal(store.episode(0).obs, next(iter(data.iterate_episodes())).observations)
+    out = minari_from_store(s3_url, "s3/back-v0")
+    assert out.moves == 300 and minari.load_dataset("s3/back-v0").total_steps == 300
+
+
+# -------------------------------------------------------------------------------------------------
+# Out: which episodes
+
+
+def test_export_takes_whole_episodes_of_every_stream(tmp_path: Path) -> None:
+    path = tmp_path / "streams.zarr"
+    with ReplayStore.create(path, 24, VECTOR, gym.spaces.Discrete(3), num_streams=2) as store:
+        # rings of 12 steps. Stream 0: episodes of 4 moves (5 steps): the first is cut at its start.
+        # Stream 1: episodes of 2 moves (3 steps), the last still in progress.
+        for s in range(12):
+            e0, t0, e1, t1 = s // 4, s % 4, s // 2, s % 2
+            obs = np.array([[100 * e0 + t0] * 3, [1000 + 100 * e1 + t1] * 3], np.float32)
+            store.add_batch(obs, [t0 % 3, t1], [1.0, -1.0], obs + 1, [t0 == 3, t1 == 1 and s < 11], [False, False],
+                            autoreset_mode="disabled")
+    out = minari_from_store(path, "streams/back-v0")
+    assert (out.episodes, out.moves, out.partial, out.in_progress) == (5, 14, 1, 1)
+    back = [ep.observations[:, 0] for ep in minari.load_dataset("streams/back-v0").iterate_episodes()]
+    starts = [100, 200, 1200, 1300, 1400]  # stream 0's whole episodes, then stream 1's, oldest first
+    assert [b.tolist() for b in back] == [list(range(a, a + (5 if a < 1000 else 3))) for a in starts]
+
+
+# -------------------------------------------------------------------------------------------------
+# Bad input: a clear error, and nothing left behind
+
+
+@pytest.mark.parametrize("case", ["nan-obs", "action-outside", "reward-beyond-float32", "ends-early", "short-obs",
+                                  "stacks-break"])
+def test_a_bad_episode_is_named_and_no_store_is_left(tmp_path: Path, case: str) -> None:
+    eps = [episode(5), episode(6, start=10.0), episode(4, start=20.0)]
+    bad = eps[1]
+    obs_space = VECTOR
+    if case == "nan-obs":
+        bad["obs"][3, 1] = np.nan
+    elif case == "action-outside":
+        bad["action"][2] = 7
+    elif case == "reward-beyond-float32":
+        bad["reward"][4] = 1e300
+    elif case == "ends-early":
+        bad["truncated"][2] = True
+    elif case == "short-obs":
+        bad["obs"] = bad["obs"][:-1]
+    else:  # the first episode holds frame stacks, the second does not
+        obs_space = gym.spaces.Box(0, 255, (2, 3), np.uint8)
+        for k, ep in enumerate(eps):
+            frames = (np.arange(len(ep["obs"]) + 1) + 40 * k).astype(np.uint8)[:, None] + np.arange(3, dtype=np.uint8)
+            ep["obs"] = np.stack([frames[np.maximum(t - 1, 0):t + 1] if t else frames[[0, 0]]
+                                  for t in range(len(ep["obs"]))])
+        bad["obs"][3, 0] = 99  # its older frame is not the previous observation's newer one
+    written("bad/data-v0", eps, obs_space, gym.spaces.Discrete(3))
+    path = tmp_path / "bad.zarr"
+    with pytest.raises(InvalidTransitionError, match="episode 1") as err:
+        store_from_minari("bad/data-v0", path)
+    assert "\n" not in str(err.value)
+    assert not path.exists() and left_beside(path) == []
+
+
+def test_what_a_store_cannot_hold_is_refused_before_anything_is_made(tmp_path: Path) -> None:
+    space = gym.spaces.Dict({"pos": VECTOR, "goal": VECTOR})
+    written("dict/obs-v0", [{**episode(3), "obs": {"pos": episode(3)["obs"], "goal": episode(3)["obs"]}}], space,
+            gym.spaces.Discrete(3))
+    with pytest.raises(ConfigError, match="dict/obs-v0 cannot be stored: .*Box"):
+        store_from_minari("dict/obs-v0", tmp_path / "d.zarr")
+    with pytest.raises(StoreNotFoundError, match="minari download nobody/nothing-v0"):
+        store_from_minari("nobody/nothing-v0", tmp_path / "d.zarr")
+    written("fine/data-v0", [episode(3)], VECTOR, gym.spaces.Discrete(3))
+    existing = tmp_path / "there.zarr"
+    existing.mkdir()
+    (existing / "mine.txt").write_text("keep")
+    with pytest.raises(StoreExistsError, match="already exists"):
+        store_from_minari("fine/data-v0", existing)
+    assert [p.name for p in existing.iterdir()] == ["mine.txt"]
+    assert not (tmp_path / "d.zarr").exists()
+
+
+def test_export_refuses_what_it_cannot_write_and_leaves_no_dataset(tmp_path: Path, datasets_root: Path) -> None:
+    written("fine/data-v0", [episode(3), episode(4, start=9.0)], VECTOR, gym.spaces.Discrete(3))
+    store_from_minari("fine/data-v0", tmp_path / "s.zarr")
+    before = sorted(str(p) for p in datasets_root.rglob("*"))
+    with pytest.raises(StoreExistsError, match="fine/data-v0 already exists"):
+        minari_from_store(tmp_path / "s.zarr", "fine/data-v0")
+    with pytest.raises(ConfigError, match="namespace/.*name-vN"):
+        minari_from_store(tmp_path / "s.zarr", "no version here")
+    with pytest.raises(ConfigError, match="env is 'NoSuchEnv-v9'"):
+        minari_from_store(tmp_path / "s.zarr", "xx/yy-v0", env="NoSuchEnv-v9")
+    assert sorted(str(p) for p in datasets_root.rglob("*")) == before
+    empty = tmp_path / "empty.zarr"
+    with ReplayStore.create(empty, 16, VECTOR, gym.spaces.Discrete(3)) as store:
+        store.add(np.zeros(3, np.float32), 1, 0.0, np.ones(3, np.float32), False, False)  # in progress only
+    with pytest.raises(ConfigError, match="no whole episode .*1 in progress"):
+        minari_from_store(empty, "xx/yy-v0")
+    assert sorted(str(p) for p in datasets_root.rglob("*")) == before
+
+
+def test_an_export_the_disk_cannot_hold_is_refused_before_writing(tmp_path: Path, tiny_disk: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    frames = np.random.default_rng(1).integers(0, 255, (300, 96, 96), dtype=np.uint8)  # 1.9 MB exported, > the disk
+    path = tmp_path / "big.zarr"
+    with ReplayStore.create(path, 400, gym.spaces.Box(0, 255, (96, 96), np.uint8), gym.spaces.Discrete(2)) as store:
+        for t in range(299):
+            store.add(frames[t], t % 2, 1.0, frames[t + 1], t % 100 == 99, False)
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tiny_disk))
+    with pytest.raises(StoreWriteError, match=r"about 2\.9 MB .* 1\.0 MB free; nothing was written") as err:
+        minari_from_store(path, "full/disk-v0")  # (HDF5 can crash the process on a disk that fills mid-write)
+    assert err.value.errno == errno.ENOSPC
+    assert os.listdir(tiny_disk) == []
+
+
+def test_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    record("cartpole/cli-v0", gym.make("CartPole-v1"), 200)
+    dst = tmp_path / "cli.zarr"
+    assert main(["import-minari", "cartpole/cli-v0", str(dst), "--quiet"]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith(f"stored the Minari dataset cartpole/cli-v0 in {dst}:") and ", 200 moves" in line
+    assert main(["export-minari", str(dst), "cli/back-v0", "--env", "CartPole-v1", "--quiet"]) == 0
+    assert "wrote the Minari dataset cli/back-v0" in capsys.readouterr().out
+    assert minari.load_dataset("cli/back-v0").total_steps == 200
+    assert main(["import-minari", "cartpole/cli-v0", str(dst), "--quiet"]) == 1
+    assert main(["import-minari", "cartpole/cli-v0", str(tmp_path / "n.zarr"), "--frame-stack", "four"]) == 1
+    assert main(["export-minari", str(dst), "cli/back-v0", "--quiet"]) == 1
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 3 and all(e.startswith("error: ") for e in errors)
+    assert "already exists" in errors[0] and "--frame-stack is 'four'" in errors[1]
