@@ -21,6 +21,7 @@ from replaystore import ReplayStore  # noqa: E402
 from replaystore.cli import main  # noqa: E402
 from replaystore.errors import (  # noqa: E402
     ConfigError,
+    CorruptStoreError,
     InvalidTransitionError,
     StoreExistsError,
     StoreNotFoundError,
@@ -304,6 +305,20 @@ def test_what_a_store_cannot_hold_is_refused_before_anything_is_made(tmp_path: P
         store_from_minari("fine/data-v0", existing)
     assert [p.name for p in existing.iterdir()] == ["mine.txt"]
     assert not (tmp_path / "d.zarr").exists()
+
+
+def test_a_damaged_dataset_file_is_an_error_and_leaves_no_store(tmp_path: Path, datasets_root: Path) -> None:
+    written("torn/file-v0", [episode(30, start=100.0 * i) for i in range(20)], VECTOR, gym.spaces.Discrete(3))
+    data = datasets_root / "torn" / "file-v0" / "data"
+    h5 = data / "main_data.hdf5"
+    with open(h5, "r+b") as f:
+        f.truncate(h5.stat().st_size // 2)  # a download or copy cut short
+    with pytest.raises(CorruptStoreError, match="could not read the Minari dataset torn/file-v0"):
+        store_from_minari("torn/file-v0", tmp_path / "t.zarr")
+    (data / "metadata.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="could not read the Minari dataset at"):
+        store_from_minari("torn/file-v0", tmp_path / "t.zarr")
+    assert not (tmp_path / "t.zarr").exists() and left_beside(tmp_path / "t.zarr") == []
 
 
 def test_export_refuses_what_it_cannot_write_and_leaves_no_dataset(tmp_path: Path, datasets_root: Path) -> None:

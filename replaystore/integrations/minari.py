@@ -50,6 +50,7 @@ import numpy as np
 
 from replaystore.errors import (
     ConfigError,
+    CorruptStoreError,
     InvalidTransitionError,
     ReplayStoreError,
     SampleError,
@@ -133,7 +134,7 @@ def store_from_minari(dataset: Any, path: str | Path, *, frame_stack: Any = "aut
     if target.exists():
         raise StoreExistsError(f"{target.where} already exists; store_from_minari makes a new store: choose a new "
                                "path, or delete what is there")
-    episodes = iter(data.iterate_episodes())
+    episodes = _read(data, name)
     first = next(episodes)
     stack = _detect(first, obs_shape, name, frame_stack=frame_stack, stack_axis=stack_axis, padding=padding)
     staged = target.staging()
@@ -183,6 +184,20 @@ def _load(dataset: Any) -> tuple[Any, str]:
     except (ValueError, KeyError, AssertionError, OSError) as exc:
         raise ConfigError(f"could not read the Minari dataset at {data_path}: {exc}") from None
     return data, str(data.spec.dataset_id)
+
+
+def _read(data: Any, name: str) -> Iterator[Any]:
+    """The dataset's episodes, one at a time; what Minari or h5py raise on a damaged file, as
+    ``CorruptStoreError``."""
+    episodes = iter(data.iterate_episodes())
+    while True:
+        try:
+            episode = next(episodes)
+        except StopIteration:
+            return
+        except (KeyError, ValueError, TypeError, AssertionError, OSError) as exc:
+            raise CorruptStoreError(f"could not read the Minari dataset {name}: {type(exc).__name__}: {exc}") from None
+        yield episode
 
 
 def _detect(first: Any, obs_shape: tuple[int, ...], name: str, **options: Any) -> StackLayout:
