@@ -1,4 +1,4 @@
-"""Minari datasets in and out of a store (integrations/minari.py), against datasets that Minari itself
+"""Minari datasets in and out of a store (integrations/minari/), against datasets that Minari itself
 recorded from real envs (``minari.DataCollector``) or wrote (``create_dataset_from_buffers``), and
 read back with ``minari.load_dataset``."""
 

@@ -1,7 +1,7 @@
 """The ``replaystore`` command: ``inspect`` and ``verify`` a store without loading its frames, list
 its ``episodes`` and save one (episodes.py), ``compact`` it (compact.py), and make one from a
 Minari dataset or a Minari dataset from one (``import-minari``, ``export-minari``:
-integrations/minari.py).
+integrations/minari/).
 
 ``main(argv) -> int``; one handler maps every ``ReplayStoreError`` (and OS error) to a one-line
 ``error: ...`` and exit status 1. No TensorFlow is imported, so the command starts fast.

@@ -1,0 +1,227 @@
+"""A Minari dataset into a new store: ``store_from_minari`` (see the package's docstring)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import chain
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from replaystore.errors import (
+    ConfigError,
+    CorruptStoreError,
+    InvalidTransitionError,
+    StoreExistsError,
+    StoreNotFoundError,
+)
+from replaystore.format.spaces import action_from_space, box_from_space
+from replaystore.integrations.minari.common import Progress, minari_module
+from replaystore.integrations.stacking import StackLayout, choose
+from replaystore.storage.backend import Backend
+from replaystore.storage.choose import open_backend
+from replaystore.store import ReplayStore
+
+
+@dataclass(frozen=True)
+class MinariImport:
+    """What ``store_from_minari`` wrote."""
+
+    dataset_id: str
+    path: str
+    episodes: int  # stored
+    moves: int  # transitions stored (steps with a move)
+    closed: int  # episodes that ended neither terminated nor truncated, closed as truncated
+    empty: int  # episodes without a move, left out
+    stacking: str  # how observations are kept (StackLayout.describe)
+    frame_stack: int
+    bytes_on_disk: int
+
+
+def store_from_minari(dataset: Any, path: str | Path, *, frame_stack: Any = "auto", stack_axis: Any = None,
+                      padding: Any = None, capacity: int | None = None, layout: Any = None,
+                      storage_options: dict[str, Any] | None = None,
+                      progress: Progress | None = None) -> MinariImport:
+    """Make a new store at ``path`` holding every episode of ``dataset`` (a ``MinariDataset``, a
+    dataset id in Minari's local datasets, or a dataset's folder), and return what was written.
+
+    ``frame_stack`` (``"auto"``, 1 or k), ``stack_axis`` and ``padding``: whether the dataset's
+    observations are frame stacks, as for ``ReplayStoreBuffer`` (``"auto"`` detects them from the
+    first episode; 1 stores whole observations). ``capacity``: steps the store holds, by default
+    every step of the dataset (its moves plus one last observation per episode); a smaller one keeps
+    the newest episodes. ``layout`` and ``storage_options`` (an ``s3://`` path) are as for
+    ``ReplayStore.create``. ``progress(done, total)`` is called with the moves written so far.
+    """
+    data, name = _load(dataset)
+    obs_space, action_space = data.observation_space, data.action_space
+    try:
+        box_from_space(obs_space)
+        action_from_space(action_space)
+    except ConfigError as exc:
+        raise ConfigError(f"the Minari dataset {name} cannot be stored: {exc}") from None
+    obs_shape = tuple(int(s) for s in obs_space.shape)
+    total_moves, total_episodes = int(data.total_steps), len(data)
+    if total_episodes == 0:
+        raise ConfigError(f"the Minari dataset {name} holds no episodes")
+    if capacity is None:
+        capacity = total_moves + total_episodes  # each episode's moves and its last observation
+    target = open_backend(path, storage_options)
+    if target.exists():
+        raise StoreExistsError(f"{target.where} already exists; store_from_minari makes a new store: choose a new "
+                               "path, or delete what is there")
+    episodes = _read(data, name)
+    first = next(episodes)
+    stack = _detect(first, obs_shape, name, frame_stack=frame_stack, stack_axis=stack_axis, padding=padding)
+    staged = target.staging()
+    if staged.exists():
+        staged.destroy()  # this process's own leftover
+    counts = {"episodes": 0, "moves": 0, "closed": 0, "empty": 0}
+    try:
+        store = ReplayStore.create(staged.where, capacity, _frame_space(stack, obs_space), action_space,
+                                   stack.frame_stack, layout=layout, cache_bytes=0, frame_padding=stack.padding,
+                                   storage_options=storage_options)
+        with store:
+            for episode in chain([first], episodes):
+                _add_episode(store, episode, stack, f"the Minari dataset {name}, episode {episode.id}", counts)
+                if progress is not None:
+                    progress(counts["moves"], total_moves)
+            store.flush()
+            stored = sum(store.backend.stored_bytes().values())
+    except BaseException:
+        _discard(staged)
+        raise
+    target.publish(staged)
+    return MinariImport(dataset_id=name, path=target.where, episodes=counts["episodes"], moves=counts["moves"],
+                        closed=counts["closed"], empty=counts["empty"], stacking=_describe(stack),
+                        frame_stack=stack.frame_stack, bytes_on_disk=stored)
+
+
+def _load(dataset: Any) -> tuple[Any, str]:
+    """The ``MinariDataset`` that ``dataset`` names, and its id."""
+    minari = minari_module()
+    if isinstance(dataset, minari.MinariDataset):
+        return dataset, str(dataset.spec.dataset_id)
+    if not isinstance(dataset, (str, os.PathLike)):
+        raise ConfigError(f"dataset is {type(dataset).__name__}; pass a minari.MinariDataset, a dataset id such as "
+                          "'mujoco/hopper/expert-v0', or a dataset's folder")
+    folder = Path(dataset)
+    data_path = next((p for p in (folder / "data", folder) if (p / "metadata.json").is_file()), None)
+    if data_path is None:
+        from minari.storage.datasets_root_dir import get_dataset_path
+
+        data_path = get_dataset_path(str(dataset)) / "data"
+        if not (data_path / "metadata.json").is_file():
+            raise StoreNotFoundError(f"no Minari dataset {str(dataset)!r}: neither a dataset's folder nor an id under "
+                                     f"Minari's datasets root {get_dataset_path()} (MINARI_DATASETS_PATH); fetch it "
+                                     f"first with `minari download {dataset}`")
+    try:
+        data = minari.MinariDataset(data_path)
+    except (ValueError, KeyError, AssertionError, OSError) as exc:
+        raise ConfigError(f"could not read the Minari dataset at {data_path}: {exc}") from None
+    return data, str(data.spec.dataset_id)
+
+
+def _read(data: Any, name: str) -> Iterator[Any]:
+    """The dataset's episodes, one at a time; what Minari or h5py raise on a damaged file, as
+    ``CorruptStoreError``."""
+    episodes = iter(data.iterate_episodes())
+    while True:
+        try:
+            episode = next(episodes)
+        except StopIteration:
+            return
+        except (KeyError, ValueError, TypeError, AssertionError, OSError) as exc:
+            raise CorruptStoreError(f"could not read the Minari dataset {name}: {type(exc).__name__}: {exc}") from None
+        yield episode
+
+
+def _detect(first: Any, obs_shape: tuple[int, ...], name: str, **options: Any) -> StackLayout:
+    """How the dataset's observations are kept, from its first episode's first observation."""
+    obs = np.asarray(first.observations)
+    if obs.ndim == 0 or obs.shape[1:] != obs_shape:
+        raise InvalidTransitionError(f"the Minari dataset {name}, episode {first.id}: observations are "
+                                     f"{_shape(obs)}, not (moves + 1, *{obs_shape})")
+    try:
+        return choose(obs_shape, obs[:1], **options)
+    except ConfigError as exc:
+        raise ConfigError(f"the Minari dataset {name}: {exc}") from None
+
+
+def _frame_shape(stack: StackLayout) -> tuple[int, ...]:
+    """The stored frame: one slice of the stack, without its axis where frames are stacked on a new
+    first axis (``FrameStackObservation``), so that sampled stacks are the dataset's observations."""
+    if stack.frame_stack > 1 and stack.axis == 0 and stack.channels == 1:
+        return stack.obs_shape[1:]
+    return stack.frame_shape
+
+
+def _describe(stack: StackLayout) -> str:
+    shape = _frame_shape(stack)
+    if shape == stack.frame_shape:
+        return stack.describe()
+    return f"{stack.frame_stack} frames of {shape} stacked on a new first axis, {stack.padding}-padded"
+
+
+def _frame_space(stack: StackLayout, space: Any) -> Any:
+    import gymnasium as gym
+
+    frame = stack.frame_space(space)
+    shape = _frame_shape(stack)
+    return gym.spaces.Box(low=frame.low.reshape(shape), high=frame.high.reshape(shape), dtype=frame.dtype)
+
+
+def _add_episode(store: ReplayStore, episode: Any, stack: StackLayout, where: str, counts: dict[str, int]) -> None:
+    """One Minari episode into ``store``'s stream, checked whole before its first move is added."""
+    obs = np.asarray(episode.observations)
+    action = np.asarray(episode.actions)
+    reward = np.asarray(episode.rewards)
+    terminated = np.asarray(episode.terminations)
+    truncated = np.asarray(episode.truncations)
+    moves = len(reward)
+    lengths = {"actions": len(action), "terminations": len(terminated), "truncations": len(truncated)}
+    wrong = {k: n for k, n in lengths.items() if n != moves}
+    if reward.ndim != 1 or wrong or obs.ndim == 0 or len(obs) != moves + 1:
+        raise InvalidTransitionError(f"{where}: {moves} rewards, so {moves + 1} observations and {moves} of each "
+                                     f"other field, but it holds observations {_shape(obs)}, "
+                                     + ", ".join(f"{k} {n}" for k, n in lengths.items()))
+    if moves == 0:
+        counts["empty"] += 1
+        return
+    done = terminated.astype(bool) | truncated.astype(bool)
+    if done[:-1].any():
+        at = int(np.flatnonzero(done[:-1])[0])
+        raise InvalidTransitionError(f"{where}: move {at} of {moves} ends the episode (terminated or truncated "
+                                     "before its last move); a Minari episode ends at its last move only")
+    if stack.frame_stack > 1:
+        if obs.shape[1:] != stack.obs_shape or not (stack.padded(obs[:1]).all()
+                                                    and stack.shifted(obs[:-1], obs[1:]).all()):
+            raise InvalidTransitionError(f"{where}: its observations are not {_describe(stack)} as the first "
+                                         "episode's are, so the store could not rebuild them exactly; pass "
+                                         "frame_stack=1 to store whole observations")
+        obs = stack.newest(obs).reshape(len(obs), *_frame_shape(stack))
+    for t in range(moves):
+        try:
+            store.add(obs[t], action[t], reward[t], obs[t + 1], terminated[t], truncated[t])
+        except InvalidTransitionError as exc:  # (the staged store is then discarded whole)
+            raise InvalidTransitionError(f"{where}, move {t}: {exc}") from None
+    if not done[-1]:
+        store.end_episode()
+        counts["closed"] += 1
+    counts["episodes"] += 1
+    counts["moves"] += moves
+
+
+def _discard(staged: Backend) -> None:
+    """Remove an unfinished store."""
+    try:
+        staged.destroy()
+    except Exception as exc:  # noqa: BLE001 - the first error is the one to report
+        print(f"warning: could not remove the unfinished store at {staged.where} ({exc}); delete it", file=sys.stderr)
+
+
+def _shape(a: np.ndarray) -> str:
+    return f"{a.shape} {a.dtype}"
