@@ -22,8 +22,6 @@ learner beside it and calls the Keras callbacks (callbacks.py). docs/trainer.md 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,18 +34,16 @@ from replaystore import ReplayStore
 from . import checkpoint
 from .acting import EnvActing, VectorActing
 from .callbacks import Hooks
-from .config import TrainerError, config_from
-from .envs import vector_frame_space
+from .config import TrainerError, check_count, check_run_arguments, config_from
+from .envs import env_spaces
 from .evaluation import evaluate_env, evaluate_vector
 from .feeding import Learning
 from .learner import MAX_GRAD_NORM, Learner, make_learner
 from .models import check_model, check_savable
+from .offline import OfflineRun
 from .run import Run, Source
 from .state import RunState
-
-#: Files ``save`` writes beside the checkpoint: the model, and what rebuilds the agent around it.
-MODEL_FILE = "model.keras"
-AGENT_FILE = "agent.json"
+from .stores import check_for_env, check_for_eval, open_to_append, open_to_read, store_at, store_ref
 
 
 class DQN:
@@ -83,6 +79,7 @@ class DQN:
         self.state = RunState(epsilon=self.config.start_e)
         self.rng = np.random.default_rng(self.config.seed)
         self.resumed = False  # loaded from a checkpoint: the next fit closes the store's unfinished episode
+        self._reopen = False  # the store was opened here read-only: fit reopens it for appending
         if self.store is not None:
             self._build(self.store.observation_space, self.store.action_space)
 
@@ -99,7 +96,8 @@ class DQN:
             shape = (stack, *observation_space.shape)
             check_model(self.model, shape, observation_space.dtype, int(action_space.n))
             self.learner = make_learner(self.model, self.optimizer, stack_shape=shape, dtype=observation_space.dtype,
-                                        target_every=self.config.target_every(), tau=self.config.tau)
+                                        target_every=self.config.target_every(), tau=self.config.tau,
+                                        cql_alpha=self.config.cql_alpha)
             self.stack_shape = shape
         return self.learner
 
@@ -110,30 +108,31 @@ class DQN:
                     create: bool) -> ReplayStore | None:
         """The store, opened for appending (or, with ``create``, created for ``num_streams`` envs when
         there is none yet), checked against the env; None when there is none and ``create`` is False."""
+        if self.store is not None and not self.store.writing and self._reopen:
+            self.store.close()  # opened here to read (fit_offline, load): fit appends
+            self.store = None
         if self.store is None:
-            from replaystore import StoreNotFoundError
-
-            options: dict[str, Any] = {"storage_options": self.storage_options} if self.storage_options else {}
-            try:
-                self.store = ReplayStore.open(self.location, mode="a", cache_bytes=self.cache_bytes, **options)
-            except StoreNotFoundError:
+            options = self._options()
+            self.store = open_to_append(self.location, cache_bytes=self.cache_bytes, options=options)
+            if self.store is None:
                 if not create:
                     return None
                 self.store = ReplayStore.create(self.location, self.buffer_size, observation_space, action_space,
                                                 self._frame_stack(observation_space), cache_bytes=self.cache_bytes,
                                                 num_streams=num_streams, **options)
-        store = self.store
-        if not store.writing:
-            raise TrainerError(f"{store.path} is open read-only; DQN adds what it acts to the store: open it with "
-                               "mode='a'")
-        if store.observation_space.shape != observation_space.shape or store.action_space != action_space:
-            raise TrainerError(f"{store.path} stores {store.observation_space} with {store.action_space}, which the "
-                               f"environment's {observation_space} and {action_space} do not match")
-        if len(store.writing) != num_streams:
-            raise TrainerError(f"{store.path} is written here in {len(store.writing)} streams, but the environment "
-                               f"steps {num_streams} envs: each env needs its own stream (create the store with "
-                               f"num_streams={num_streams}, or open it with streams=[...])")
-        return store
+            self._reopen = False
+        check_for_env(self.store, observation_space, action_space, num_streams)
+        return self.store
+
+    def _readable_store(self) -> ReplayStore:
+        """The store to learn from offline: the agent's, or the one at its location opened read-only."""
+        if self.store is None:
+            self.store = open_to_read(self.location, cache_bytes=self.cache_bytes, options=self._options())
+            self._reopen = True
+        return self.store
+
+    def _options(self) -> dict[str, Any]:
+        return {"storage_options": self.storage_options} if self.storage_options else {}
 
     # Acting -------------------------------------------------------------------------------------
 
@@ -180,12 +179,8 @@ class DQN:
         ``DQN.load`` resumes it after a crash with every transition the store committed.
         ``source``, ``should_stop`` and ``checkpoint_writer`` are for ``replaystore-train`` (Ray
         actors, signals, its run directory)."""
-        _check_count("total_timesteps", total_timesteps, least=1)
-        for name, value in (("eval_frequency", eval_frequency), ("eval_episodes", eval_episodes),
-                            ("checkpoint_frequency", checkpoint_frequency), ("verbose", verbose)):
-            _check_count(name, value, least=0)
-        if eval_env is not None and eval_episodes < 1:
-            raise TrainerError("eval_episodes is 0; evaluating eval_env needs at least one game (or pass no eval_env)")
+        check_count("total_timesteps", total_timesteps, least=1)
+        check_run_arguments(eval_env, eval_frequency, eval_episodes, checkpoint_frequency, verbose)
         if checkpoint_dir is not None and checkpoint_writer is not None:
             raise TrainerError("pass checkpoint_dir or checkpoint_writer, not both")
         if checkpoint_dir is not None:
@@ -212,13 +207,7 @@ class DQN:
         store = self._open_store(*spaces, streams, create=True) if source is None else self.store
         assert store is not None
         stop = should_stop or (lambda: False)
-        write = checkpoint_writer
-        if checkpoint_dir is not None:
-            directory = checkpoint_dir
-
-            def write() -> None:
-                self.save(directory)
-
+        write = checkpoint_writer or self._saver(checkpoint_dir)
         if state.global_step >= total_timesteps:  # nothing to do: the store and the weights stay as they are
             return Hooks(callbacks, learner, epochs=0, verbose=verbose, start_step=state.global_step,
                          evaluating=False).history
@@ -235,9 +224,7 @@ class DQN:
             acting = VectorActing if vector else EnvActing
             source = acting(env, store, clip_reward=config.clip_reward, seed=seed,
                             terminal_on_life_loss=config.terminal_on_life_loss)
-        seed = config.seed + 100_000 if eval_seed is None else eval_seed
-        evaluate = ((lambda: self.evaluate(eval_env, eval_episodes, epsilon=eval_epsilon, seed=seed))
-                    if eval_env is not None else None)
+        evaluate = self._evaluator(eval_env, eval_episodes, eval_epsilon, eval_seed)
         run = Run(config, store, learning, state, hooks, act=learner.act_batch, rng=self.rng,
                   total_timesteps=total_timesteps, evaluate=evaluate, eval_frequency=eval_frequency,
                   checkpoint=write, checkpoint_frequency=checkpoint_frequency, should_stop=stop)
@@ -264,12 +251,86 @@ class DQN:
         hooks.train_end(state.global_step)
         return hooks.history
 
+    def fit_offline(self, gradient_steps: int, *, eval_env: Any = None, eval_frequency: int = 0,
+                    eval_episodes: int = 10, eval_epsilon: float = 0.0, eval_seed: int | None = None,
+                    callbacks: Sequence[keras.callbacks.Callback] = (), checkpoint_dir: str | Path | None = None,
+                    checkpoint_frequency: int = 10_000, verbose: int = 0) -> keras.callbacks.History:
+        """Learn from the store as it is, acting nowhere (offline RL), until the learner has taken
+        ``gradient_steps`` gradient steps in all (a loaded agent goes on from its count; one that
+        took them already returns at once); returns the callbacks' ``History``.
+
+        The store (a path or URL is opened read-only; nothing in it changes) is sampled as ``fit``
+        samples it. Set ``cql_alpha`` (1.0 is usual) for conservative Q-learning: plain DQN learning
+        offline follows the overestimated values of actions the data never took. The arguments are
+        ``fit``'s, counted in gradient steps: every ``eval_frequency`` of them ``eval_env`` (whose
+        frames and actions must be the store's) plays ``eval_episodes`` games and an epoch ends;
+        with ``checkpoint_dir`` the agent is saved every ``checkpoint_frequency`` of them, at the
+        end, when a callback stops the run and on Ctrl-C (offline.py)."""
+        check_count("gradient_steps", gradient_steps, least=1)
+        check_run_arguments(eval_env, eval_frequency, eval_episodes, checkpoint_frequency, verbose)
+        if checkpoint_dir is not None:
+            check_savable(self.model)
+        store = self._readable_store()
+        learner = self._build(store.observation_space, store.action_space)
+        if eval_env is not None:
+            check_for_eval(store, *env_spaces(eval_env))
+        config = self.config
+        if len(store) < config.batch_size + config.n_step:
+            raise TrainerError(f"{store.path} holds {len(store)} transitions; a batch of {config.batch_size} with "
+                               f"{config.n_step}-step returns needs at least {config.batch_size + config.n_step}")
+        learning = Learning(config, store, learner, self.state)
+        done = learning.learned
+        if done >= gradient_steps:  # nothing to do: the weights stay as they are
+            return Hooks(callbacks, learner, epochs=0, verbose=verbose, start_step=done, evaluating=False).history
+        epochs = -(-(gradient_steps - done) // eval_frequency) if eval_frequency else 1
+        hooks = Hooks(callbacks, learner, epochs=epochs, verbose=verbose, start_step=done,
+                      evaluating=eval_env is not None)
+        write = self._saver(checkpoint_dir)
+        run = OfflineRun(config, store, learning, self.state, hooks, act=learner.act_batch, rng=self.rng,
+                         total_timesteps=gradient_steps,
+                         evaluate=self._evaluator(eval_env, eval_episodes, eval_epsilon, eval_seed),
+                         eval_frequency=eval_frequency, checkpoint=write, checkpoint_frequency=checkpoint_frequency,
+                         should_stop=lambda: False)
+        hooks.train_begin()
+        try:
+            run.learn()
+            learning.close()
+            run.finish(evaluate=not hooks.stop_training)
+            if write is not None:
+                write()
+        except KeyboardInterrupt:
+            learning.close()
+            if write is not None:
+                write()
+            raise
+        finally:
+            learning.close()
+        hooks.train_end(learning.learned)
+        return hooks.history
+
+    def _saver(self, directory: str | Path | None) -> Callable[[], None] | None:
+        if directory is None:
+            return None
+        where = directory
+
+        def write() -> None:
+            self.save(where)
+
+        return write
+
+    def _evaluator(self, env: Any, episodes: int, epsilon: float,
+                   seed: int | None) -> Callable[[], list[float]] | None:
+        if env is None:
+            return None
+        seed = self.config.seed + 100_000 if seed is None else seed
+        return lambda: self.evaluate(env, episodes, epsilon=epsilon, seed=seed)
+
     def evaluate(self, env: Any, episodes: int = 10, *, epsilon: float = 0.0, seed: int | None = None) -> list[float]:
         """The raw returns of ``episodes`` whole games (all lives) played greedily (with
         ``epsilon``-random moves) on ``env``, a gymnasium env or a vector env (whose envs play
         ``episodes`` games between them, in equal shares)."""
         learner = self._learner()
-        _check_count("episodes", episodes, least=1)
+        check_count("episodes", episodes, least=1)
         if not 0.0 <= epsilon <= 1.0:
             raise TrainerError(f"epsilon is {epsilon!r}; it must be in [0, 1]")
         rng = np.random.default_rng(self.config.seed + 100_000 if seed is None else seed)
@@ -303,33 +364,21 @@ class DQN:
         directory.mkdir(parents=True, exist_ok=True)
         arrays, state = self.checkpoint_arrays()
         self._learner().sync_model()
-        checkpoint.save_model(directory / MODEL_FILE, self.model)
-        checkpoint.save(directory, arrays, state)
-        doc = {"config": dataclasses.asdict(self.config), "store": _store_ref(self.location, directory),
+        doc = {"config": dataclasses.asdict(self.config), "store": store_ref(self.location, directory),
                "optimizer": keras.optimizers.serialize(self.optimizer), "buffer_size": self.buffer_size,
                "frame_stack": self.frame_stack, "storage_options": self.storage_options}
-        checkpoint.write_atomically(directory / AGENT_FILE, json.dumps(doc, indent=2, default=str).encode())
+        checkpoint.save_agent(directory, self.model, doc, arrays, state)
         return directory
 
     @classmethod
     def load(cls, path: str | Path, *, store: ReplayStore | str | Path | None = None,
              custom_objects: dict[str, Any] | None = None) -> DQN:
-        """The agent ``save`` wrote in ``path``, with its store reopened for appending (or ``store``):
-        ``fit`` then goes on from the saved step count, with every transition the store committed."""
+        """The agent ``save`` wrote in ``path``, with its store (or ``store``) opened to read: ``fit``
+        reopens it to append and goes on from the saved step count, with every transition the store
+        committed; ``fit_offline`` goes on from the saved gradient step count."""
         directory = Path(path)
-        if not (directory / AGENT_FILE).is_file() or not (directory / MODEL_FILE).is_file():
-            raise TrainerError(f"{directory} holds no saved agent ({AGENT_FILE} and {MODEL_FILE}); pass the directory "
-                               "DQN.save or fit(checkpoint_dir=...) wrote")
-        try:
-            doc = json.loads((directory / AGENT_FILE).read_text())
-            model = keras.saving.load_model(directory / MODEL_FILE, custom_objects=custom_objects, compile=False)
-            optimizer = keras.optimizers.deserialize(doc["optimizer"])
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise TrainerError(f"cannot load the agent in {directory}: {exc}") from exc
-        saved = checkpoint.load(directory)
-        if saved is None:
-            raise TrainerError(f"{directory} holds no checkpoint.npz; the agent was not saved there")
-        agent = cls(model, store if store is not None else _store_at(doc["store"], directory), optimizer=optimizer,
+        model, doc, saved = checkpoint.load_agent(directory, custom_objects)
+        agent = cls(model, store if store is not None else store_at(doc["store"], directory), optimizer=doc["optimizer"],
                     buffer_size=doc.get("buffer_size", 1_000_000), frame_stack=doc.get("frame_stack"),
                     storage_options=doc.get("storage_options"), **doc["config"])
         agent.restore(*saved)
@@ -338,10 +387,8 @@ class DQN:
     def restore(self, arrays: dict[str, list[np.ndarray]], state: dict[str, Any]) -> None:
         """Take a checkpoint's arrays and counters (``checkpoint_arrays``); the next ``fit`` goes on."""
         if self.learner is None:
-            if self.store is None:
-                options: dict[str, Any] = {"storage_options": self.storage_options} if self.storage_options else {}
-                self.store = ReplayStore.open(self.location, mode="a", cache_bytes=self.cache_bytes, **options)
-            self._build(self.store.observation_space, self.store.action_space)
+            store = self._readable_store()  # (fit reopens it to append; fit_offline only reads)
+            self._build(store.observation_space, store.action_space)
         try:
             self._learner().load_state(arrays)
         except (ValueError, IndexError) as exc:
@@ -361,38 +408,3 @@ class DQN:
         """Close the store (flushing what was added)."""
         if self.store is not None:
             self.store.close()
-
-
-def env_spaces(env: Any) -> tuple[Any, Any]:
-    """The observation space of one frame and the action space of ``env`` (a gymnasium env or a
-    vector env); TrainerError unless they are a Box and a Discrete."""
-    import gymnasium as gym
-
-    vector = hasattr(env, "num_envs")
-    observation_space = vector_frame_space(env) if vector else env.observation_space
-    action_space = env.single_action_space if vector else env.action_space
-    if not isinstance(action_space, gym.spaces.Discrete):
-        raise TrainerError(f"the environment's action space is {action_space}; DQN needs a Discrete one "
-                           "(one Q-value per action)")
-    if not isinstance(observation_space, gym.spaces.Box):
-        raise TrainerError(f"the environment's observation space is {observation_space}; the store keeps Box "
-                           "observations (images or vectors)")
-    return observation_space, action_space
-
-
-def _store_ref(location: str | Path, directory: Path) -> str:
-    """Where the store is, as ``agent.json`` keeps it: a local path relative to the agent's directory
-    (so the two move together), a URL as it is."""
-    text = str(location)
-    if "://" in text:
-        return text
-    return os.path.relpath(Path(text).resolve(), directory.resolve())
-
-
-def _store_at(ref: str, directory: Path) -> str | Path:
-    return ref if "://" in ref or os.path.isabs(ref) else directory / ref
-
-
-def _check_count(name: str, value: Any, *, least: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < least:
-        raise TrainerError(f"{name} is {value!r}; it must be an integer >= {least}")

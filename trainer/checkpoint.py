@@ -25,6 +25,9 @@ from .config import TrainerError
 
 CHECKPOINT = "checkpoint.npz"
 PARTS = ("online", "target", "optimizer")
+#: Files ``DQN.save`` writes beside the checkpoint: the model, and what rebuilds the agent around it.
+MODEL_FILE = "model.keras"
+AGENT_FILE = "agent.json"
 
 
 @contextlib.contextmanager
@@ -99,6 +102,35 @@ def load(run_dir: Path) -> tuple[dict[str, list[np.ndarray]], dict[str, Any]] | 
         raise TrainerError(f"cannot resume: {path} is damaged (not the arrays and state a checkpoint holds); put "
                            "back a copy of the file, or start a new run (the replay store is untouched)")
     return arrays, state
+
+
+def save_agent(directory: Path, model: Any, doc: dict[str, Any], arrays: dict[str, list[np.ndarray]],
+               state: dict[str, Any]) -> None:
+    """Write a saved agent: ``model.keras``, ``checkpoint.npz`` and ``agent.json`` (``doc``), each atomically."""
+    save_model(directory / MODEL_FILE, model)
+    save(directory, arrays, state)
+    write_atomically(directory / AGENT_FILE, json.dumps(doc, indent=2, default=str).encode())
+
+
+def load_agent(directory: Path, custom_objects: dict[str, Any] | None) -> tuple[
+        Any, dict[str, Any], tuple[dict[str, list[np.ndarray]], dict[str, Any]]]:
+    """What ``save_agent`` wrote: the model, ``agent.json`` (its ``optimizer`` made an optimizer) and
+    the checkpoint's arrays and state; TrainerError naming what is missing or unreadable."""
+    import keras
+
+    if not (directory / AGENT_FILE).is_file() or not (directory / MODEL_FILE).is_file():
+        raise TrainerError(f"{directory} holds no saved agent ({AGENT_FILE} and {MODEL_FILE}); pass the directory "
+                           "DQN.save or fit(checkpoint_dir=...) wrote")
+    try:
+        doc = json.loads((directory / AGENT_FILE).read_text())
+        model = keras.saving.load_model(directory / MODEL_FILE, custom_objects=custom_objects, compile=False)
+        doc["optimizer"] = keras.optimizers.deserialize(doc["optimizer"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise TrainerError(f"cannot load the agent in {directory}: {exc}") from exc
+    saved = load(directory)
+    if saved is None:
+        raise TrainerError(f"{directory} holds no checkpoint.npz; the agent was not saved there")
+    return model, doc, saved
 
 
 def remove_partials(run_dir: Path) -> None:

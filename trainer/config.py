@@ -8,6 +8,8 @@ import dataclasses
 import math
 from typing import Any
 
+import numpy as np
+
 
 class TrainerError(Exception):
     """A bad argument, model or run directory; the command line prints ``error: <message>`` and exits 1."""
@@ -42,6 +44,7 @@ class DQNConfig:
     clip_reward: bool = False  # learn from sign(reward) (Atari)
     terminal_on_life_loss: bool = False  # a lost life (info["lives"]) ends the episode for learning (Atari)
     seed: int = 1  # seeds exploration and the environments
+    cql_alpha: float = 0.0  # conservative Q-learning's weight (offline learning, fit_offline); 0: plain DQN
 
     def check(self) -> None:
         """Refuse values no run can use, naming the keyword and its range."""
@@ -59,6 +62,10 @@ class DQNConfig:
                 raise TrainerError(f"{name} is {value!r}; it must be a number in [0, 1]")
         if isinstance(self.learning_rate, bool) or not isinstance(self.learning_rate, int | float) or not self.learning_rate > 0:
             raise TrainerError(f"learning_rate is {self.learning_rate!r}; it must be > 0")
+        if (isinstance(self.cql_alpha, bool) or not isinstance(self.cql_alpha, int | float)
+                or not 0.0 <= self.cql_alpha < math.inf):
+            raise TrainerError(f"cql_alpha is {self.cql_alpha!r}; it must be a finite number >= 0 (0: no "
+                               "conservative term; 1.0 is CQL's usual weight for offline learning)")
         self.ratio()
 
     def ratio(self) -> float:
@@ -99,3 +106,19 @@ def linear_schedule(start_e: float, end_e: float, duration: float, t: int) -> fl
     """Epsilon at step ``t``: from ``start_e`` down to ``end_e`` over ``duration`` steps, then flat."""
     slope = (end_e - start_e) / max(duration, 1.0)
     return max(slope * t + start_e, end_e)
+
+
+def check_count(name: str, value: Any, *, least: int) -> None:
+    """Refuse ``value`` unless it is an integer >= ``least``, naming the argument."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < least:
+        raise TrainerError(f"{name} is {value!r}; it must be an integer >= {least}")
+
+
+def check_run_arguments(eval_env: Any, eval_frequency: Any, eval_episodes: Any, checkpoint_frequency: Any,
+                        verbose: Any) -> None:
+    """Refuse the arguments ``fit`` and ``fit_offline`` share when no run can use them."""
+    for name, value in (("eval_frequency", eval_frequency), ("eval_episodes", eval_episodes),
+                        ("checkpoint_frequency", checkpoint_frequency), ("verbose", verbose)):
+        check_count(name, value, least=0)
+    if eval_env is not None and eval_episodes < 1:
+        raise TrainerError("eval_episodes is 0; evaluating eval_env needs at least one game (or pass no eval_env)")

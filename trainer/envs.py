@@ -120,3 +120,18 @@ class FrameStacker:
             self.stack[:-1] = self.stack[1:]
         self.stack[-1] = frame
         return self.stack
+
+
+def env_spaces(env: Any) -> tuple[Any, Any]:
+    """The observation space of one frame and the action space of ``env`` (a gymnasium env or a
+    vector env); TrainerError unless they are a Box and a Discrete."""
+    vector = hasattr(env, "num_envs")
+    observation_space = vector_frame_space(env) if vector else env.observation_space
+    action_space = env.single_action_space if vector else env.action_space
+    if not isinstance(action_space, gym.spaces.Discrete):
+        raise TrainerError(f"the environment's action space is {action_space}; DQN needs a Discrete one "
+                           "(one Q-value per action)")
+    if not isinstance(observation_space, gym.spaces.Box):
+        raise TrainerError(f"the environment's observation space is {observation_space}; the store keeps Box "
+                           "observations (images or vectors)")
+    return observation_space, action_space

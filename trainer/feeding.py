@@ -115,7 +115,7 @@ class Learning:
                         continue
                     self.start(limiter.inserted)
                 with self._lock:
-                    self._call()
+                    self.call()
                 limiter.learned_steps(self.steps_per_call)
         except BaseException as exc:  # noqa: BLE001 - raised in the acting thread by acted()
             self.error = exc
@@ -178,10 +178,10 @@ class Learning:
             return
         self.state.due_steps += n
         while self.state.due_steps >= self.steps_per_call:
-            self._call()
+            self.call()
             self.state.due_steps -= self.steps_per_call
 
-    def _call(self) -> None:
+    def call(self) -> None:
         """One learner call: ``steps_per_call`` gradient steps on the next block."""
         t0 = time.perf_counter()
         block = next(self.source)

@@ -4,7 +4,8 @@ compiled as one call on the backend Keras runs on.
 The loss (Hasselt et al. 2016, with a Huber loss): the online network picks the next action, the
 target network values it, and the store's ``discount`` (``gamma**k`` for the ``k`` steps of an
 n-step return, 0 after a termination) scales the bootstrap; prioritized replay weights it by the
-batch's importance weights, and each step returns ``|td|`` for ``store.update_priorities``.
+batch's importance weights, and each step returns ``|td|`` for ``store.update_priorities``. With
+``cql_alpha`` > 0 it adds conservative Q-learning's term, for learning offline (offline.py).
 
 There is one model. The target network is the same model run on another set of weights through
 Keras' stateless API (``Model.stateless_call``), so any Keras model works (Sequential, functional,
@@ -45,9 +46,15 @@ MAX_GRAD_NORM = 10.0
 Forward = Callable[[Any], Any]  # stacks -> Q-values
 
 
-def td_loss(online: Forward, target: Forward, batch: dict[str, Any]) -> tuple[Any, tuple[Any, Any]]:
+def td_loss(online: Forward, target: Forward, batch: dict[str, Any], *,
+            cql_alpha: float = 0.0) -> tuple[Any, tuple[Any, Any]]:
     """The double-DQN Huber loss of one batch, given the online and the target network's forward
-    passes; returns it and (the mean Q(s, a), ``|td|`` of each transition)."""
+    passes; returns it and (the mean Q(s, a), ``|td|`` of each transition).
+
+    With ``cql_alpha`` > 0 the loss adds conservative Q-learning's term (CQL(H) for discrete
+    actions, Kumar et al. 2020): ``cql_alpha`` times the mean of ``logsumexp(Q(s, .)) - Q(s, a)``,
+    which pushes down the values of actions the data never took, so that an offline learner does not
+    bootstrap from their overestimates."""
     q_all = online(batch["obs"])
     next_action = ops.expand_dims(ops.argmax(online(batch["next_obs"]), axis=1), 1)
     next_value = ops.take_along_axis(target(batch["next_obs"]), next_action, axis=1)[:, 0]
@@ -57,18 +64,21 @@ def td_loss(online: Forward, target: Forward, batch: dict[str, Any]) -> tuple[An
     abs_td = ops.abs(bootstrap - q)
     quadratic = ops.minimum(abs_td, 1.0)
     huber = 0.5 * ops.square(quadratic) + (abs_td - quadratic)
-    return ops.mean(batch["weight"] * huber), (ops.mean(q), ops.stop_gradient(abs_td))
+    loss = ops.mean(batch["weight"] * huber)
+    if cql_alpha:
+        loss = loss + cql_alpha * ops.mean(ops.logsumexp(q_all, axis=1) - q)
+    return loss, (ops.mean(q), ops.stop_gradient(abs_td))
 
 
 def make_learner(model: keras.Model, optimizer: keras.optimizers.Optimizer, *, stack_shape: Sequence[int],
-                 dtype: Any, target_every: int, tau: float) -> Learner:
+                 dtype: Any, target_every: int, tau: float, cql_alpha: float = 0.0) -> Learner:
     """The learner for the backend Keras runs on (``KERAS_BACKEND``: tensorflow or jax)."""
     backend = keras.backend.backend()
-    if backend == "tensorflow":
-        return TensorFlowLearner(model, optimizer, stack_shape=stack_shape, dtype=dtype, target_every=target_every,
-                                 tau=tau)
-    if backend == "jax":
-        return JaxLearner(model, optimizer, stack_shape=stack_shape, dtype=dtype, target_every=target_every, tau=tau)
+    kinds: dict[str, type[TensorFlowLearner] | type[JaxLearner]] = {"tensorflow": TensorFlowLearner,
+                                                                     "jax": JaxLearner}
+    if backend in kinds:
+        return kinds[backend](model, optimizer, stack_shape=stack_shape, dtype=dtype, target_every=target_every,
+                              tau=tau, cql_alpha=cql_alpha)
     raise TrainerError(f"Keras runs on {backend!r}; the DQN learner runs on 'tensorflow' or 'jax' (set KERAS_BACKEND "
                        "before keras is imported)")
 
@@ -79,10 +89,11 @@ class Learner(abc.ABC):
     backend: str
 
     def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer, *, target_every: int,
-                 tau: float) -> None:
+                 tau: float, cql_alpha: float = 0.0) -> None:
         self.model, self.optimizer = model, optimizer
         self.target_every = max(1, int(target_every))
         self.tau = float(tau)
+        self.cql_alpha = float(cql_alpha)
         optimizer.build(model.trainable_variables)
 
     # Acting -------------------------------------------------------------------------------------
@@ -158,10 +169,10 @@ class TensorFlowLearner(Learner):
     backend = "tensorflow"
 
     def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer, *, stack_shape: Sequence[int],
-                 dtype: Any, target_every: int, tau: float) -> None:
+                 dtype: Any, target_every: int, tau: float, cql_alpha: float = 0.0) -> None:
         import tensorflow as tf
 
-        super().__init__(model, optimizer, target_every=target_every, tau=tau)
+        super().__init__(model, optimizer, target_every=target_every, tau=tau, cql_alpha=cql_alpha)
         self.variables = list(model.trainable_variables)
         self.target = [tf.Variable(v.value, trainable=False) for v in model.trainable_variables]
         self.target_frozen = [tf.Variable(v.value, trainable=False) for v in model.non_trainable_variables]
@@ -189,7 +200,7 @@ class TensorFlowLearner(Learner):
         for i in tf.range(k):  # autograph: a tf.while_loop
             batch = {name: value[i] for name, value in block.items()}
             with tf.GradientTape() as tape:
-                loss, (q_mean, abs_td) = td_loss(model, target, batch)
+                loss, (q_mean, abs_td) = td_loss(model, target, batch, cql_alpha=self.cql_alpha)
             optimizer.apply_gradients(zip(tape.gradient(loss, self.variables), self.variables, strict=True))
             if optimizer.iterations % self.target_every == 0:
                 for t, o in zip(self.target, self.variables, strict=True):
@@ -240,10 +251,10 @@ class JaxLearner(Learner):
     backend = "jax"
 
     def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer, *, stack_shape: Sequence[int],
-                 dtype: Any, target_every: int, tau: float) -> None:
+                 dtype: Any, target_every: int, tau: float, cql_alpha: float = 0.0) -> None:
         import jax
 
-        super().__init__(model, optimizer, target_every=target_every, tau=tau)
+        super().__init__(model, optimizer, target_every=target_every, tau=tau, cql_alpha=cql_alpha)
         self._iteration = [v.path for v in optimizer.variables].index(optimizer.iterations.path)
         self._from_model()
         self.target_params = [ops.copy(p) for p in self.params]
@@ -276,7 +287,8 @@ class JaxLearner(Learner):
 
         def loss(params: list[Any], target_params: list[Any], batch: dict[str, Any]) -> tuple[Any, Any]:
             return td_loss(lambda x: model.stateless_call(params, frozen, x)[0],
-                           lambda x: model.stateless_call(target_params, target_frozen, x)[0], batch)
+                           lambda x: model.stateless_call(target_params, target_frozen, x)[0], batch,
+                           cql_alpha=self.cql_alpha)
 
         grad = jax.value_and_grad(loss, has_aux=True)
         tau = self.tau

@@ -94,17 +94,33 @@ class Run:
             state.epsilon = epsilon
             self.report_calls(step)
             self.due(before, step)
-        self.report_calls(step)
-        if step % REPORT_STEPS:  # the last stretch's scalars
-            self.hooks.steps(step, self.step_logs(self.learning.metrics()))
-        if step % TICK_STEPS:
-            self.hooks.progress(step, {"epsilon": state.epsilon, "replay_size": float(len(self.store))})
+        self.last_stretch(step)
         return step
+
+    def last_stretch(self, step: int) -> None:
+        """Report what the loop did since the last report, when it ended between two."""
+        self.report_calls(step)
+        if step % REPORT_STEPS:
+            self.hooks.steps(step, self.step_logs(self.metrics()))
+        if step % TICK_STEPS:
+            self.hooks.progress(step, self.scalars())
+
+    def metrics(self) -> dict[str, float]:
+        """The learner's scalars since the last time (the decoupled loop's)."""
+        return self.learning.metrics()
+
+    def scalars(self) -> dict[str, float]:
+        """What the progress hooks show: the exploration and the store's size."""
+        return {"epsilon": self.state.epsilon, "replay_size": float(len(self.store))}
 
     def finish(self, *, evaluate: bool) -> None:
         """End the last epoch, evaluating unless the run was stopped early."""
         if self.in_epoch:
-            self.end_epoch(self.state.global_step, evaluate=evaluate)
+            self.end_epoch(self.position(), evaluate=evaluate)
+
+    def position(self) -> int:
+        """Where the run is, in the steps it counts: env steps."""
+        return self.state.global_step
 
     def report_calls(self, step: int) -> None:
         """Hand the learner calls finished since the last turn to the callbacks."""
@@ -119,11 +135,10 @@ class Run:
 
     def due(self, before: int, step: int) -> None:
         """What moving from env step ``before`` to ``step`` makes due."""
-        metrics = self.learning.metrics() if crossed(before, step, REPORT_STEPS) else None
-        if metrics is not None:
-            self.hooks.steps(step, self.step_logs(metrics))
+        if crossed(before, step, REPORT_STEPS):
+            self.hooks.steps(step, self.step_logs(self.metrics()))
         if crossed(before, step, TICK_STEPS):
-            self.hooks.progress(step, {"epsilon": self.state.epsilon, "replay_size": float(len(self.store))})
+            self.hooks.progress(step, self.scalars())
         if self.checkpoint is not None and self.checkpoint_frequency and crossed(before, step, self.checkpoint_frequency):
             with self.learning.paused():
                 self.checkpoint()
@@ -135,8 +150,7 @@ class Run:
     def step_logs(self, metrics: dict[str, float]) -> dict[str, float]:
         """The ``on_steps`` hook's logs: the exploration, the store, the learner's averages since the
         last time, and the decoupled learner's details."""
-        logs = {"epsilon": self.state.epsilon, "replay_size": float(len(self.store)),
-                "cache_hit_rate": self.store.cache_hit_rate, **metrics}
+        logs = {**self.scalars(), "cache_hit_rate": self.store.cache_hit_rate, **metrics}
         loss, q, sample_s, calls = self._sums
         if calls:
             logs.update({"losses/td_loss": loss / calls, "losses/q_values": q / calls,
