@@ -25,43 +25,19 @@ import numpy as np
 import pytest
 from conftest import snapshot
 
-from replaystore import ReplayStore
 from replaystore.trainer import DQN, TrainerError, mlp
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "tools"))
+from bench_offline import heuristic, write_dataset  # noqa: E402  (the datasets the benchmark learns from)
 
 OFFLINE = {"batch_size": 64, "train_frequency": 1, "target_network_frequency": 500, "learning_rate": 1e-3,
            "sample_threads": 1}
 
 
-def heuristic(obs: np.ndarray) -> int:
-    """Push the cart the way the pole falls (a return of ~500 alone)."""
-    return int(obs[2] + 0.5 * obs[3] > 0)
-
-
-def write_dataset(path: Path, steps: int, *, random_share: float = 0.5, seed: int = 0) -> float:
-    """A CartPole store of ``steps`` moves of the heuristic with ``random_share`` of them random;
-    returns the mean return of its finished episodes."""
-    env = gym.make("CartPole-v1")
-    rng = np.random.default_rng(seed)
-    returns, ret = [], 0.0
-    with ReplayStore.create(path, steps, env.observation_space, env.action_space, 1) as store:
-        obs, _ = env.reset(seed=seed)
-        for _ in range(steps):
-            action = int(rng.integers(2)) if rng.random() < random_share else heuristic(obs)
-            next_obs, reward, terminated, truncated, _ = env.step(action)
-            store.add(obs, action, reward, next_obs, terminated, truncated)
-            ret += float(reward)
-            obs = next_obs
-            if terminated or truncated:
-                returns.append(ret)
-                ret = 0.0
-                obs, _ = env.reset()
-    return float(np.mean(returns))
-
-
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, float]:
     path = tmp_path_factory.mktemp("offline") / "cartpole.zarr"
-    return path, write_dataset(path, 10_000)
+    return path, write_dataset(path, 10_000, 0.5, seed=0)
 
 
 def model() -> Any:
@@ -161,7 +137,7 @@ def test_a_checkpointed_offline_run_resumes_to_its_count_and_then_fits_online(da
                                                                               tmp_path: Path) -> None:
     path, _ = dataset
     copy = tmp_path / "copy.zarr"
-    write_dataset(copy, 2000, seed=1)
+    write_dataset(copy, 2000, 0.5, seed=1)
     agent = DQN(model(), copy, steps_per_call=8, learning_starts=100, **OFFLINE)
     agent.fit_offline(64, checkpoint_dir=tmp_path / "agent", checkpoint_frequency=32)
     agent.close()
@@ -225,7 +201,7 @@ def test_bad_input_is_refused_in_one_line_with_nothing_written(dataset: tuple[Pa
         DQN(model(), tmp_path / "missing.zarr").fit_offline(10)
     assert not (tmp_path / "missing.zarr").exists()
     tiny = tmp_path / "tiny.zarr"
-    write_dataset(tiny, 20)
+    write_dataset(tiny, 20, 0.5, seed=0)
     with pytest.raises(TrainerError, match=r"holds 1\d transitions; a batch of 64 with 1-step returns needs at least 65"):
         DQN(model(), tiny, **OFFLINE).fit_offline(10)
     agent = DQN(model(), path, **OFFLINE)

@@ -229,23 +229,15 @@ class DQN:
                   total_timesteps=total_timesteps, evaluate=evaluate, eval_frequency=eval_frequency,
                   checkpoint=write, checkpoint_frequency=checkpoint_frequency, should_stop=stop)
         hooks.train_begin()
-        try:
+
+        def body() -> None:
             if config.ratio() > 0:
                 learning.start_thread(state.global_step)
             run.loop(source)
-            learning.close()
-            run.finish(evaluate=not (stop() or hooks.stop_training))
-            if write is not None:
-                write()
-            elif store.writing:
-                store.flush()  # what was acted is durable, and visible to readers of the store
-        except KeyboardInterrupt:
-            learning.close()
-            if write is not None:
-                write()
-            raise
+
+        try:
+            run.through(body)
         finally:
-            learning.close()
             if owned:
                 source.close()
         hooks.train_end(state.global_step)
@@ -292,19 +284,7 @@ class DQN:
                          eval_frequency=eval_frequency, checkpoint=write, checkpoint_frequency=checkpoint_frequency,
                          should_stop=lambda: False)
         hooks.train_begin()
-        try:
-            run.learn()
-            learning.close()
-            run.finish(evaluate=not hooks.stop_training)
-            if write is not None:
-                write()
-        except KeyboardInterrupt:
-            learning.close()
-            if write is not None:
-                write()
-            raise
-        finally:
-            learning.close()
+        run.through(run.learn)
         hooks.train_end(learning.learned)
         return hooks.history
 

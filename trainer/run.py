@@ -113,6 +113,26 @@ class Run:
         """What the progress hooks show: the exploration and the store's size."""
         return {"epsilon": self.state.epsilon, "replay_size": float(len(self.store))}
 
+    def through(self, body: Callable[[], object]) -> None:
+        """Run ``body`` (the loop) and the end of the run: the learner's feed closed, the last epoch
+        ended (evaluating unless the run was stopped early), a checkpoint written (or, without
+        checkpoints, what was acted flushed). Ctrl-C writes the checkpoint too."""
+        try:
+            body()
+            self.learning.close()
+            self.finish(evaluate=not (self.should_stop() or self.hooks.stop_training))
+            if self.checkpoint is not None:
+                self.checkpoint()
+            elif self.store.writing:
+                self.store.flush()  # what was acted is durable, and visible to readers of the store
+        except KeyboardInterrupt:
+            self.learning.close()
+            if self.checkpoint is not None:
+                self.checkpoint()
+            raise
+        finally:
+            self.learning.close()
+
     def finish(self, *, evaluate: bool) -> None:
         """End the last epoch, evaluating unless the run was stopped early."""
         if self.in_epoch:
