@@ -6,7 +6,8 @@ and on JAX in a subprocess; the store's files are byte for byte the same afterwa
 hooks come in the documented order with gradient steps as the steps; a checkpointed offline run
 resumes with ``DQN.load`` and goes on to its count; a loaded agent fits online on from its store;
 prioritized replay keeps its priorities in RAM; a Minari dataset imported by ``store_from_minari``
-is learned from; bad input is refused in one line with nothing written. tools/bench_offline.py
+is learned from, and so is a store on SeaweedFS's S3; bad input is refused in one line with nothing
+written, and a store the agent opened is closed again. tools/bench_offline.py
 measures DQN against CQL on several datasets, and the RAM of learning from an Atari dataset.
 """
 
@@ -194,6 +195,20 @@ def test_a_minari_dataset_is_learned_from(tmp_path: Path, monkeypatch: pytest.Mo
     assert np.mean(returns) >= 400
 
 
+def test_a_dataset_on_object_storage_is_learned_from_and_the_agent_finds_it_again(s3_url: str,
+                                                                                 tmp_path: Path) -> None:
+    write_dataset(s3_url, 2000, 0.5, seed=2)
+    agent = DQN(model(), s3_url, steps_per_call=8, **OFFLINE)
+    agent.fit_offline(32, checkpoint_dir=tmp_path / "agent")
+    agent.close()
+    assert json.loads((tmp_path / "agent" / "agent.json").read_text())["store"] == s3_url
+    again = DQN.load(tmp_path / "agent")
+    assert again.store is not None and again.store.mode == "r" and len(again.store) > 1900
+    again.fit_offline(64)
+    assert again.train_steps == 64
+    again.close()
+
+
 def test_bad_input_is_refused_in_one_line_with_nothing_written(dataset: tuple[Path, float], tmp_path: Path) -> None:
     path, _ = dataset
     before = snapshot(path)
@@ -204,6 +219,10 @@ def test_bad_input_is_refused_in_one_line_with_nothing_written(dataset: tuple[Pa
     write_dataset(tiny, 20, 0.5, seed=0)
     with pytest.raises(TrainerError, match=r"holds 1\d transitions; a batch of 64 with 1-step returns needs at least 65"):
         DQN(model(), tiny, **OFFLINE).fit_offline(10)
+    unbuilt = DQN(model(), tiny, **OFFLINE)
+    with pytest.raises(TrainerError, match="holds 1"):
+        unbuilt.fit_offline(10)
+    assert unbuilt.store is None  # closed again, as it was found
     agent = DQN(model(), path, **OFFLINE)
     with pytest.raises(TrainerError, match=r"eval_env gives frames of Box.*\(2,\).*holds Box.*\(4,\)"):
         agent.fit_offline(10, eval_env=gym.make("MountainCar-v0"))

@@ -47,7 +47,7 @@ def heuristic(obs: np.ndarray) -> int:
     return int(obs[2] + 0.5 * obs[3] > 0)
 
 
-def write_dataset(path: Path, moves: int, random_share: float, seed: int) -> float:
+def write_dataset(path: str | Path, moves: int, random_share: float, seed: int) -> float:
     """A CartPole store of the heuristic's moves, ``random_share`` of them random; its mean return."""
     import gymnasium as gym
 

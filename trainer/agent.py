@@ -262,14 +262,22 @@ class DQN:
         check_run_arguments(eval_env, eval_frequency, eval_episodes, checkpoint_frequency, verbose)
         if checkpoint_dir is not None:
             check_savable(self.model)
+        opened = self.store is None
         store = self._readable_store()
-        learner = self._build(store.observation_space, store.action_space)
-        if eval_env is not None:
-            check_for_eval(store, *env_spaces(eval_env))
         config = self.config
-        if len(store) < config.batch_size + config.n_step:
-            raise TrainerError(f"{store.path} holds {len(store)} transitions; a batch of {config.batch_size} with "
-                               f"{config.n_step}-step returns needs at least {config.batch_size + config.n_step}")
+        try:
+            learner = self._build(store.observation_space, store.action_space)
+            if eval_env is not None:
+                check_for_eval(store, *env_spaces(eval_env))
+            if len(store) < config.batch_size + config.n_step:
+                raise TrainerError(f"{store.path} holds {len(store)} transitions; a batch of {config.batch_size} "
+                                   f"with {config.n_step}-step returns needs at least "
+                                   f"{config.batch_size + config.n_step}")
+        except BaseException:
+            if opened:  # leave the store as it was found: closed
+                store.close()
+                self.store = None
+            raise
         learning = Learning(config, store, learner, self.state)
         done = learning.learned
         if done >= gradient_steps:  # nothing to do: the weights stay as they are
