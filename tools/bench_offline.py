@@ -67,7 +67,7 @@ def write_dataset(path: str | Path, moves: int, random_share: float, seed: int) 
             if terminated or truncated:
                 returns.append(ret)
                 ret, (obs, _) = 0.0, env.reset()
-    return float(np.mean(returns))
+    return float(np.mean(returns)) if returns else float("nan")
 
 
 def learn(args: argparse.Namespace) -> dict:
