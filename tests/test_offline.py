@@ -212,7 +212,7 @@ def test_a_dataset_on_object_storage_is_learned_from_and_the_agent_finds_it_agai
 def test_bad_input_is_refused_in_one_line_with_nothing_written(dataset: tuple[Path, float], tmp_path: Path) -> None:
     path, _ = dataset
     before = snapshot(path)
-    with pytest.raises(TrainerError, match="holds no replay store; fit_offline learns from an existing one"):
+    with pytest.raises(TrainerError, match="holds no replay store; learning offline needs an existing one"):
         DQN(model(), tmp_path / "missing.zarr").fit_offline(10)
     assert not (tmp_path / "missing.zarr").exists()
     tiny = tmp_path / "tiny.zarr"
@@ -224,7 +224,7 @@ def test_bad_input_is_refused_in_one_line_with_nothing_written(dataset: tuple[Pa
         unbuilt.fit_offline(10)
     assert unbuilt.store is None  # closed again, as it was found
     agent = DQN(model(), path, **OFFLINE)
-    with pytest.raises(TrainerError, match=r"eval_env gives frames of Box.*\(2,\).*holds Box.*\(4,\)"):
+    with pytest.raises(TrainerError, match=r"the evaluation env gives frames of Box.*\(2,\).*holds Box.*\(4,\)"):
         agent.fit_offline(10, eval_env=gym.make("MountainCar-v0"))
     for kwargs, message in (({"gradient_steps": 0}, "gradient_steps is 0; it must be an integer >= 1"),
                             ({"gradient_steps": 5, "eval_frequency": -1}, "eval_frequency is -1"),

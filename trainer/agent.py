@@ -43,7 +43,7 @@ from .models import check_model, check_savable
 from .offline import OfflineRun
 from .run import Run, Source
 from .state import RunState
-from .stores import check_for_env, check_for_eval, open_to_append, open_to_read, store_at, store_ref
+from .stores import check_dataset, check_for_env, open_to_append, open_to_read, store_at, store_ref
 
 
 class DQN:
@@ -246,7 +246,8 @@ class DQN:
     def fit_offline(self, gradient_steps: int, *, eval_env: Any = None, eval_frequency: int = 0,
                     eval_episodes: int = 10, eval_epsilon: float = 0.0, eval_seed: int | None = None,
                     callbacks: Sequence[keras.callbacks.Callback] = (), checkpoint_dir: str | Path | None = None,
-                    checkpoint_frequency: int = 10_000, verbose: int = 0) -> keras.callbacks.History:
+                    checkpoint_frequency: int = 10_000, verbose: int = 0, should_stop: Callable[[], bool] | None = None,
+                    checkpoint_writer: Callable[[], None] | None = None) -> keras.callbacks.History:
         """Learn from the store as it is, acting nowhere (offline RL), until the learner has taken
         ``gradient_steps`` gradient steps in all (a loaded agent goes on from its count; one that
         took them already returns at once); returns the callbacks' ``History``.
@@ -257,9 +258,12 @@ class DQN:
         ``fit``'s, counted in gradient steps: every ``eval_frequency`` of them ``eval_env`` (whose
         frames and actions must be the store's) plays ``eval_episodes`` games and an epoch ends;
         with ``checkpoint_dir`` the agent is saved every ``checkpoint_frequency`` of them, at the
-        end, when a callback stops the run and on Ctrl-C (offline.py)."""
+        end, when a callback stops the run and on Ctrl-C (offline.py). ``should_stop`` and
+        ``checkpoint_writer`` are for ``replaystore-train --offline`` (signals, its run directory)."""
         check_count("gradient_steps", gradient_steps, least=1)
         check_run_arguments(eval_env, eval_frequency, eval_episodes, checkpoint_frequency, verbose)
+        if checkpoint_dir is not None and checkpoint_writer is not None:
+            raise TrainerError("pass checkpoint_dir or checkpoint_writer, not both")
         if checkpoint_dir is not None:
             check_savable(self.model)
         opened = self.store is None
@@ -267,12 +271,8 @@ class DQN:
         config = self.config
         try:
             learner = self._build(store.observation_space, store.action_space)
-            if eval_env is not None:
-                check_for_eval(store, *env_spaces(eval_env))
-            if len(store) < config.batch_size + config.n_step:
-                raise TrainerError(f"{store.path} holds {len(store)} transitions; a batch of {config.batch_size} "
-                                   f"with {config.n_step}-step returns needs at least "
-                                   f"{config.batch_size + config.n_step}")
+            spaces = None if eval_env is None else env_spaces(eval_env)
+            check_dataset(store, config.batch_size, config.n_step, spaces)
         except BaseException:
             if opened:  # leave the store as it was found: closed
                 store.close()
@@ -285,12 +285,12 @@ class DQN:
         epochs = -(-(gradient_steps - done) // eval_frequency) if eval_frequency else 1
         hooks = Hooks(callbacks, learner, epochs=epochs, verbose=verbose, start_step=done,
                       evaluating=eval_env is not None)
-        write = self._saver(checkpoint_dir)
+        write = checkpoint_writer or self._saver(checkpoint_dir)
         run = OfflineRun(config, store, learning, self.state, hooks, act=learner.act_batch, rng=self.rng,
                          total_timesteps=gradient_steps,
                          evaluate=self._evaluator(eval_env, eval_episodes, eval_epsilon, eval_seed),
                          eval_frequency=eval_frequency, checkpoint=write, checkpoint_frequency=checkpoint_frequency,
-                         should_stop=lambda: False)
+                         should_stop=should_stop or (lambda: False))
         hooks.train_begin()
         run.through(run.learn)
         hooks.train_end(learning.learned)

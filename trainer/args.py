@@ -26,6 +26,8 @@ class Args:
     total_timesteps: int = dataclasses.field(default=10_000_000, metadata={"help": "environment steps of the whole run"})
     run_dir: str = dataclasses.field(default="", metadata={"help": "where the store, checkpoint, logs and args go (default runs/<env>-<seed>)"})
     store: str = dataclasses.field(default="", metadata={"help": "put the replay store at this URL (s3://bucket/prefix/replay.zarr; endpoint and keys from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...) instead of RUN_DIR/replay.zarr"})
+    offline: str = dataclasses.field(default="", metadata={"help": "learn offline from this existing replay store (a path or URL), read-only: gradient steps on its transitions, acting nowhere; the env is only for --eval-episodes (docs/trainer.md)"})
+    gradient_steps: int = dataclasses.field(default=100_000, metadata={"help": "with --offline: gradient steps of the whole run"})
     lease_ttl: float = dataclasses.field(default=30.0, metadata={"help": "with --store URL: seconds a writer's lease on its streams lasts unrenewed; a crashed writer's streams are taken over after that"})
     seed: int = dataclasses.field(default=1, metadata={"help": "seeds the network, the environment and exploration"})
     learning_rate: float = dataclasses.field(default=1e-4, metadata={"help": "Adam's learning rate"})
@@ -44,6 +46,7 @@ class Args:
     prioritized: bool = dataclasses.field(default=False, metadata={"help": "prioritized replay (proportional)"})
     alpha: float = dataclasses.field(default=0.6, metadata={"help": "priority exponent (with --prioritized)"})
     beta: float = dataclasses.field(default=0.4, metadata={"help": "importance-weight exponent (with --prioritized)"})
+    cql_alpha: float = dataclasses.field(default=0.0, metadata={"help": "conservative Q-learning's weight (1.0 is usual with --offline); 0: plain DQN"})
     hidden_sizes: str = dataclasses.field(default="120,84", metadata={"help": "MLP layer widths for vector observations"})
     frame_stack: int = dataclasses.field(default=0, metadata={"help": "frames per observation (default: 4 for images, 1 for vectors)"})
     terminal_on_life_loss: bool = dataclasses.field(default=True, metadata={"help": "Atari: a lost life ends the episode for learning"})
@@ -73,11 +76,15 @@ class Args:
 
 
 #: Flags that ``--resume`` accepts: how long to go on and how to report, not what is learned.
-RESUMABLE = ("total_timesteps", "checkpoint_frequency", "eval_frequency", "eval_episodes", "progress", "sample_threads",
+RESUMABLE = ("total_timesteps", "gradient_steps", "checkpoint_frequency", "eval_frequency", "eval_episodes", "progress", "sample_threads",
              "steps_per_call", "ray_address", "lease_ttl", "actor_restarts")
 ARGS_FILE = "args.json"
 #: Defaults the help text states in words instead (an empty string or 0 that means "pick for me").
-UNSTATED = ("run_dir", "store", "frame_stack", "steps_per_call", "ray_address")
+UNSTATED = ("run_dir", "store", "offline", "frame_stack", "steps_per_call", "ray_address")
+#: Flags of acting, which an --offline run does not do (its length is --gradient-steps, its frames the store's).
+ONLINE_ONLY = ("total_timesteps", "store", "lease_ttl", "buffer_size", "num_envs", "start_e", "end_e",
+               "exploration_fraction", "learning_starts", "clip_reward", "replay_ratio", "actors", "actor_restarts",
+               "ray_address", "frame_stack")
 
 
 def _help(field: dataclasses.Field[Any]) -> str:
@@ -128,26 +135,52 @@ def parse(argv: list[str] | None) -> tuple[Args, bool]:
     resume = given.pop("resume", None)
     if resume is None:
         args = Args(**given)
+        if args.offline and "://" not in args.offline:
+            args.offline = str(Path(args.offline).resolve())  # (a --resume from elsewhere finds it too)
+        if args.offline and "env_id" not in given:
+            args.env_id = ""  # offline, the env is only evaluated on: none unless named
         if not args.run_dir:
-            args.run_dir = str(Path("runs") / f"{args.env_id.replace('/', '_')}-{args.seed}")
+            name = f"offline-{Path(args.offline).stem}" if args.offline else args.env_id.replace("/", "_")
+            args.run_dir = str(Path("runs") / f"{name}-{args.seed}")
+        check_mode(args, set(given))
         check(args)
         return args, False
-    changed = sorted(set(given) - set(RESUMABLE))
+    args = load(Path(resume))
+    resumable = RESUMABLE + (("env_id",) if args.offline else ())  # (offline, the env is only evaluated on)
+    changed = sorted(set(given) - set(resumable))
     if changed:
         flags = ", ".join("--" + name.replace("_", "-") for name in changed)
         raise TrainerError(f"{flags} cannot change when resuming; --resume takes the run's saved arguments and only "
-                           f"{', '.join('--' + n.replace('_', '-') for n in RESUMABLE)}")
-    args = load(Path(resume))
+                           f"{', '.join('--' + n.replace('_', '-') for n in resumable)}")
     for name, value in given.items():
         setattr(args, name, value)
     args.run_dir = resume
+    check_mode(args, set(given))
     check(args)
     return args, True
 
 
+def check_mode(args: Args, given: set[str]) -> None:
+    """Refuse flags that the run's mode does not use: acting's with --offline, --gradient-steps
+    without it; and an --offline evaluation on a defaulted --env-id."""
+    if not args.offline:
+        if "gradient_steps" in given:
+            raise TrainerError("--gradient-steps counts the gradient steps of an --offline run; an online run's "
+                               "length is --total-timesteps (env steps)")
+        return
+    unused = sorted(given & set(ONLINE_ONLY))
+    if unused:
+        flags = ", ".join("--" + name.replace("_", "-") for name in unused)
+        raise TrainerError(f"{flags} cannot be given with --offline: an offline run acts nowhere; its length is "
+                           "--gradient-steps and its frames, stack and actions are the store's")
+    if args.eval_episodes and not args.env_id:
+        raise TrainerError("--offline with --eval-episodes needs --env-id: the gymnasium id of the env the store "
+                           "was written from, to evaluate on (ALE/ ids get replaystore-train's wrappers)")
+
+
 def check(args: Args) -> None:
     """Refuse values no run can use, naming the flag and its range."""
-    positive = ("total_timesteps", "buffer_size", "checkpoint_frequency", "cache_mb")
+    positive = ("total_timesteps", "gradient_steps", "buffer_size", "checkpoint_frequency", "cache_mb")
     for name in positive:
         if getattr(args, name) < (0 if name == "cache_mb" else 1):
             raise TrainerError(f"--{name.replace('_', '-')} is {getattr(args, name)}; it must be a positive integer")

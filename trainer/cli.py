@@ -15,19 +15,20 @@ Stopping: SIGINT/SIGTERM finish the current step, flush the store, write a check
 transition the store committed since; the environment cannot be restored, so the store's episode in
 progress is closed as truncated and a new one starts. A run that already took its
 ``--total-timesteps`` says so and changes nothing; ``--resume RUN --total-timesteps N`` goes on to N.
+
+``--offline STORE`` learns from an existing store instead (``fit_offline``, offline.py): the store
+is opened read-only and stays where it is (no ``replay.zarr/`` in the run directory), the run is
+``--gradient-steps`` long, checkpoints and evaluations count gradient steps, and the env
+(``--env-id``) is only evaluated on. Stopping and resuming work as above.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib.util
-import os
-import re
 import signal
 import sys
-import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +38,10 @@ from . import args as arguments
 from . import checkpoint
 from .args import Args
 from .config import TrainerError
-from .envs import default_frame_stack, make_env, make_vector_env
-from .rundir import open_store
+from .envs import default_frame_stack, env_spaces, make_env, make_vector_env
+from .process import import_keras, peak_rss_mb, stop_signals
+from .rundir import new_run_dir, open_store
+from .stores import check_dataset, open_to_read
 
 #: With --num-envs > 1, evaluations play up to this many games at once, on a vector env.
 EVAL_ENVS = 32
@@ -54,54 +57,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-#: TensorFlow's start-up lines (absl logging from its C++ libraries, which prints them before
-#: TF_CPP_MIN_LOG_LEVEL is read, and twice: once per library that links it).
-TF_NOISE = re.compile(r"^(WARNING: All log messages before absl::InitializeLog\(\)|To enable the following instructions"
-                      r"|[IWE]\d{4} [\d:. ]+\d+ (port|cudart_stub|cpu_feature_guard|cuda_platform|cuda_executor|"
-                      r"cuda_fft|cuda_dnn|cuda_blas|computation_placer)\.cc:\d+\])")
-
-
-@contextlib.contextmanager
-def filtered_stderr(noise: re.Pattern[str]) -> Iterator[None]:
-    """Hold what is written to file descriptor 2 (by C++ code too) while the block runs, then write
-    back every line that ``noise`` does not match."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as held:
-        os.dup2(held.fileno(), 2)
-        try:
-            yield
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            held.seek(0)
-            for line in held.read().decode(errors="replace").splitlines(keepends=True):
-                if not noise.match(line):
-                    sys.stderr.write(line)
-            sys.stderr.flush()
-
-
-def import_keras() -> Any:
-    """Keras and TensorFlow where it is installed (TensorBoard's writer uses it on either backend;
-    scalars.py), without TensorFlow's start-up noise: on a machine without a GPU it prints CPU-flag
-    notes, "could not find cuda drivers" and an ``E0000 ... failed call to cuInit`` line that reads
-    as a failure, each twice. A ``TF_CPP_MIN_LOG_LEVEL`` the user set wins: then everything is
-    printed. On JAX without TensorFlow (a GPU box), only Keras."""
-    if importlib.util.find_spec("tensorflow") is None:
-        import keras
-    elif "TF_CPP_MIN_LOG_LEVEL" in os.environ:
-        import keras
-        import tensorflow  # noqa: F401
-    else:
-        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
-        with filtered_stderr(TF_NOISE):
-            import keras
-            import tensorflow  # noqa: F401
-    return keras
-
-
 def train(args: Args, *, resuming: bool) -> int:
+    if args.offline:
+        return train_offline(args, resuming=resuming)
     env = make_env(args.env_id)  # an unusable id fails here, before anything is written
     try:
         return _train(args, env, resuming=resuming)
@@ -114,10 +72,7 @@ def _train(args: Args, env: Any, *, resuming: bool) -> int:
         args.frame_stack = default_frame_stack(env.observation_space)
     settings = arguments.config(args)
     run_dir = Path(args.run_dir)
-    saved = None
-    if resuming:
-        checkpoint.remove_partials(run_dir)
-        saved = checkpoint.load(run_dir)
+    saved = _saved(run_dir) if resuming else None
     start = int(saved[1]["global_step"]) if saved is not None else 0
     if start < args.total_timesteps and settings.learning_starts >= args.total_timesteps:
         raise TrainerError(f"--learning-starts {settings.learning_starts:,} is not below --total-timesteps "
@@ -138,17 +93,10 @@ def _train(args: Args, env: Any, *, resuming: bool) -> int:
 def _fit(args: Args, settings: Any, env: Any, store: ReplayStore, saved: Any, start: int, *, resuming: bool) -> int:
     keras = import_keras()  # TensorFlow loads here, once the arguments and the run directory are known to be good
 
-    from .agent import DQN
-    from .learner import MAX_GRAD_NORM
-    from .models import q_network
     from .report import Report
 
     run_dir = Path(args.run_dir)
-    keras.utils.set_random_seed(args.seed)
-    model = q_network((args.frame_stack, *env.observation_space.shape), env.observation_space.dtype,
-                      int(env.action_space.n), hidden_sizes=arguments.hidden_sizes(args))
-    optimizer = keras.optimizers.Adam(learning_rate=args.learning_rate, global_clipnorm=MAX_GRAD_NORM)
-    agent = DQN(model, store, optimizer=optimizer, **dataclasses.asdict(settings))
+    agent = _agent(keras, args, settings, store)
     if resuming:
         if saved is not None:
             agent.restore(*saved)
@@ -163,64 +111,147 @@ def _fit(args: Args, settings: Any, env: Any, store: ReplayStore, saved: Any, st
             store.end_episode()  # the environment cannot be restored: its episode in progress ends as truncated
         store.warm_cache()  # the compressed chunks, up to --cache-mb: ~65 MB and ~1 s for 1M Atari frames
     report = Report(run_dir, total=args.total_timesteps, start=start, progress=args.progress)
-
-    def write_checkpoint() -> None:
-        arrays, state = agent.checkpoint_arrays()
-        checkpoint.save(run_dir, arrays, state)
-        report.writer.flush()
-
-    stop: list[int] = []
-    handlers = {sig: signal.signal(sig, lambda signum, _: stop.append(signum)) for sig in (signal.SIGINT, signal.SIGTERM)}
+    write_checkpoint = _checkpointer(agent, run_dir, report)
     source = envs = None
-    try:
-        if saved is None:
-            write_checkpoint()  # as soon as the networks exist: --resume needs one
-        if args.actors:
-            from .actors import ActorSource
-
-            source = ActorSource(args, store, agent.learner, start, report.print)
-        elif args.num_envs > 1:
-            envs = make_vector_env(args.env_id, args.num_envs)
-        eval_env = None
-        if args.eval_episodes and args.num_envs > 1:  # the games side by side, one per env (up to EVAL_ENVS)
-            eval_env = make_vector_env(args.env_id, min(args.eval_episodes, EVAL_ENVS))
-        elif args.eval_episodes:
-            eval_env = make_env(args.env_id)
+    with stop_signals() as stop:
         try:
-            agent.fit(envs if envs is not None else env, args.total_timesteps, eval_env=eval_env,
-                      eval_frequency=args.eval_frequency if args.eval_episodes else 0,
-                      eval_episodes=max(1, args.eval_episodes), eval_epsilon=args.eval_epsilon, callbacks=[report],
-                      checkpoint_frequency=args.checkpoint_frequency, checkpoint_writer=write_checkpoint,
-                      should_stop=lambda: bool(stop), source=source, eval_seed=args.seed + 100_000)
+            if saved is None:
+                write_checkpoint()  # as soon as the networks exist: --resume needs one
+            if args.actors:
+                from .actors import ActorSource
+
+                source = ActorSource(args, store, agent.learner, start, report.print)
+            elif args.num_envs > 1:
+                envs = make_vector_env(args.env_id, args.num_envs)
+            with _eval_env(args, vector=args.num_envs > 1) as eval_env:
+                agent.fit(envs if envs is not None else env, args.total_timesteps, eval_env=eval_env,
+                          eval_frequency=args.eval_frequency if args.eval_episodes else 0,
+                          eval_episodes=max(1, args.eval_episodes), eval_epsilon=args.eval_epsilon, callbacks=[report],
+                          checkpoint_frequency=args.checkpoint_frequency, checkpoint_writer=write_checkpoint,
+                          should_stop=lambda: bool(stop), source=source, eval_seed=args.seed + 100_000)
         finally:
-            if eval_env is not None:
-                eval_env.close()
-    finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
-        report.close()
-        if envs is not None:
-            envs.close()
+            report.close()
+            if envs is not None:
+                envs.close()
     step = agent.state.global_step
     if stop:
-        name = signal.Signals(stop[0]).name
-        print(f"stopped by {name} at step {step:,}: checkpoint saved and store flushed; "
-              f"continue with: replaystore-train --resume {run_dir}")
-        return 128 + stop[0]
+        return _stopped(stop[0], f"step {step:,}", "checkpoint saved and store flushed", run_dir)
     print(f"done: {step:,} steps, {agent.train_steps:,} gradient steps; store {arguments.store_path(args)} holds "
           f"{agent.state.stored:,} transitions; peak RSS {peak_rss_mb():,.0f} MB")
     return 0
 
 
-def peak_rss_mb() -> float:
-    """This process's peak resident set (VmHWM), in MB."""
+def train_offline(args: Args, *, resuming: bool) -> int:
+    """``--offline STORE``: learn from an existing store, read-only, for ``--gradient-steps`` (offline.py),
+    with the run directory, checkpoints, signals, evaluations and reports of an online run."""
+    settings = arguments.config(args)
+    run_dir = Path(args.run_dir)
+    saved = _saved(run_dir) if resuming else None
+    store = open_to_read(args.offline, cache_bytes=args.cache_mb * 2**20, options={})
     try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return float("nan")
+        with _eval_env(args, vector=True) as eval_env:  # (an unusable --env-id fails here, before anything is written)
+            spaces = None if eval_env is None else env_spaces(eval_env)
+            check_dataset(store, settings.batch_size, settings.n_step, spaces)
+            if resuming:
+                arguments.save(args, run_dir)  # the flags given now hold for a later plain --resume too
+            else:
+                with new_run_dir(args):
+                    pass  # (nothing to make in it but args.json: the store stays where it is)
+            return _fit_offline(args, settings, store, eval_env, saved)
+    finally:
+        store.close()
+
+
+def _fit_offline(args: Args, settings: Any, store: ReplayStore, eval_env: Any, saved: Any) -> int:
+    keras = import_keras()
+
+    from .report import Report
+
+    run_dir = Path(args.run_dir)
+    agent = _agent(keras, args, settings, store)
+    if saved is not None:
+        agent.restore(*saved)
+    start = agent.train_steps
+    if saved is not None:
+        print(f"resuming {run_dir} at gradient step {start:,} ({len(store):,} transitions in {args.offline})")
+        if start >= args.gradient_steps:
+            print(f"nothing to do: the run already took its {start:,} gradient steps (--gradient-steps "
+                  f"{args.gradient_steps:,}); to train on, resume with a larger --gradient-steps")
+            return 0
+    store.warm_cache()
+    report = Report(run_dir, total=args.gradient_steps, start=start, progress=args.progress, offline=True)
+    write_checkpoint = _checkpointer(agent, run_dir, report)
+    with stop_signals() as stop:
+        try:
+            if saved is None:
+                write_checkpoint()
+            agent.fit_offline(args.gradient_steps, eval_env=eval_env,
+                              eval_frequency=args.eval_frequency if args.eval_episodes else 0,
+                              eval_episodes=max(1, args.eval_episodes), eval_epsilon=args.eval_epsilon,
+                              eval_seed=args.seed + 100_000, callbacks=[report],
+                              checkpoint_frequency=args.checkpoint_frequency, checkpoint_writer=write_checkpoint,
+                              should_stop=lambda: bool(stop))
+        finally:
+            report.close()
+    step = agent.train_steps
+    if stop:
+        return _stopped(stop[0], f"gradient step {step:,}", "checkpoint saved", run_dir)
+    print(f"done: {step:,} gradient steps on {args.offline} ({len(store):,} transitions, read-only); "
+          f"peak RSS {peak_rss_mb():,.0f} MB")
+    return 0
+
+
+def _saved(run_dir: Path) -> Any:
+    """The checkpoint a run resumes from (None when it died before writing one)."""
+    checkpoint.remove_partials(run_dir)
+    return checkpoint.load(run_dir)
+
+
+def _agent(keras: Any, args: Args, settings: Any, store: ReplayStore) -> Any:
+    """The run's DQN: the default Q-network for the store's stacks and actions, Adam at --learning-rate."""
+    from .agent import DQN
+    from .learner import MAX_GRAD_NORM
+    from .models import q_network
+
+    keras.utils.set_random_seed(args.seed)
+    space = store.observation_space
+    model = q_network((store.frame_stack, *space.shape), space.dtype, int(store.action_space.n),
+                      hidden_sizes=arguments.hidden_sizes(args))
+    optimizer = keras.optimizers.Adam(learning_rate=args.learning_rate, global_clipnorm=MAX_GRAD_NORM)
+    return DQN(model, store, optimizer=optimizer, **dataclasses.asdict(settings))
+
+
+def _checkpointer(agent: Any, run_dir: Path, report: Any) -> Callable[[], None]:
+    """What writes the run's checkpoint (and flushes its TensorBoard log with it)."""
+
+    def write() -> None:
+        arrays, state = agent.checkpoint_arrays()
+        checkpoint.save(run_dir, arrays, state)
+        report.writer.flush()
+
+    return write
+
+
+@contextlib.contextmanager
+def _eval_env(args: Args, *, vector: bool) -> Iterator[Any]:
+    """The evaluation env (with --eval-episodes; else None), closed after the block: with ``vector``
+    the games are played side by side, one per env (up to EVAL_ENVS)."""
+    env = None
+    if args.eval_episodes and vector:
+        env = make_vector_env(args.env_id, min(args.eval_episodes, EVAL_ENVS))
+    elif args.eval_episodes:
+        env = make_env(args.env_id)
+    try:
+        yield env
+    finally:
+        if env is not None:
+            env.close()
+
+
+def _stopped(signum: int, where: str, kept: str, run_dir: Path) -> int:
+    print(f"stopped by {signal.Signals(signum).name} at {where}: {kept}; continue with: replaystore-train --resume "
+          f"{run_dir}")
+    return 128 + signum
 
 
 if __name__ == "__main__":

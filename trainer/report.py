@@ -41,9 +41,14 @@ TAGS = {"epsilon": "charts/epsilon", "replay_size": "replay/size", "cache_hit_ra
 class Report(keras.callbacks.Callback):
     """TensorBoard, ``evals.jsonl`` and the console, for a run directory."""
 
-    def __init__(self, run_dir: Path, *, total: int, start: int, progress: bool, console: Console | None = None) -> None:
+    def __init__(self, run_dir: Path, *, total: int, start: int, progress: bool, console: Console | None = None,
+                 offline: bool = False) -> None:
+        """``total`` and ``start`` are env steps, or with ``offline`` (``--offline``) gradient steps:
+        then the bar and the lines show gradient steps a second and the latest evaluation's score."""
         super().__init__()
-        self.run_dir = run_dir
+        self.run_dir, self.offline = run_dir, offline
+        self.unit = "gradient step" if offline else "step"
+        self.evaluated = "-"  # the latest evaluation's mean score (what offline runs show as their score)
         self.writer = Scalars(run_dir)
         self.console = console or Console(soft_wrap=True)
         self.scores: collections.deque[float] = collections.deque(maxlen=20)
@@ -56,10 +61,11 @@ class Report(keras.callbacks.Callback):
         self.step = start
         self.progress: Progress | None = None
         if progress and self.console.is_terminal:
+            fields = ("{task.fields[sps]:>5.0f} steps/s  eval {task.fields[score]}  " if offline else
+                      "{task.fields[sps]:>5.0f} SPS  score {task.fields[score]}  eps {task.fields[eps]:.3f}  ")
             self.progress = Progress(
-                TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("{task.fields[sps]:>5.0f} SPS  score {task.fields[score]}  eps {task.fields[eps]:.3f}  "
-                           "replay {task.fields[size]:,}{task.fields[learner]}"),
+                TextColumn("[bold]learn" if offline else "[bold]train"), BarColumn(), MofNCompleteColumn(),
+                TextColumn(fields + "replay {task.fields[size]:,}{task.fields[learner]}"),
                 TimeRemainingColumn(), console=self.console, refresh_per_second=4,
             )
             self.task = self.progress.add_task("train", total=total, completed=start, sps=0.0, score="-", eps=1.0,
@@ -72,6 +78,8 @@ class Report(keras.callbacks.Callback):
         return (step - self.start_step) / max(time.perf_counter() - self.start_time, 1e-9)
 
     def score(self) -> str:
+        if self.offline:
+            return self.evaluated
         return f"{sum(self.scores) / len(self.scores):.1f}" if self.scores else "-"
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
@@ -96,7 +104,7 @@ class Report(keras.callbacks.Callback):
         self.scalars(step, values)
 
     def on_progress(self, step: int, logs: dict[str, float]) -> None:
-        self.epsilon, self.replay_size = logs["epsilon"], int(logs["replay_size"])
+        self.epsilon, self.replay_size = logs.get("epsilon", self.epsilon), int(logs["replay_size"])
         self.step = step
         if self.progress is not None:
             self.progress.update(self.task, completed=step, sps=self.sps(step), score=self.score(), eps=self.epsilon,
@@ -106,6 +114,10 @@ class Report(keras.callbacks.Callback):
 
     def line(self, step: int) -> None:
         self._line_at = time.perf_counter()
+        if self.offline:
+            self.print(f"learn {step:,}/{self.total:,}  {self.sps(step):.0f} steps/s  eval {self.score()}  "
+                       f"replay {self.replay_size:,}{self.learner}")
+            return
         self.print(f"train {step:,}/{self.total:,}  {self.sps(step):.0f} SPS  score {self.score()}  "
                    f"eps {self.epsilon:.3f}  replay {self.replay_size:,}{self.learner}")
 
@@ -115,7 +127,8 @@ class Report(keras.callbacks.Callback):
         record = {"step": step, "mean_return": mean, "returns": returns, "time": time.time(), "eval_s": logs["eval_s"]}
         with open(self.run_dir / EVALS, "a") as f:
             f.write(json.dumps(record) + "\n")
-        self.print(f"eval at step {step:,}: mean score {mean:.1f} over {len(returns)} games")
+        self.evaluated = f"{mean:.1f}"
+        self.print(f"eval at {self.unit} {step:,}: mean score {mean:.1f} over {len(returns)} games")
 
     # Keras' hooks -------------------------------------------------------------------------------
 

@@ -3,8 +3,10 @@ and its Ray actors)."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,18 +48,27 @@ def open_store(args: Args, env: Any, *, resuming: bool) -> ReplayStore:
             raise TrainerError(f"{path} stores {store.observation_space} x{store.frame_stack} with "
                                f"{store.action_space}, which does not match {args.env_id}; it was not written by this run")
         return store
+    with new_run_dir(args):
+        return ReplayStore.create(path, args.buffer_size, env.observation_space, env.action_space, args.frame_stack,
+                                  cache_bytes=cache_bytes, num_streams=arguments.num_streams(args),
+                                  **arguments.store_options(args))
+
+
+@contextlib.contextmanager
+def new_run_dir(args: Args) -> Iterator[Path]:
+    """Make a new run's directory (refused when it holds files: that is another run, to --resume), and
+    write ``args.json`` into it when the block ends without an error; a directory made here is
+    removed again when the block fails."""
+    run_dir = Path(args.run_dir)
     if run_dir.exists() and any(run_dir.iterdir()):
         raise TrainerError(f"{run_dir} already holds files; continue that run with --resume {run_dir}, "
                            "or pick a new --run-dir")
     made = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
-        store = ReplayStore.create(path, args.buffer_size, env.observation_space, env.action_space, args.frame_stack,
-                                   cache_bytes=cache_bytes, num_streams=arguments.num_streams(args),
-                                   **arguments.store_options(args))
+        yield run_dir
     except BaseException:
         if made:
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
     arguments.save(args, run_dir)
-    return store

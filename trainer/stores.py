@@ -26,8 +26,9 @@ def open_to_read(location: str | Path, *, cache_bytes: int, options: dict[str, A
     try:
         return ReplayStore.open(location, mode="r", cache_bytes=cache_bytes, **options)
     except StoreNotFoundError:
-        raise TrainerError(f"{location} holds no replay store; fit_offline learns from an existing one (written by "
-                           "fit, or made from a Minari dataset by store_from_minari)") from None
+        raise TrainerError(f"{location} holds no replay store; learning offline needs an existing one (written by "
+                           "fit or replaystore-train, or made from a Minari dataset by store_from_minari or "
+                           "`replaystore import-minari`)") from None
 
 
 def check_for_env(store: ReplayStore, observation_space: Any, action_space: Any, num_streams: int) -> None:
@@ -47,9 +48,19 @@ def check_for_env(store: ReplayStore, observation_space: Any, action_space: Any,
 def check_for_eval(store: ReplayStore, observation_space: Any, action_space: Any) -> None:
     """Refuse an evaluation env whose frames or actions are not the store's (so not the model's)."""
     if observation_space.shape != store.observation_space.shape or action_space.n != store.action_space.n:
-        raise TrainerError(f"eval_env gives frames of {observation_space} with {action_space}, but {store.path} "
+        raise TrainerError(f"the evaluation env gives frames of {observation_space} with {action_space}, but {store.path} "
                            f"holds {store.observation_space} with {store.action_space}: evaluate on the env the "
                            "store was written from (with its wrappers, but without a frame stack)")
+
+
+def check_dataset(store: ReplayStore, batch_size: int, n_step: int, eval_spaces: tuple[Any, Any] | None) -> None:
+    """Refuse a store to learn from offline that holds too few transitions for one batch of n-step
+    returns, or whose frames or actions the evaluation env's ``eval_spaces`` differ from."""
+    if eval_spaces is not None:
+        check_for_eval(store, *eval_spaces)
+    if len(store) < batch_size + n_step:
+        raise TrainerError(f"{store.path} holds {len(store)} transitions; a batch of {batch_size} with {n_step}-step "
+                           f"returns needs at least {batch_size + n_step}")
 
 
 def store_ref(location: str | Path, directory: Path) -> str:
