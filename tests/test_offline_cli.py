@@ -4,9 +4,10 @@ The CartPole dataset of test_offline.py (a noisy heuristic's moves, mean return 
 from with CQL to a score above 400; the run directory holds the checkpoint, TensorBoard's scalars
 and the evaluations but no store, and the dataset's files are byte for byte the same afterwards. A
 run stopped by SIGTERM checkpoints and says how to go on; one killed with SIGKILL resumes from its
-last checkpoint; both go on to a larger ``--gradient-steps`` and a finished run changes nothing.
-A store at an s3:// URL is learned from and kept as a URL. Flags of acting, a missing or too small store, and an evaluation env unlike the store are refused
-in one line, before a run directory is made.
+last checkpoint; both go on to a larger ``--gradient-steps`` and a finished run changes nothing. A
+store at an ``s3://`` URL is learned from and kept as a URL. Flags of acting, a missing or too small
+store, and an evaluation env unlike the store are refused in one line, before a run directory is
+made.
 """
 
 from __future__ import annotations
