@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
+import socket
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -338,6 +342,39 @@ def test_export_refuses_what_it_cannot_write_and_leaves_no_dataset(tmp_path: Pat
     with pytest.raises(ConfigError, match="no whole episode .*1 in progress"):
         minari_from_store(empty, "xx/yy-v0")
     assert sorted(str(p) for p in datasets_root.rglob("*")) == before
+
+
+KILLED_EXPORT = """
+import os, signal, sys
+from replaystore.integrations.minari import minari_from_store
+minari_from_store(sys.argv[1], "killed/mid-v0", progress=lambda done, total: done == 2 and os.kill(os.getpid(), signal.SIGKILL))
+"""
+
+
+def test_what_a_killed_export_left_is_removed_by_the_next_one_on_this_machine(tmp_path: Path,
+                                                                             datasets_root: Path) -> None:
+    written("fine/many-v0", [episode(3 + i, start=10.0 * i) for i in range(6)], VECTOR, gym.spaces.Discrete(3))
+    store_from_minari("fine/many-v0", tmp_path / "s.zarr")
+    killed = subprocess.run([sys.executable, "-c", KILLED_EXPORT, str(tmp_path / "s.zarr")], capture_output=True,
+                            env={**os.environ, "MINARI_DATASETS_PATH": str(datasets_root)}, check=False)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()[-2000:]
+    left = [p for p in datasets_root.iterdir() if p.name.startswith(".replaystore-export-")]
+    assert len(left) == 1 and any(p.is_file() for p in left[0].rglob("*")), left  # half written, under a hidden name
+    assert not (datasets_root / "killed").exists()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        host = socket.gethostname()
+        alive = datasets_root / f".replaystore-export-{host}-{sleeper.pid}"  # an export under way beside this one
+        elsewhere = datasets_root / f".replaystore-export-other-host-{left[0].name.rpartition('-')[2]}"
+        for folder in (alive, elsewhere):
+            folder.mkdir()
+        export = minari_from_store(tmp_path / "s.zarr", "killed/mid-v0")
+        assert export.episodes == 6 and len(minari.load_dataset("killed/mid-v0")) == 6
+        hidden = sorted(p.name for p in datasets_root.iterdir() if p.name.startswith("."))
+        assert hidden == sorted([alive.name, elsewhere.name])  # the dead process's folder is gone
+    finally:
+        sleeper.kill()
+        sleeper.wait()
 
 
 def test_an_export_the_disk_cannot_hold_is_refused_before_writing(tmp_path: Path, tiny_disk: Path,

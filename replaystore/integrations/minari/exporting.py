@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,9 @@ from replaystore.errors import (
 from replaystore.integrations.minari.common import Progress, minari_module
 from replaystore.sampling.episodes import Episode, episode_table
 from replaystore.store import ReplayStore
+
+#: The name that a dataset being exported has under Minari's root, before its process and host.
+STAGING = ".replaystore-export-"
 
 
 @dataclass(frozen=True)
@@ -88,8 +92,7 @@ def minari_from_store(src: str | Path | ReplayStore, dataset_id: str, *, stacks:
         if eval_spec is not None:
             metadata["eval_env_spec"] = eval_spec.to_json()
         root = get_dataset_path()
-        staging = root / f".replaystore-export-{os.getpid()}"
-        shutil.rmtree(staging, ignore_errors=True)  # this process's own leftover
+        staging = _staging(root)
         _check_room(root, dataset_id, count, moves, store, obs_space)
         try:
             staging.mkdir()
@@ -115,6 +118,30 @@ def minari_from_store(src: str | Path | ReplayStore, dataset_id: str, *, stacks:
             store.close()
     return MinariExport(dataset_id=dataset_id, path=str(final), episodes=count, moves=moves, partial=partial,
                         in_progress=in_progress, observation_shape=tuple(int(s) for s in obs_space.shape))
+
+
+def _staging(root: Path) -> Path:
+    """This process's folder to write a dataset in, under Minari's datasets ``root``
+    (``.replaystore-export-HOST-PID``). What exports on this machine left there when their process
+    died mid-write (killed, out of memory) is removed first, and so is this process's own leftover;
+    a folder of a process that is alive, or of another machine sharing the root, is left alone
+    (``.replaystore-export-PID``, without a host, is an earlier version's name for this machine's)."""
+    host = socket.gethostname()
+    for leftover in root.glob(f"{STAGING}*"):
+        owner, _, pid = leftover.name.removeprefix(STAGING).rpartition("-")
+        if owner in (host, "") and pid.isdigit() and (int(pid) == os.getpid() or not _alive(int(pid))):
+            shutil.rmtree(leftover, ignore_errors=True)
+    return root / f"{STAGING}{host}-{os.getpid()}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _whole_episodes(store: ReplayStore) -> tuple[int, int, int, int]:
