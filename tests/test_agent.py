@@ -23,6 +23,7 @@ import gymnasium as gym
 import keras
 import numpy as np
 import pytest
+from recorder import Recorder, batches_by_epoch
 
 from replaystore import ReplayStore
 from replaystore.trainer import DQN, ModelError, TrainerError, checkpoint, mlp
@@ -31,38 +32,19 @@ SMALL = {"buffer_size": 2000, "learning_starts": 100, "batch_size": 16, "train_f
          "target_network_frequency": 50, "sample_threads": 1}
 
 
-class Recorder(keras.callbacks.Callback):
-    """Every hook call, with a copy of its logs."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[tuple[Any, ...]] = []
-
-    def on_train_begin(self, logs: Any = None) -> None:
-        self.calls.append(("train_begin", dict(logs or {})))
-
-    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
-        self.calls.append(("epoch_begin", epoch))
-
-    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
-        self.calls.append(("batch_begin", batch))
-
-    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-        self.calls.append(("batch_end", batch, dict(logs or {})))
-
-    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
-        self.calls.append(("epoch_end", epoch, dict(logs or {})))
-
-    def on_train_end(self, logs: Any = None) -> None:
-        self.calls.append(("train_end", dict(logs or {})))
-
-    def named(self, name: str) -> list[tuple[Any, ...]]:
-        return [c for c in self.calls if c[0] == name]
-
-
 def cartpole_model() -> Any:
     keras.utils.set_random_seed(0)
     return mlp((1, 4), 2, hidden_sizes=[32])
+
+
+def test_verbose_shows_keras_progress_bar_in_env_steps(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Keras' bar counts each epoch's env steps (its own counted learner calls, and learned an
+    epoch's count from the first, which learning_starts makes short)."""
+    agent = DQN(cartpole_model(), tmp_path / "replay.zarr", **SMALL)
+    agent.fit(gym.make("CartPole-v1"), 600, eval_frequency=200, verbose=2)
+    agent.close()
+    lines = [line.split(" - ")[0] for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert lines == ["Epoch 1/3", "200/200", "Epoch 2/3", "200/200", "Epoch 3/3", "200/200"]
 
 
 def test_callbacks_get_the_keras_hooks_in_order_with_the_documented_logs(tmp_path: Path) -> None:
@@ -75,7 +57,9 @@ def test_callbacks_get_the_keras_hooks_in_order_with_the_documented_logs(tmp_pat
     kinds = [c[0] for c in rec.calls]
     assert kinds[:2] == ["train_begin", "epoch_begin"] and kinds[-2:] == ["epoch_end", "train_end"]
     assert [c[1] for c in rec.named("epoch_begin")] == [0, 1, 2] == [c[1] for c in rec.named("epoch_end")]
-    assert [c[1] for c in rec.named("batch_end")] == list(range(125)) == [c[1] for c in rec.named("batch_begin")]
+    assert [c[1] for c in rec.named("batch_end")] == [c[1] for c in rec.named("batch_begin")]
+    assert [len(b) for b in batches_by_epoch(rec.calls)] == [25, 50, 50]  # Keras' batch index counts within an epoch
+    assert all(b == list(range(len(b))) for b in batches_by_epoch(rec.calls))
     epoch_at = [i for i, k in enumerate(kinds) if k in ("epoch_begin", "epoch_end")]
     assert [kinds[i] for i in epoch_at] == ["epoch_begin", "epoch_end"] * 3  # epochs do not overlap
     for _, _, logs in rec.named("batch_end"):

@@ -24,7 +24,9 @@ import gymnasium as gym
 import keras
 import numpy as np
 import pytest
+import recorder
 from conftest import snapshot
+from recorder import batches_by_epoch
 
 from replaystore.trainer import DQN, TrainerError, mlp
 
@@ -85,25 +87,8 @@ def test_cql_learns_on_jax_too(dataset: tuple[Path, float], tmp_path: Path) -> N
     assert np.mean(result["returns"]) >= 400
 
 
-class Recorder(keras.callbacks.Callback):
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[tuple[Any, ...]] = []
-
-    def on_train_begin(self, logs: Any = None) -> None:
-        self.calls.append(("train_begin",))
-
-    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
-        self.calls.append(("epoch_begin", epoch))
-
-    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-        self.calls.append(("batch_end", batch, dict(logs or {})))
-
-    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
-        self.calls.append(("epoch_end", epoch, dict(logs or {})))
-
-    def on_train_end(self, logs: Any = None) -> None:
-        self.calls.append(("train_end",))
+class Recorder(recorder.Recorder):
+    """The Keras hooks, and replaystore's ``on_steps`` and ``on_evaluation``."""
 
     def on_steps(self, step: int, logs: dict[str, float]) -> None:
         self.calls.append(("steps", step, dict(logs)))
@@ -122,7 +107,7 @@ def test_the_keras_hooks_count_gradient_steps(dataset: tuple[Path, float]) -> No
     agent.close()
     kinds = [c[0] for c in rec.calls]
     assert kinds[0] == "train_begin" and kinds[-1] == "train_end"
-    assert [c[1] for c in rec.calls if c[0] == "batch_end"] == list(range(12))
+    assert batches_by_epoch(rec.calls) == [list(range(4))] * 3
     assert [c[1] for c in rec.calls if c[0] == "evaluation"] == [32, 64, 96]
     assert [c[1] for c in rec.calls if c[0] == "epoch_end"] == [0, 1, 2]
     batch = next(c[2] for c in rec.calls if c[0] == "batch_end")
@@ -132,6 +117,22 @@ def test_the_keras_hooks_count_gradient_steps(dataset: tuple[Path, float]) -> No
     assert steps[1] == 96 and "epsilon" not in steps[2]
     assert 9_000 < steps[2]["replay_size"] <= 10_000 and steps[2]["charts/learner_steps_per_s"] > 0
     assert len(history.history["eval_return"]) == 3
+
+
+def test_verbose_shows_keras_progress_bar_in_gradient_steps(dataset: tuple[Path, float],
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """A line an epoch (``verbose=2``), each counting the epoch's gradient steps, resumed off a
+    multiple of ``eval_frequency`` too."""
+    path, _ = dataset
+    agent = DQN(model(), path, steps_per_call=8, **OFFLINE)
+    agent.fit_offline(16, verbose=2)
+    capsys.readouterr()
+    agent.fit_offline(96, eval_env=gym.make("CartPole-v1"), eval_frequency=32, eval_episodes=2, verbose=2)
+    agent.close()
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert [line.split(" - ")[0] for line in lines] == ["Epoch 1/3", "16/16", "Epoch 2/3", "32/32", "Epoch 3/3",
+                                                         "32/32"]
+    assert all("loss:" in line and "eval_return:" in line for line in lines[1::2])
 
 
 def test_a_checkpointed_offline_run_resumes_to_its_count_and_then_fits_online(dataset: tuple[Path, float],

@@ -209,15 +209,14 @@ class DQN:
         stop = should_stop or (lambda: False)
         write = checkpoint_writer or self._saver(checkpoint_dir)
         if state.global_step >= total_timesteps:  # nothing to do: the store and the weights stay as they are
-            return Hooks(callbacks, learner, epochs=0, verbose=verbose, start_step=state.global_step,
-                         evaluating=False).history
+            return Hooks(callbacks, learner, verbose=verbose, start_step=state.global_step, total=state.global_step,
+                         every=0, evaluating=False).history
         if self.resumed and store.writing:
             store.end_episode()  # the environment cannot be restored: its episode in progress ends as truncated
         self.resumed = False
-        epochs = -(-(total_timesteps - state.global_step) // eval_frequency) if eval_frequency else 1
         learning = Learning(config, store, learner, state)
-        hooks = Hooks(callbacks, learner, epochs=epochs, verbose=verbose, start_step=state.global_step,
-                      evaluating=eval_env is not None, replay_ratio=learning.replay_ratio)
+        hooks = Hooks(callbacks, learner, verbose=verbose, start_step=state.global_step, total=total_timesteps,
+                      every=eval_frequency, evaluating=eval_env is not None, replay_ratio=learning.replay_ratio)
         owned = source is None
         if source is None:
             seed = config.seed + 7919 * state.resumes
@@ -281,10 +280,10 @@ class DQN:
         learning = Learning(config, store, learner, self.state)
         done = learning.learned
         if done >= gradient_steps:  # nothing to do: the weights stay as they are
-            return Hooks(callbacks, learner, epochs=0, verbose=verbose, start_step=done, evaluating=False).history
-        epochs = -(-(gradient_steps - done) // eval_frequency) if eval_frequency else 1
-        hooks = Hooks(callbacks, learner, epochs=epochs, verbose=verbose, start_step=done,
-                      evaluating=eval_env is not None)
+            return Hooks(callbacks, learner, verbose=verbose, start_step=done, total=done, every=0,
+                         evaluating=False).history
+        hooks = Hooks(callbacks, learner, verbose=verbose, start_step=done, total=gradient_steps, every=eval_frequency,
+                      evaluating=eval_env is not None, unit="gradient step")
         write = checkpoint_writer or self._saver(checkpoint_dir)
         run = OfflineRun(config, store, learning, self.state, hooks, act=learner.act_batch, rng=self.rng,
                          total_timesteps=gradient_steps,

@@ -5,7 +5,10 @@
   steps; the whole run when there is none); its ``logs`` carry ``eval_return`` (the mean raw return
   of the evaluation that ends it) when there is an evaluation environment.
 - ``on_train_batch_begin`` / ``on_train_batch_end``: one compiled learner call (``steps_per_call``
-  gradient steps).
+  gradient steps); ``batch`` counts within the epoch, as in Keras.
+
+``verbose`` shows Keras' progress bar (``StepProgbar``), counting the epoch's env steps (gradient
+steps offline), whose number is known ahead.
 
 ``logs`` hold ``loss`` (the TD loss, so ``TerminateOnNaN`` and ``EarlyStopping(monitor="loss")``
 work unchanged), ``q_values`` (the mean Q(s, a) of the sampled moves), ``episodic_return`` (the mean
@@ -46,17 +49,22 @@ OWN_HOOKS = ("on_episode_end", "on_steps", "on_progress", "on_evaluation")
 class Hooks:
     """The run's callbacks (a Keras ``CallbackList`` with a ``History``) and the logs they are given."""
 
-    def __init__(self, callbacks: Sequence[keras.callbacks.Callback], learner: Learner, *, epochs: int,
-                 verbose: int, start_step: int, evaluating: bool,
+    def __init__(self, callbacks: Sequence[keras.callbacks.Callback], learner: Learner, *, verbose: int,
+                 start_step: int, total: int, every: int, evaluating: bool, unit: str = "step",
                  replay_ratio: Callable[[int], float] = lambda step: math.nan) -> None:
+        """A run from ``start_step`` to ``total`` steps (env steps; gradient steps offline, ``unit``)
+        whose epochs end every ``every`` of them (0: one epoch); ``verbose`` shows Keras' progress
+        bar (1) or a line an epoch (2), counting those steps."""
         self.learner = learner
         self.model = learner.model
         self.model.stop_training = False
-        self.list = keras.callbacks.CallbackList(list(callbacks), add_history=True, add_progbar=verbose > 0,
-                                                 model=self.model, epochs=epochs, steps=None, verbose=verbose)
+        self.epochs = Epochs(start_step, total, every)
+        shown = list(callbacks) + ([StepProgbar(self.epochs, verbose, unit)] if verbose > 0 else [])
+        self.list = keras.callbacks.CallbackList(shown, add_history=True, add_progbar=False, model=self.model,
+                                                 epochs=self.epochs.count, steps=None, verbose=verbose)
         self.history: keras.callbacks.History = next(c for c in self.list.callbacks
                                                      if isinstance(c, keras.callbacks.History))
-        self.extra = [c for c in callbacks if any(hasattr(c, hook) for hook in OWN_HOOKS)]
+        self.extra = [c for c in shown if any(hasattr(c, hook) for hook in OWN_HOOKS)]
         self.evaluating = evaluating
         self.returns: collections.deque[float] = collections.deque(maxlen=20)
         self.start_step, self.start_time = start_step, time.perf_counter()
@@ -81,6 +89,7 @@ class Hooks:
 
     def epoch_begin(self, epoch: int) -> None:
         self._epoch = []
+        self.batch = 0  # (Keras' batch index counts within an epoch)
         self.list.on_epoch_begin(epoch, {})
 
     def learner_call(self, step: int, loss: float, q: float, **extra: float) -> None:
@@ -126,3 +135,59 @@ class Hooks:
             method = getattr(callback, hook, None)
             if method is not None:
                 method(*args)
+
+
+class Epochs:
+    """Where the epochs of a run from ``start`` to ``total`` steps begin and end: at the multiples of
+    ``every`` (as the loop ends them: run.py's ``due``), the last at ``total``."""
+
+    def __init__(self, start: int, total: int, every: int) -> None:
+        self.start, self.total, self.every = start, total, every
+        if total <= start:
+            self.count = 0
+        else:
+            self.count = (total - 1) // every - start // every + 1 if every else 1
+
+    def span(self, epoch: int) -> tuple[int, int]:
+        """The first step and the end of ``epoch``."""
+        if not self.every:
+            return self.start, self.total
+        first = self.start if epoch == 0 else (self.start // self.every + epoch) * self.every
+        return first, min(self.total, (self.start // self.every + epoch + 1) * self.every)
+
+
+class StepProgbar(keras.callbacks.Callback):
+    """``verbose``: Keras' progress bar, counting the run's steps against each epoch's, which are
+    known ahead. (Keras' own ``ProgbarLogger`` counts learner calls, and learns an epoch's count from
+    the first epoch, which ``learning_starts`` makes short.) The learner's ``loss`` and ``q_values``
+    are averaged over the epoch, as Keras averages them; the other logs are shown as they are."""
+
+    LATEST = ("episodic_return", "sps", "replay_ratio", "sample_ms")
+
+    def __init__(self, epochs: Epochs, verbose: int, unit: str) -> None:
+        super().__init__()
+        self.epochs, self.verbose, self.unit = epochs, verbose, unit
+        self.bar: keras.utils.Progbar | None = None
+        self.first = self.target = 0
+        self.logs: dict[str, float] = {}
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self.first, end = self.epochs.span(epoch)
+        self.target = max(1, end - self.first)
+        self.logs = {}
+        if self.epochs.count > 1:
+            print(f"Epoch {epoch + 1}/{self.epochs.count}", flush=True)
+        self.bar = keras.utils.Progbar(self.target, verbose=self.verbose, unit_name=self.unit,
+                                       stateless_metrics=set(self.LATEST))
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self.logs = {k: v for k, v in (logs or {}).items() if k in ("loss", "q_values", *self.LATEST)}
+
+    def on_progress(self, step: int, logs: dict[str, float]) -> None:
+        if self.bar is not None and self.verbose == 1:
+            self.bar.update(min(max(step - self.first, 0), self.target - 1), list(self.logs.items()))
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if self.bar is not None:
+            self.bar.update(self.target, list((logs or self.logs).items()), finalize=True)
+            self.bar = None
