@@ -389,12 +389,15 @@ class ReplayStore:
                                          rng=rng).finish(self.reader)
         return batch
 
-    def episode(self, index: int = -1, *, stream: int = 0) -> Episode:
+    def episode(self, index: int = -1, *, stream: int = 0, moves: slice | None = None) -> Episode:
         """Live episode ``index`` of ``stream``, oldest first (negative: from the newest; -1, the
         default, is the newest, which may be in progress), read whole: every observation (single
         frames, ``(moves + 1, *obs_shape)``), action, reward and how each move ended, and whether
-        it ``ended`` terminated, truncated or is in progress (sampling/episodes.py). A stream or
-        index the store does not have raises ``SampleError``.
+        it ``ended`` terminated, truncated or is in progress (sampling/episodes.py). ``moves``
+        (a slice, such as ``slice(0, 1000)``) reads those of its live moves and the observations
+        around them instead. A stream or index the store does not have raises ``SampleError``, and
+        so do frames that would take more than half of ``memory_budget`` (or of the memory this
+        process may use): read such an episode in parts.
 
         Example:
             >>> ReplayStore.open("/tmp/doc.zarr").episode(0).obs.shape[1:]
@@ -402,7 +405,7 @@ class ReplayStore:
         """
         with self._mutex:
             self._check_open()
-            pending = plan_episode(self.rings, self.reader, index, stream)
+            pending = plan_episode(self.rings, self.reader, index, stream, moves=moves, budget=self._memory_budget)
         episode: Episode = pending.finish(self.reader)
         return episode
 
@@ -411,7 +414,8 @@ class ReplayStore:
         whole as ``episode`` reads it, one at a time; with ``whole``, only those whose first and
         last steps are both live and that hold a move (no episode in progress, none the ring has cut).
         Each stream's episodes are listed once, when the iteration reaches it: an episode the writer
-        overwrites before it is read raises ``SampleError``.
+        overwrites before it is read raises ``SampleError``, and so does one too large to read at
+        once (``episode``).
 
         Example:
             >>> sum(len(e) for e in ReplayStore.open("/tmp/doc.zarr").iter_episodes()) > 0
@@ -434,7 +438,8 @@ class ReplayStore:
                     continue
                 with self._mutex:
                     self._check_open()
-                    pending = plan_span(stream_ring(self.rings, k), self.reader, k, i, table)
+                    pending = plan_span(stream_ring(self.rings, k), self.reader, k, i, table,
+                                        budget=self._memory_budget)
                 episode: Episode = pending.finish(self.reader)
                 yield episode
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import fill, flip_byte_in_chunk, frame, make_store, snapshot
 
-from replaystore import ChunkChecksumError, ReplayStore
+from replaystore import ChunkChecksumError, ReplayStore, SampleError
 from replaystore.cli import main
 
 
@@ -240,3 +240,42 @@ def test_episode_saved_as_gif(tmp_path: Path, capsys: pytest.CaptureFixture[str]
         assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
     assert snapshot(tmp_path / "vec.zarr") == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ep.gif", "img.zarr", "vec.zarr"]
+
+
+def test_an_episode_too_large_for_memory_is_refused_and_read_in_parts(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """A task that never ends makes one episode of the whole ring: reading it at once is refused
+    (not killed by the OOM killer) where its frames would take more than half of what the process
+    may use, here ``memory_budget``; ``moves=`` and ``--moves A:B`` read and save a part."""
+    path = tmp_path / "long.zarr"
+    store = make_store(path, capacity=4096, shape=(84, 84), shard_len=256, chunk_len=8)
+    for i in range(4000):  # one episode, never ended
+        store.add(frame(i, (84, 84)), i % 5, float(i % 3), frame(i + 1, (84, 84)), False, False)
+    store.close()
+    with ReplayStore.open(path, cache_bytes=0) as probe:
+        budget = sum(probe.memory_estimate().values()) + (4 << 20)  # what the store needs, and 4 MB
+    with ReplayStore.open(path, cache_bytes=0, memory_budget=budget) as store:
+        with pytest.raises(SampleError, match=r"episode 0 \(4,000 moves, all of it\) would take 27 MB of frames in RAM"
+                                              r" at once, more than half .*moves=slice\(A, B\)"):
+            store.episode(0)
+        with pytest.raises(SampleError, match="would take 27 MB"):
+            next(store.iter_episodes())
+        part = store.episode(0, moves=slice(1000, 1500))
+        assert len(part) == 500 and part.obs.shape == (501, 84, 84) and part.first_move == 1000
+        assert part.ended == "in progress" and part.from_start
+        np.testing.assert_array_equal(part.obs[[0, 500]], [frame(1000, (84, 84)), frame(1500, (84, 84))])
+        np.testing.assert_array_equal(part.action, np.arange(1000, 1500) % 5)
+        tail = store.episode(0, moves=slice(-10, None))
+        assert tail.first_move == 3990 and len(tail) == 10 and tail.first_step == part.first_step + 2990
+        for bad in (slice(0, 10, 2), slice("a", None)):
+            with pytest.raises(SampleError, match="moves is slice"):
+                store.episode(0, moves=bad)
+    out = tmp_path / "part.npz"
+    assert main(["episodes", str(path), "--save", "0", str(out), "--moves", "3990:"]) == 0
+    assert "episode 0 of stream 0 (moves 3,990..3,999): 10 moves" in capsys.readouterr().out
+    with np.load(out) as saved:
+        assert saved["obs"].shape == (11, 84, 84) and saved["action"].tolist() == [i % 5 for i in range(3990, 4000)]
+    for argv, message in ((["--save", "0", str(out), "--moves", "x"], "--moves is 'x'; give A:B"),
+                          (["--moves", "0:5"], "--moves picks the moves that --save writes")):
+        assert main(["episodes", str(path), *argv]) == 1
+        assert message in capsys.readouterr().err

@@ -4,12 +4,15 @@ Listing reads the scalar arrays only (``episode_table``), like ``inspect``. ``--
 reads one episode's frames (``ReplayStore.episode``) and writes them, with its moves, to FILE:
 
 - ``.npz``: ``obs`` (every observation, single frames), ``action``, ``reward``, ``terminated``,
-  ``truncated``, and ``stream``, ``index``, ``first_step``, ``from_start``, ``ended``;
+  ``truncated``, and ``stream``, ``index``, ``first_step``, ``from_start``, ``ended``,
+  ``first_move``;
 - ``.gif``: the observations as an animation, for frames that are images (``(H, W)``,
   ``(H, W, 1|3|4)`` or channels first), through Pillow (which matplotlib brings).
 
 The file is written beside its final name and renamed onto it, so a crash or a full disk leaves no
-half-written file; FILE must not be inside the store.
+half-written file; FILE must not be inside the store. ``--moves A:B`` saves a part; an episode whose
+frames (three times them for a .gif) would take more than half of the memory the process may use
+is refused before it is read.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from typing import Any
 import numpy as np
 
 from replaystore.errors import ConfigError, UnsafePathError
-from replaystore.sampling.episodes import Episode, episode_table, how_it_ended, stream_ring
+from replaystore.sampling.episodes import Episode, episode_table, how_it_ended, stream_ring, window
+from replaystore.sampling.memory import check_episode
 from replaystore.store import ReplayStore
 
 NEWEST = 20  # episodes listed without --all
@@ -64,8 +68,11 @@ def format_episodes(info: dict[str, Any]) -> list[str]:
     return lines
 
 
-def save_episode(path: str | Path, index: int, out: str | Path, *, stream: int = 0, fps: float = 15.0) -> tuple[Path, Episode]:
-    """Write episode ``index`` of ``stream`` to ``out`` (.npz or .gif); returns the file and the episode."""
+def save_episode(path: str | Path, index: int, out: str | Path, *, stream: int = 0, fps: float = 15.0,
+                 moves: slice | None = None) -> tuple[Path, Episode]:
+    """Write episode ``index`` of ``stream`` (or its ``moves``) to ``out`` (.npz or .gif); returns the
+    file and the episode. An episode whose frames, with the .gif's images beside them, would take
+    more than half of the memory this process may use is refused before it is read."""
     out = Path(out)
     if out.suffix.lower() not in SUFFIXES:
         raise ConfigError(f"cannot save an episode as {out.name!r}: name the file .npz (every array) or .gif (the "
@@ -79,16 +86,18 @@ def save_episode(path: str | Path, index: int, out: str | Path, *, stream: int =
     if out.is_dir():
         raise ConfigError(f"{out} is a directory; give a file name ending in .npz or .gif")
     with ReplayStore.open(path) as store:
-        if out.suffix.lower() == ".gif":
+        gif = out.suffix.lower() == ".gif"
+        if gif:
             _frames_as_images(np.zeros((1, *store.schema.observation.shape), dtype=np.uint8))  # refuse early
-        episode = store.episode(index, stream=stream)
+            _check_images(store, index, stream, moves)
+        episode = store.episode(index, stream=stream, moves=moves)
         low, high = store.schema.observation.low, store.schema.observation.high
     data = io.BytesIO()
     if out.suffix.lower() == ".npz":
         np.savez_compressed(data, obs=episode.obs, action=episode.action, reward=episode.reward,
                             terminated=episode.terminated, truncated=episode.truncated, stream=episode.stream,
                             index=episode.index, first_step=episode.first_step, from_start=episode.from_start,
-                            ended=np.str_(episode.ended))
+                            ended=np.str_(episode.ended), first_move=episode.first_move)
     else:
         _write_gif(data, _to_uint8(episode.obs, low, high), fps)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
@@ -102,6 +111,17 @@ def save_episode(path: str | Path, index: int, out: str | Path, *, stream: int =
         if tmp.exists():
             tmp.unlink()
     return out, episode
+
+
+def _check_images(store: ReplayStore, index: int, stream: int, moves: slice | None) -> None:
+    """Refuse a .gif whose frames and images (uint8 copies, and Pillow's) would not fit: three times
+    the frames' bytes, against half of the memory this process may use."""
+    lengths = episode_table(stream_ring(store.rings, stream))["lengths"]
+    if not -lengths.size <= index < lengths.size:
+        return  # (store.episode says what is wrong with the index)
+    a, b = window(moves, int(lengths[index]), f"episode {index}")
+    frame = int(np.prod(store.schema.observation.shape, dtype=np.int64)) * np.dtype(store.schema.observation.dtype).itemsize
+    check_episode(3 * (b - a + 1) * frame, None, what=f"episode {index} of stream {stream} as a .gif ({b - a:,} moves)")
 
 
 def _frames_as_images(frames: np.ndarray) -> np.ndarray:

@@ -48,21 +48,38 @@ def _episodes(args: argparse.Namespace) -> int:
         except ValueError:
             raise ConfigError(f"--save takes INDEX FILE; {index!r} is not an episode index (an integer, "
                               "negative from the newest)") from None
-        written, episode = save_episode(args.path, number, out, stream=args.stream, fps=args.fps)
+        written, episode = save_episode(args.path, number, out, stream=args.stream, fps=args.fps,
+                                        moves=parse_moves(args.moves))
         info = {"file": str(written), "stream": episode.stream, "index": episode.index, "moves": len(episode),
-                "return": episode.episode_return, "ended": episode.ended, "first_step": episode.first_step}
+                "first_move": episode.first_move, "return": episode.episode_return, "ended": episode.ended,
+                "first_step": episode.first_step}
         if args.json:
             print(json.dumps(strict_json(info), indent=2, allow_nan=False))
         else:
-            print(f"episode {episode.index} of stream {episode.stream}: {len(episode):,} moves, return "
+            part = f" (moves {episode.first_move:,}..{episode.first_move + len(episode) - 1:,})" if args.moves else ""
+            print(f"episode {episode.index} of stream {episode.stream}{part}: {len(episode):,} moves, return "
                   f"{episode.episode_return:g}, {episode.ended} -> {written}")
         return 0
+    if args.moves is not None:
+        raise ConfigError("--moves picks the moves that --save writes; give --save INDEX FILE too")
     listing = list_episodes(args.path, stream=args.stream, newest=None if args.all else NEWEST)
     if args.json:
         print(json.dumps(strict_json(listing), indent=2, allow_nan=False))
     else:
         print("\n".join(format_episodes(listing)))
     return 0
+
+
+def parse_moves(text: str | None) -> slice | None:
+    """``--moves A:B`` (either end may be left out, negative counts from the end) as a slice."""
+    if text is None:
+        return None
+    try:
+        a, b = (int(x) if x.strip() else None for x in text.split(":"))
+    except ValueError:
+        raise ConfigError(f"--moves is {text!r}; give A:B, the episode's moves A..B-1 (such as 0:1000, 5000:, "
+                          "-1000:)") from None
+    return slice(a, b)
 
 
 def strict_json(value: Any) -> Any:
@@ -175,6 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="list every live episode (default: the newest 20)")
     p.add_argument("--save", nargs=2, metavar=("INDEX", "FILE"),
                    help="save episode INDEX (as listed; negative: from the newest) to FILE.npz or FILE.gif")
+    p.add_argument("--moves", metavar="A:B", help="with --save: only the episode's moves A..B-1 and the observations "
+                   "around them (Python's slice rules: 0:1000, 5000:, -1000:); for an episode too large to save whole")
     p.add_argument("--fps", type=float, default=15.0, help="frames per second of a saved .gif (default 15)")
     p.add_argument("--json", action="store_true", help="print the listing (or what was saved) as JSON")
     p.set_defaults(func=_episodes)

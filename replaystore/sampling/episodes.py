@@ -23,6 +23,7 @@ from functools import partial
 import numpy as np
 
 from replaystore.errors import SampleError
+from replaystore.sampling.memory import check_episode
 from replaystore.sampling.pending import Pending
 from replaystore.storage.reader import FrameReader
 from replaystore.storage.ring import Ring
@@ -38,7 +39,10 @@ class Episode:
     ``terminated`` and ``truncated`` hold the moves. ``ended`` is ``"terminated"``, ``"truncated"``,
     ``"in progress"`` (the writer is still adding to it), or ``"ended"`` (none of its moves is live).
     ``first_step`` is the stream position of its oldest live observation; ``from_start`` says
-    whether that is the episode's first (False: the ring overwrote its start)."""
+    whether that is the episode's first (False: the ring overwrote its start). Read in part
+    (``episode(..., moves=slice(a, b))``), it holds moves ``a..b-1`` of the live ones and
+    observations ``a..b``: ``first_move`` is ``a`` and ``first_step`` the position of observation
+    ``a``; ``ended`` and ``from_start`` still describe the whole episode."""
 
     obs: np.ndarray
     action: np.ndarray  # (moves,) int64; a Box store's (moves, *shape) in its dtype
@@ -50,6 +54,7 @@ class Episode:
     first_step: int
     from_start: bool
     ended: str
+    first_move: int = 0  # the first of its live moves held here (> 0: read in part)
 
     def __len__(self) -> int:
         return int(self.action.shape[0])
@@ -111,10 +116,12 @@ def stream_ring(rings: Rings, stream: int) -> Ring:
     return rings.streams[int(stream)]
 
 
-def plan_episode(rings: Rings, reader: FrameReader, index: int, stream: int = 0) -> Pending:
-    """Episode ``index`` of ``stream`` (negative: from the newest), its scalars read and its frames
-    planned (call under the store's lock; ``finish`` without it). Raises ``SampleError`` for a
-    stream or an index the store does not have."""
+def plan_episode(rings: Rings, reader: FrameReader, index: int, stream: int = 0, *, moves: slice | None = None,
+                 budget: int | None = None) -> Pending:
+    """Episode ``index`` of ``stream`` (negative: from the newest), or its ``moves``, its scalars read
+    and its frames planned (call under the store's lock; ``finish`` without it). Raises
+    ``SampleError`` for a stream or an index the store does not have, and for frames that would
+    take more than half of ``budget`` (or of the memory this process may use)."""
     ring = stream_ring(rings, stream)
     table = episode_table(ring)
     count = int(table["start_step"].size)
@@ -123,19 +130,39 @@ def plan_episode(rings: Rings, reader: FrameReader, index: int, stream: int = 0)
         raise SampleError(f"episode index is {index!r}; stream {stream} holds {count} live episodes (index {held}; "
                           "negative counts from the newest)")
     i = int(index) % count
-    return plan_span(ring, reader, stream, i, table)
+    return plan_span(ring, reader, stream, i, table, moves=moves, budget=budget)
 
 
-def plan_span(ring: Ring, reader: FrameReader, stream: int, i: int, table: dict[str, np.ndarray]) -> Pending:
+def window(moves: slice | None, count: int, what: str) -> tuple[int, int]:
+    """The moves ``a..b-1`` that ``moves`` (a slice of step 1, Python's rules) picks of ``count``."""
+    if moves is None:
+        return 0, count
+    if not isinstance(moves, slice) or moves.step not in (None, 1):
+        raise SampleError(f"moves is {moves!r}; give a slice of {what}'s moves, such as slice(0, 1000) (step 1)")
+    try:
+        a, b, _ = moves.indices(count)
+    except TypeError:
+        raise SampleError(f"moves is {moves!r}; its ends must be integers or None") from None
+    return a, max(a, b)
+
+
+def plan_span(ring: Ring, reader: FrameReader, stream: int, i: int, table: dict[str, np.ndarray], *,
+              moves: slice | None = None, budget: int | None = None) -> Pending:
     """Episode ``i`` of ``table`` (``episode_table`` of ``stream``'s ring, now or earlier: its steps
-    must still be live), its scalars read and its frames planned. ``SampleError`` when the ring
-    has overwritten its oldest step since ``table`` was made."""
+    must still be live), or its ``moves``, its scalars read and its frames planned. ``SampleError``
+    when the ring has overwritten its oldest step since ``table`` was made, or when the frames would
+    take more than half of ``budget`` (or of the memory this process may use)."""
     first, last = int(table["start_step"][i]), int(table["end_step"][i])
     if first < ring.lo or last >= ring.added:
         raise SampleError(f"stream {stream}'s episode {i} (steps {first}..{last}) is no longer live: the writer "
                           f"overwrote it (live steps are {ring.lo}..{ring.added - 1}); read episodes from a handle "
                           "no one writes to, or faster than the ring turns over")
-    positions = np.arange(first, last + 1, dtype=np.int64)
+    what = f"stream {stream}'s episode {i}"
+    a, b = window(moves, int(table["lengths"][i]), what)
+    nbytes = (b - a + 1) * int(np.prod(reader.shape, dtype=np.int64)) * np.dtype(reader.dtype).itemsize
+    check_episode(nbytes, budget, what=what + (f" ({b - a:,} moves)" if moves is not None else
+                                              f" ({b - a:,} moves, all of it)"))
+    positions = np.arange(first + a, first + b + 1, dtype=np.int64)
     slots = positions % ring.capacity
     move = slots[:-1]
     ended, from_start = how_it_ended(ring, table, i)
@@ -143,5 +170,6 @@ def plan_span(ring: Ring, reader: FrameReader, stream: int, i: int, table: dict[
               "terminated": ring.terminated[move].copy(), "truncated": ring.truncated[move].copy()}
     out = np.empty((positions.size, *reader.shape), dtype=reader.dtype)
     plans = reader.plan_many((int(stream) << SHIFT | positions)[None, None], [[out]])
-    result = partial(Episode, stream=int(stream), index=i, first_step=first, from_start=from_start, ended=ended)
+    result = partial(Episode, stream=int(stream), index=i, first_step=first + a, from_start=from_start, ended=ended,
+                     first_move=a)
     return Pending(fields, plans, ("obs",), [out], result)

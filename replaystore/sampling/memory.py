@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from replaystore.errors import ConfigError
+from replaystore.errors import ConfigError, SampleError
 from replaystore.format.schema import Layout, Schema, scalar_fields, slot_count
 from replaystore.storage.areas import OUTPUT_POOL
 
@@ -131,6 +131,18 @@ def memory_limit() -> tuple[int | None, str]:
     if limit is not None and (ram is None or limit < ram):
         return limit, f"this container's memory limit is {limit / MB:.0f} MB"
     return ram, f"this computer has {(ram or 0) / MB:.0f} MB of RAM"
+
+
+def check_episode(nbytes: int, budget: int | None, *, what: str) -> None:
+    """Refuse to read ``nbytes`` of one episode's frames into RAM at once where they would take more
+    than half of ``budget`` (a store's ``memory_budget``) or of the memory this process may use: an
+    episode of a task that never ends can be the whole ring (~7 GB of Atari frames a 1M steps)."""
+    limit, said = (budget, f"memory_budget is {budget / MB:,.0f} MB") if budget is not None else memory_limit()
+    if limit is None or nbytes <= limit // 2:
+        return
+    raise SampleError(f"{what} would take {nbytes / MB:,.0f} MB of frames in RAM at once, more than half of what "
+                      f"this process may use ({said}); read part of it: episode(..., moves=slice(A, B)), or "
+                      "replaystore episodes PATH --save INDEX FILE --moves A:B")
 
 
 def check_budget(parts: dict[str, int], budget: int | None, *, path: str, adding: dict[str, int] | None = None) -> None:
