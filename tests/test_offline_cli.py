@@ -7,7 +7,7 @@ run stopped by SIGTERM checkpoints and says how to go on; one killed with SIGKIL
 last checkpoint; both go on to a larger ``--gradient-steps`` and a finished run changes nothing. A
 store at an ``s3://`` URL is learned from and kept as a URL. Flags of acting, a missing or too small
 store, and an evaluation env unlike the store are refused in one line, before a run directory is
-made.
+made. ``--init-from`` starts an online run from the offline agent's weights.
 """
 
 from __future__ import annotations
@@ -176,3 +176,26 @@ def test_a_dataset_on_object_storage_is_learned_from_and_kept_as_a_url(s3_url: s
     assert json.loads((run / "args.json").read_text())["offline"] == s3_url
     assert main(["--resume", str(run), "--gradient-steps", "64"]) == 0
     assert int(checkpoint.load(run)[1]["train_steps"]) == 64
+
+
+def test_an_agent_pretrained_offline_starts_an_online_run(dataset: tuple[Path, float], tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """``--init-from`` takes the offline run's weights (not its optimizer or counters): the online
+    run's first evaluation, before its first gradient step, plays as well as the offline agent."""
+    path, data_return = dataset
+    offline, online = tmp_path / "offline", tmp_path / "online"
+    assert main(["--offline", str(path), "--gradient-steps", "2000", "--cql-alpha", "1", *FLAGS, "--run-dir",
+                 str(offline)]) == 0
+    argv = ["--env-id", "CartPole-v1", "--total-timesteps", "600", "--learning-starts", "500", "--buffer-size", "2000",
+            "--hidden-sizes", "64,64", "--eval-episodes", "5", "--eval-frequency", "250", "--no-progress"]
+    for bad, message in ((str(tmp_path / "none"), "holds no checkpoint.npz"),
+                         (str(offline), "its weights do not fit this run's Q-network")):
+        hidden = ["--hidden-sizes", "32"] if bad == str(offline) else []
+        assert main([*argv, *hidden, "--init-from", bad, "--run-dir", str(tmp_path / "bad")]) == 1
+        assert message in capsys.readouterr().err
+        assert not (tmp_path / "bad").exists()
+    assert main([*argv, "--init-from", str(offline), "--run-dir", str(online)]) == 0
+    first = json.loads((online / "evals.jsonl").read_text().splitlines()[0])
+    assert first["step"] == 250 and first["mean_return"] >= 400 > 2 * data_return  # no gradient step yet
+    state = checkpoint.load(online)[1]
+    assert state["global_step"] == 600 and 0 < state["train_steps"] < 100  # counted from 0, not from 2,000

@@ -28,6 +28,7 @@ class Args:
     store: str = dataclasses.field(default="", metadata={"help": "put the replay store at this URL (s3://bucket/prefix/replay.zarr; endpoint and keys from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...) instead of RUN_DIR/replay.zarr"})
     offline: str = dataclasses.field(default="", metadata={"help": "learn offline from this existing replay store (a path or URL), read-only: gradient steps on its transitions, acting nowhere; the env is only for --eval-episodes (docs/trainer.md)"})
     gradient_steps: int = dataclasses.field(default=100_000, metadata={"help": "with --offline: gradient steps of the whole run"})
+    init_from: str = dataclasses.field(default="", metadata={"help": "start a new run from the online and target weights of an earlier one (its RUN_DIR, online or --offline, or a directory DQN.save wrote), with a fresh optimizer and counters: pretrain with --offline, then fine-tune online"})
     lease_ttl: float = dataclasses.field(default=30.0, metadata={"help": "with --store URL: seconds a writer's lease on its streams lasts unrenewed; a crashed writer's streams are taken over after that"})
     seed: int = dataclasses.field(default=1, metadata={"help": "seeds the network, the environment and exploration"})
     learning_rate: float = dataclasses.field(default=1e-4, metadata={"help": "Adam's learning rate"})
@@ -80,7 +81,7 @@ RESUMABLE = ("total_timesteps", "gradient_steps", "checkpoint_frequency", "eval_
              "steps_per_call", "ray_address", "lease_ttl", "actor_restarts")
 ARGS_FILE = "args.json"
 #: Defaults the help text states in words instead (an empty string or 0 that means "pick for me").
-UNSTATED = ("run_dir", "store", "offline", "frame_stack", "steps_per_call", "ray_address")
+UNSTATED = ("run_dir", "store", "offline", "init_from", "frame_stack", "steps_per_call", "ray_address")
 #: Flags of acting, which an --offline run does not do (its length is --gradient-steps, its frames the store's).
 ONLINE_ONLY = ("total_timesteps", "store", "lease_ttl", "buffer_size", "num_envs", "start_e", "end_e",
                "exploration_fraction", "learning_starts", "clip_reward", "replay_ratio", "actors", "actor_restarts",
@@ -137,6 +138,8 @@ def parse(argv: list[str] | None) -> tuple[Args, bool]:
         args = Args(**given)
         if args.offline and "://" not in args.offline:
             args.offline = str(Path(args.offline).resolve())  # (a --resume from elsewhere finds it too)
+        if args.init_from:
+            args.init_from = str(Path(args.init_from).resolve())
         if args.offline and "env_id" not in given:
             args.env_id = ""  # offline, the env is only evaluated on: none unless named
         if not args.run_dir:

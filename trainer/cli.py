@@ -19,7 +19,9 @@ progress is closed as truncated and a new one starts. A run that already took it
 ``--offline STORE`` learns from an existing store instead (``fit_offline``, offline.py): the store
 is opened read-only and stays where it is (no ``replay.zarr/`` in the run directory), the run is
 ``--gradient-steps`` long, checkpoints and evaluations count gradient steps, and the env
-(``--env-id``) is only evaluated on. Stopping and resuming work as above.
+(``--env-id``) is only evaluated on. Stopping and resuming work as above. ``--init-from RUN_DIR``
+starts a new run, online or offline, from an earlier run's weights (pretrain offline, fine-tune
+online).
 """
 
 from __future__ import annotations
@@ -77,6 +79,8 @@ def _train(args: Args, env: Any, *, resuming: bool) -> int:
     if start < args.total_timesteps and settings.learning_starts >= args.total_timesteps:
         raise TrainerError(f"--learning-starts {settings.learning_starts:,} is not below --total-timesteps "
                            f"{args.total_timesteps:,}: the run would take no gradient step; lower --learning-starts")
+    if not resuming:
+        _check_init_from(args, args.frame_stack, env.observation_space, int(env.action_space.n))
     store = open_store(args, env, resuming=resuming)
     try:
         if resuming:
@@ -96,7 +100,7 @@ def _fit(args: Args, settings: Any, env: Any, store: ReplayStore, saved: Any, st
     from .report import Report
 
     run_dir = Path(args.run_dir)
-    agent = _agent(keras, args, settings, store)
+    agent = _agent(keras, args, settings, store, saved)
     if resuming:
         if saved is not None:
             agent.restore(*saved)
@@ -155,6 +159,7 @@ def train_offline(args: Args, *, resuming: bool) -> int:
             if resuming:
                 arguments.save(args, run_dir)  # the flags given now hold for a later plain --resume too
             else:
+                _check_init_from(args, store.frame_stack, store.observation_space, int(store.action_space.n))
                 with new_run_dir(args):
                     pass  # (nothing to make in it but args.json: the store stays where it is)
             return _fit_offline(args, settings, store, eval_env, saved)
@@ -168,7 +173,7 @@ def _fit_offline(args: Args, settings: Any, store: ReplayStore, eval_env: Any, s
     from .report import Report
 
     run_dir = Path(args.run_dir)
-    agent = _agent(keras, args, settings, store)
+    agent = _agent(keras, args, settings, store, saved)
     if saved is not None:
         agent.restore(*saved)
     start = agent.train_steps
@@ -207,18 +212,56 @@ def _saved(run_dir: Path) -> Any:
     return checkpoint.load(run_dir)
 
 
-def _agent(keras: Any, args: Args, settings: Any, store: ReplayStore) -> Any:
-    """The run's DQN: the default Q-network for the store's stacks and actions, Adam at --learning-rate."""
+def _agent(keras: Any, args: Args, settings: Any, store: ReplayStore, saved: Any) -> Any:
+    """The run's DQN: the default Q-network for the store's stacks and actions, Adam at --learning-rate;
+    a new run with --init-from starts from that run's weights."""
     from .agent import DQN
     from .learner import MAX_GRAD_NORM
+
+    model = _model(keras, args, store.frame_stack, store.observation_space, int(store.action_space.n))
+    target = _pretrained(args, model) if saved is None else None
+    optimizer = keras.optimizers.Adam(learning_rate=args.learning_rate, global_clipnorm=MAX_GRAD_NORM)
+    agent = DQN(model, store, optimizer=optimizer, **dataclasses.asdict(settings))
+    if target is not None:  # the model held the online weights when the learner was made; the target now
+        learner = agent.learner
+        assert learner is not None  # (built with the store)
+        learner.load_state({**learner.state(), "target": target})
+    return agent
+
+
+def _model(keras: Any, args: Args, frame_stack: int, space: Any, actions: int) -> Any:
     from .models import q_network
 
     keras.utils.set_random_seed(args.seed)
-    space = store.observation_space
-    model = q_network((store.frame_stack, *space.shape), space.dtype, int(store.action_space.n),
-                      hidden_sizes=arguments.hidden_sizes(args))
-    optimizer = keras.optimizers.Adam(learning_rate=args.learning_rate, global_clipnorm=MAX_GRAD_NORM)
-    return DQN(model, store, optimizer=optimizer, **dataclasses.asdict(settings))
+    return q_network((frame_stack, *space.shape), space.dtype, actions, hidden_sizes=arguments.hidden_sizes(args))
+
+
+def _pretrained(args: Args, model: Any) -> list[Any] | None:
+    """--init-from: the earlier run's online weights put into ``model``, and its target weights
+    returned (its optimizer and counters are not taken); None without the flag. TrainerError when
+    there is no checkpoint there or its weights do not fit the model."""
+    if not args.init_from:
+        return None
+    where = Path(args.init_from)
+    try:
+        saved = checkpoint.load(where) if where.is_dir() else None
+    except TrainerError as exc:
+        raise TrainerError(f"--init-from {where}: {str(exc).removeprefix('cannot resume: ')}") from None
+    if saved is None:
+        raise TrainerError(f"--init-from {where} holds no {checkpoint.CHECKPOINT}; give the run directory of an "
+                           "earlier replaystore-train run (online or --offline), or a directory DQN.save wrote")
+    try:
+        model.set_weights(saved[0]["online"])
+    except ValueError as exc:
+        raise TrainerError(f"--init-from {where}: its weights do not fit this run's Q-network ({exc}); start from "
+                           "a run on the same frames, frame stack, actions and --hidden-sizes") from None
+    return list(saved[0]["target"])
+
+
+def _check_init_from(args: Args, frame_stack: int, space: Any, actions: int) -> None:
+    """Refuse an unusable --init-from before a new run's directory is made (this loads Keras early)."""
+    if args.init_from:
+        _pretrained(args, _model(import_keras(), args, frame_stack, space, actions))
 
 
 def _checkpointer(agent: Any, run_dir: Path, report: Any) -> Callable[[], None]:
