@@ -225,3 +225,11 @@ def tiny_disk(tmp_path: Path):
         yield where
     finally:
         subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+@pytest.fixture
+def datasets_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Minari's local datasets for this test only (the Minari tests use it in every test)."""
+    root = tmp_path / "minari"
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(root))
+    return root
