@@ -4,7 +4,7 @@ A CartPole store written by a noisy heuristic policy (half its moves random, mea
 the dataset. Conservative Q-learning learns a policy from it that beats the data, on TensorFlow here
 and on JAX in a subprocess; the store's files are byte for byte the same afterwards. The Keras
 hooks come in the documented order with gradient steps as the steps; a checkpointed offline run
-resumes with ``DQN.load`` and goes on to its count; a loaded agent fits online on from its store;
+resumes with ``DQN.load`` and goes on to its count, then fits online into a store of its own;
 prioritized replay keeps its priorities in RAM; a Minari dataset imported by ``store_from_minari``
 is learned from, and so is a store on SeaweedFS's S3; bad input is refused in one line with nothing
 written, and a store the agent opened is closed again. tools/bench_offline.py
@@ -135,9 +135,7 @@ def test_verbose_shows_keras_progress_bar_in_gradient_steps(dataset: tuple[Path,
     assert all("loss:" in line and "eval_return:" in line for line in lines[1::2])
 
 
-def test_a_checkpointed_offline_run_resumes_to_its_count_and_then_fits_online(dataset: tuple[Path, float],
-                                                                              tmp_path: Path) -> None:
-    path, _ = dataset
+def test_a_checkpointed_offline_run_resumes_to_its_count_and_fits_online_into_its_own_store(tmp_path: Path) -> None:
     copy = tmp_path / "copy.zarr"
     write_dataset(copy, 2000, 0.5, seed=1)
     agent = DQN(model(), copy, steps_per_call=8, learning_starts=100, **OFFLINE)
@@ -152,10 +150,14 @@ def test_a_checkpointed_offline_run_resumes_to_its_count_and_then_fits_online(da
                                            zip(weights, again.model.get_weights(), strict=True))
     again.fit_offline(128)
     assert again.train_steps == 128 and snapshot(copy) == before
-    # Online from here: the store is reopened to append what the agent acts
+    # Online from here: not into the dataset (refused, nothing written) but into a store of its own
+    with pytest.raises(TrainerError, match="learned offline from"):
+        again.fit(gym.make("CartPole-v1"), 300)
+    again.use_store(tmp_path / "online.zarr")
     again.fit(gym.make("CartPole-v1"), 300)
-    assert again.state.global_step == 300 and again.store.mode == "a" and again.store.added >= 2000 + 300
+    assert again.state.global_step == 300 and again.store is not None and len(again.store) == 300
     again.close()
+    assert snapshot(copy) == before
 
 
 def test_prioritized_replay_keeps_its_priorities_in_ram(dataset: tuple[Path, float]) -> None:

@@ -43,7 +43,7 @@ from .models import check_model, check_savable
 from .offline import OfflineRun
 from .run import Run, Source
 from .state import RunState
-from .stores import check_dataset, check_for_env, open_to_append, open_to_read, store_at, store_ref
+from .stores import AgentStore, check_dataset, check_not_dataset, place, store_at, store_ref
 
 
 class DQN:
@@ -64,22 +64,15 @@ class DQN:
                           or keras.optimizers.Adam(learning_rate=self.config.learning_rate, global_clipnorm=MAX_GRAD_NORM))
         if getattr(model, "optimizer", None) is not self.optimizer:
             model.optimizer = self.optimizer  # what compile() sets; callbacks read it (TensorBoard's learning rate)
-        self.buffer_size, self.frame_stack, self.cache_bytes = buffer_size, frame_stack, cache_bytes
-        self.storage_options = dict(storage_options) if storage_options else None
-        self.store: ReplayStore | None = None
-        self.location: str | Path
-        if isinstance(store, ReplayStore):
-            self.store, self.location = store, store.path
-        elif isinstance(store, str | Path):
-            self.location = store
-        else:
-            raise TrainerError(f"store is a {type(store).__name__}; pass a ReplayStore or the path or URL of one")
+        self.replay = AgentStore(store, buffer_size=buffer_size, frame_stack=frame_stack, cache_bytes=cache_bytes,
+                                 storage_options=storage_options)
         self.learner: Learner | None = None
-        self.stack_shape: tuple[int, ...] | None = None
+        self.stack_shape: tuple[int, ...] | None = None  # the Q-network's input: (frame_stack, *frame_shape)
+        self.dtype: np.dtype | None = None
+        self.n_actions = 0
         self.state = RunState(epsilon=self.config.start_e)
         self.rng = np.random.default_rng(self.config.seed)
         self.resumed = False  # loaded from a checkpoint: the next fit closes the store's unfinished episode
-        self._reopen = False  # the store was opened here read-only: fit reopens it for appending
         if self.store is not None:
             self._build(self.store.observation_space, self.store.action_space)
 
@@ -92,47 +85,37 @@ class DQN:
                 where = f"{self.store.path} holds" if self.store is not None else "the environment has"
                 raise TrainerError(f"{where} actions of {action_space}; DQN needs a Discrete action space (one Q-value "
                                    "per action)")
-            stack = self.store.frame_stack if self.store is not None else self._frame_stack(observation_space)
-            shape = (stack, *observation_space.shape)
-            check_model(self.model, shape, observation_space.dtype, int(action_space.n))
-            self.learner = make_learner(self.model, self.optimizer, stack_shape=shape, dtype=observation_space.dtype,
-                                        target_every=self.config.target_every(), tau=self.config.tau,
-                                        cql_alpha=self.config.cql_alpha)
-            self.stack_shape = shape
+            stack = self.store.frame_stack if self.store is not None else self.replay.default_stack(observation_space)
+            self._make_learner((stack, *observation_space.shape), observation_space.dtype, int(action_space.n))
+        assert self.learner is not None
         return self.learner
 
-    def _frame_stack(self, observation_space: Any) -> int:
-        return self.frame_stack or (4 if len(observation_space.shape) >= 2 else 1)
+    def _make_learner(self, stack_shape: tuple[int, ...], dtype: Any, n_actions: int) -> None:
+        check_model(self.model, stack_shape, dtype, n_actions)
+        self.learner = make_learner(self.model, self.optimizer, stack_shape=stack_shape, dtype=dtype,
+                                    target_every=self.config.target_every(), tau=self.config.tau,
+                                    cql_alpha=self.config.cql_alpha)
+        self.stack_shape, self.dtype, self.n_actions = stack_shape, np.dtype(dtype), n_actions
+        self.replay.stacks = (stack_shape, self.dtype)
 
-    def _open_store(self, observation_space: Any, action_space: Any, num_streams: int, *,
-                    create: bool) -> ReplayStore | None:
-        """The store, opened for appending (or, with ``create``, created for ``num_streams`` envs when
-        there is none yet), checked against the env; None when there is none and ``create`` is False."""
-        if self.store is not None and not self.store.writing and self._reopen:
-            self.store.close()  # opened here to read (fit_offline, load): fit appends
-            self.store = None
-        if self.store is None:
-            options = self._options()
-            self.store = open_to_append(self.location, cache_bytes=self.cache_bytes, options=options)
-            if self.store is None:
-                if not create:
-                    return None
-                self.store = ReplayStore.create(self.location, self.buffer_size, observation_space, action_space,
-                                                self._frame_stack(observation_space), cache_bytes=self.cache_bytes,
-                                                num_streams=num_streams, **options)
-            self._reopen = False
-        check_for_env(self.store, observation_space, action_space, num_streams)
-        return self.store
+    @property
+    def store(self) -> ReplayStore | None:
+        """The replay store while it is open (``fit`` opens it to append, ``fit_offline`` to read)."""
+        return self.replay.store
 
-    def _readable_store(self) -> ReplayStore:
-        """The store to learn from offline: the agent's, or the one at its location opened read-only."""
-        if self.store is None:
-            self.store = open_to_read(self.location, cache_bytes=self.cache_bytes, options=self._options())
-            self._reopen = True
-        return self.store
+    @property
+    def location(self) -> str | Path:
+        """Where the replay store is: a path or URL."""
+        return self.replay.location
 
-    def _options(self) -> dict[str, Any]:
-        return {"storage_options": self.storage_options} if self.storage_options else {}
+    def use_store(self, store: ReplayStore | str | Path, *, storage_options: dict[str, Any] | None = None) -> None:
+        """Act and learn with ``store`` from now on (a ``ReplayStore``, or the path or URL of one to
+        open, or to create on the next ``fit`` with the agent's frame stack); the agent's current
+        store is flushed and closed. For fine-tuning online an agent that learned offline: its
+        dataset stays as it was. A store of other stacks than the Q-network's is refused."""
+        self.replay.switch(store)
+        if storage_options is not None:
+            self.replay.storage_options = dict(storage_options) or None
 
     # Acting -------------------------------------------------------------------------------------
 
@@ -189,31 +172,35 @@ class DQN:
         vector = hasattr(env, "num_envs")
         spaces = env_spaces(env)
         streams = int(env.num_envs) if vector else 1
+        check_not_dataset(self.location, state.datasets)
         opened = self.store is None
-        if source is None:  # an existing store is checked against the env before the model is
-            self._open_store(*spaces, streams, create=False)
-        elif self.store is None:
+        if source is not None and self.store is None:
             raise TrainerError("fit(source=...) needs the agent's store open: pass a ReplayStore to DQN")
         try:
+            if source is None:  # an existing store is checked against the env before the model is
+                self.replay.for_append(*spaces, streams, create=False)
             learner = self._build(*spaces)
+            if state.global_step < total_timesteps and config.learning_starts >= total_timesteps:
+                raise TrainerError(f"learning_starts is {config.learning_starts:,}, not below total_timesteps "
+                                   f"{total_timesteps:,}: the run would take no gradient step; lower learning_starts")
         except BaseException:
-            if opened and self.store is not None:  # leave the store as it was found: closed
-                self.store.close()
-                self.store = None
+            if opened:  # leave the store as it was found: closed
+                self.replay.close()
             raise
-        if state.global_step < total_timesteps and config.learning_starts >= total_timesteps:
-            raise TrainerError(f"learning_starts is {config.learning_starts:,}, not below total_timesteps "
-                               f"{total_timesteps:,}: the run would take no gradient step; lower learning_starts")
-        store = self._open_store(*spaces, streams, create=True) if source is None else self.store
+        store = self.replay.for_append(*spaces, streams, create=True) if source is None else self.store
         assert store is not None
         stop = should_stop or (lambda: False)
         write = checkpoint_writer or self._saver(checkpoint_dir)
         if state.global_step >= total_timesteps:  # nothing to do: the store and the weights stay as they are
             return Hooks(callbacks, learner, verbose=verbose, start_step=state.global_step, total=state.global_step,
                          every=0, evaluating=False).history
-        if self.resumed and store.writing:
-            store.end_episode()  # the environment cannot be restored: its episode in progress ends as truncated
+        if store.writing and (source is None or self.resumed):
+            # The acting below resets the env (and a resumed run's env state is gone): an episode in
+            # progress in the store cannot go on, so it ends as truncated.
+            store.end_episode()
         self.resumed = False
+        if place(self.location) not in state.written:
+            state.written.append(place(self.location))
         learning = Learning(config, store, learner, state)
         hooks = Hooks(callbacks, learner, verbose=verbose, start_step=state.global_step, total=total_timesteps,
                       every=eval_frequency, evaluating=eval_env is not None, replay_ratio=learning.replay_ratio)
@@ -266,17 +253,21 @@ class DQN:
         if checkpoint_dir is not None:
             check_savable(self.model)
         opened = self.store is None
-        store = self._readable_store()
+        store = self.replay.for_reading()
+        assert store is not None
         config = self.config
         try:
+            self.replay.check_stacks(store)
             learner = self._build(store.observation_space, store.action_space)
             spaces = None if eval_env is None else env_spaces(eval_env)
             check_dataset(store, config.batch_size, config.n_step, spaces)
         except BaseException:
             if opened:  # leave the store as it was found: closed
-                store.close()
-                self.store = None
+                self.replay.close()
             raise
+        where = place(self.location)
+        if where not in self.state.written and where not in self.state.datasets:
+            self.state.datasets.append(where)  # a dataset: fit will not append to it (check_not_dataset)
         learning = Learning(config, store, learner, self.state)
         done = learning.learned
         if done >= gradient_steps:  # nothing to do: the weights stay as they are
@@ -352,29 +343,36 @@ class DQN:
         arrays, state = self.checkpoint_arrays()
         self._learner().sync_model()
         doc = {"config": dataclasses.asdict(self.config), "store": store_ref(self.location, directory),
-               "optimizer": keras.optimizers.serialize(self.optimizer), "buffer_size": self.buffer_size,
-               "frame_stack": self.frame_stack, "storage_options": self.storage_options}
+               "optimizer": keras.optimizers.serialize(self.optimizer), "buffer_size": self.replay.buffer_size,
+               "frame_stack": self.replay.frame_stack, "storage_options": self.replay.storage_options,
+               "stacks": {"shape": list(self.stack_shape or ()), "dtype": str(self.dtype), "actions": self.n_actions}}
         checkpoint.save_agent(directory, self.model, doc, arrays, state)
         return directory
 
     @classmethod
     def load(cls, path: str | Path, *, store: ReplayStore | str | Path | None = None,
              custom_objects: dict[str, Any] | None = None) -> DQN:
-        """The agent ``save`` wrote in ``path``, with its store (or ``store``) opened to read: ``fit``
-        reopens it to append and goes on from the saved step count, with every transition the store
-        committed; ``fit_offline`` goes on from the saved gradient step count."""
+        """The agent ``save`` wrote in ``path``, with its store (or ``store``, which may be a path that
+        holds no store yet: the next ``fit`` creates it) as its replay: ``fit`` reopens it to append
+        and goes on from the saved step count, with every transition the store committed;
+        ``fit_offline`` goes on from the saved gradient step count."""
         directory = Path(path)
         model, doc, saved = checkpoint.load_agent(directory, custom_objects)
         agent = cls(model, store if store is not None else store_at(doc["store"], directory), optimizer=doc["optimizer"],
                     buffer_size=doc.get("buffer_size", 1_000_000), frame_stack=doc.get("frame_stack"),
                     storage_options=doc.get("storage_options"), **doc["config"])
+        stacks = checkpoint.saved_stacks(directory, doc)  # (None from agents saved before: made from the store)
+        if agent.learner is None and stacks is not None:
+            agent._make_learner(*stacks)
+            agent.replay.for_reading(missing_ok=True)  # (fit reopens it to append; fit_offline only reads)
         agent.restore(*saved)
         return agent
 
     def restore(self, arrays: dict[str, list[np.ndarray]], state: dict[str, Any]) -> None:
         """Take a checkpoint's arrays and counters (``checkpoint_arrays``); the next ``fit`` goes on."""
         if self.learner is None:
-            store = self._readable_store()  # (fit reopens it to append; fit_offline only reads)
+            store = self.replay.for_reading()  # (fit reopens it to append; fit_offline only reads)
+            assert store is not None
             self._build(store.observation_space, store.action_space)
         try:
             self._learner().load_state(arrays)
@@ -386,12 +384,13 @@ class DQN:
         except (KeyError, TypeError, ValueError) as exc:
             raise TrainerError(f"the checkpoint's state is damaged ({type(exc).__name__}: {exc}); put back a copy "
                                "of checkpoint.npz, or start a new run") from None
+        if "written" not in state and self.state.global_step > 0:  # saved before it was kept: the store was fit's
+            self.state.written.append(place(self.location))
         if self.state.rng is not None:
             self.rng.bit_generator.state = self.state.rng
         self.state.resumes += 1
         self.resumed = True
 
     def close(self) -> None:
-        """Close the store (flushing what was added)."""
-        if self.store is not None:
-            self.store.close()
+        """Close the store (flushing what was added); the next ``fit`` or ``fit_offline`` opens it again."""
+        self.replay.close()

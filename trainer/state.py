@@ -18,6 +18,8 @@ class RunState:
     stored: int = 0  # sampleable transitions in the store at the last checkpoint
     rng: dict[str, Any] | None = None  # the exploration generator's state
     train_steps: int = 0  # gradient steps taken (the optimizer's counter, for readers of the checkpoint)
+    written: list[str] = dataclasses.field(default_factory=list)  # stores fit acted into (stores.place)
+    datasets: list[str] = dataclasses.field(default_factory=list)  # stores learned from offline, never acted into
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -28,4 +30,6 @@ class RunState:
         state = cls(**{k: v for k, v in values.items() if k in known})
         if state.evaluated_at is None:
             state.evaluated_at = -1
+        if not all(isinstance(v, list) and all(isinstance(x, str) for x in v) for v in (state.written, state.datasets)):
+            raise TypeError("written and datasets must be lists of store locations")
         return state

@@ -23,12 +23,20 @@ def open_to_append(location: str | Path, *, cache_bytes: int, options: dict[str,
 
 def open_to_read(location: str | Path, *, cache_bytes: int, options: dict[str, Any]) -> ReplayStore:
     """The store at ``location`` opened read-only; TrainerError when there is none."""
+    store = open_if_there(location, cache_bytes=cache_bytes, options=options)
+    if store is None:
+        raise TrainerError(f"{location} holds no replay store; learning offline needs an existing one (written by "
+                           "fit or replaystore-train, or made from a Minari dataset by store_from_minari or "
+                           "`replaystore import-minari`)")
+    return store
+
+
+def open_if_there(location: str | Path, *, cache_bytes: int, options: dict[str, Any]) -> ReplayStore | None:
+    """The store at ``location`` opened read-only; None when there is none."""
     try:
         return ReplayStore.open(location, mode="r", cache_bytes=cache_bytes, **options)
     except StoreNotFoundError:
-        raise TrainerError(f"{location} holds no replay store; learning offline needs an existing one (written by "
-                           "fit or replaystore-train, or made from a Minari dataset by store_from_minari or "
-                           "`replaystore import-minari`)") from None
+        return None
 
 
 def check_for_env(store: ReplayStore, observation_space: Any, action_space: Any, num_streams: int) -> None:
@@ -63,6 +71,33 @@ def check_dataset(store: ReplayStore, batch_size: int, n_step: int, eval_spaces:
                            f"returns needs at least {batch_size + n_step}")
 
 
+def place(location: str | Path) -> str:
+    """A store's location as one string whatever way it was given: a URL as it is, a path made
+    absolute with its links resolved (so two spellings of one directory compare equal)."""
+    text = str(location)
+    return text.rstrip("/") if "://" in text else str(Path(text).resolve())
+
+
+def check_not_dataset(location: str | Path, datasets: list[str]) -> None:
+    """Refuse to act into a store the agent learned from offline and never acted into: ``fit`` would
+    append to that dataset (and, once its ring is full, write over its oldest episodes)."""
+    if place(location) in datasets:
+        raise TrainerError(f"this agent learned offline from {location} and has not acted into it: fit would append "
+                           "its env steps to that dataset (and, once its ring is full, write over its oldest "
+                           "episodes); give the online run a store of its own with agent.use_store(PATH) or "
+                           "DQN.load(DIR, store=PATH). To keep the dataset's moves in the replay too, copy it with "
+                           "room to grow first: replaystore compact DATASET PATH --capacity N")
+
+
+def check_stacks(store: ReplayStore, stack_shape: tuple[int, ...], dtype: Any) -> None:
+    """Refuse a store whose stacks are not the learner's (``(frame_stack, *frame_shape)`` of ``dtype``)."""
+    shape = (store.frame_stack, *store.observation_space.shape)
+    if shape != tuple(stack_shape) or store.observation_space.dtype != dtype:
+        raise TrainerError(f"{store.path} holds stacks of {shape} {store.observation_space.dtype}, but this agent's "
+                           f"Q-network takes {tuple(stack_shape)} {dtype}: use a store of the agent's frames and "
+                           "frame stack (a path that holds no store is created with them)")
+
+
 def store_ref(location: str | Path, directory: Path) -> str:
     """Where the store is, as ``agent.json`` keeps it: a local path relative to the agent's directory
     (so the two move together), a URL as it is."""
@@ -75,3 +110,76 @@ def store_ref(location: str | Path, directory: Path) -> str:
 def store_at(ref: str, directory: Path) -> str | Path:
     """The location ``store_ref`` wrote, for an agent loaded from ``directory``."""
     return ref if "://" in ref or os.path.isabs(ref) else directory / ref
+
+
+class AgentStore:
+    """An agent's replay store: where it is (``location``), and the store while it is open
+    (``store``), opened to read (``fit_offline``, ``DQN.load``) or to append (``fit``), and created
+    on the first ``fit`` with ``buffer_size`` steps when the location holds none."""
+
+    def __init__(self, store: ReplayStore | str | Path, *, buffer_size: int, frame_stack: int | None,
+                 cache_bytes: int, storage_options: dict[str, Any] | None) -> None:
+        self.buffer_size, self.frame_stack, self.cache_bytes = buffer_size, frame_stack, cache_bytes
+        self.storage_options = dict(storage_options) if storage_options else None
+        self.store: ReplayStore | None = None
+        self.location: str | Path = ""
+        self.reopen = False  # the store was opened here read-only: fit reopens it for appending
+        self.stacks: tuple[tuple[int, ...], Any] | None = None  # the Q-network's (stack shape, dtype), once made
+        self.switch(store)
+
+    def switch(self, store: ReplayStore | str | Path) -> None:
+        """Use ``store`` from now on (the current one is closed first)."""
+        if not isinstance(store, ReplayStore | str | Path):
+            raise TrainerError(f"store is a {type(store).__name__}; pass a ReplayStore or the path or URL of one")
+        if isinstance(store, ReplayStore):
+            self.check_stacks(store)
+        self.close()
+        self.store = store if isinstance(store, ReplayStore) else None
+        self.location = store.path if isinstance(store, ReplayStore) else store
+
+    def options(self) -> dict[str, Any]:
+        return {"storage_options": self.storage_options} if self.storage_options else {}
+
+    def default_stack(self, observation_space: Any) -> int:
+        """Frames a stack for a new store: ``frame_stack``, else 4 for image frames and 1 for vectors."""
+        return self.frame_stack or (4 if len(observation_space.shape) >= 2 else 1)
+
+    def check_stacks(self, store: ReplayStore) -> None:
+        """Refuse a store whose stacks are not the Q-network's (once it is made)."""
+        if self.stacks is not None:
+            check_stacks(store, *self.stacks)
+
+    def for_append(self, observation_space: Any, action_space: Any, num_streams: int, *,
+                   create: bool) -> ReplayStore | None:
+        """The store, opened for appending (or, with ``create``, created for ``num_streams`` envs with
+        the Q-network's frame stack, else ``default_stack``, when there is none yet), checked
+        against the env and the Q-network; None when there is none and ``create`` is False."""
+        if self.store is not None and not self.store.writing and self.reopen:
+            self.close()  # opened here to read (fit_offline, load): fit appends
+        if self.store is None:
+            self.store = open_to_append(self.location, cache_bytes=self.cache_bytes, options=self.options())
+            if self.store is None:
+                if not create:
+                    return None
+                self.store = ReplayStore.create(self.location, self.buffer_size, observation_space, action_space,
+                                                self.stacks[0][0] if self.stacks else self.default_stack(observation_space),
+                                                cache_bytes=self.cache_bytes, num_streams=num_streams,
+                                                **self.options())
+        check_for_env(self.store, observation_space, action_space, num_streams)
+        self.check_stacks(self.store)
+        return self.store
+
+    def for_reading(self, *, missing_ok: bool = False) -> ReplayStore | None:
+        """The store open, or the one at ``location`` opened read-only (None, with ``missing_ok``,
+        when there is none; else TrainerError)."""
+        if self.store is None:
+            opener = open_if_there if missing_ok else open_to_read
+            self.store = opener(self.location, cache_bytes=self.cache_bytes, options=self.options())
+            self.reopen = self.store is not None
+        return self.store
+
+    def close(self) -> None:
+        """Close the store (flushing what was added); the location stays, to open again."""
+        if self.store is not None:
+            self.store.close()
+        self.store, self.reopen = None, False

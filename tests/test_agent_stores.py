@@ -1,0 +1,153 @@
+"""Which store a ``DQN`` acts into and learns from, across ``fit``, ``fit_offline``, ``save``/``load``
+and ``use_store``.
+
+``fit`` called again goes on (the store's episode in progress is closed, since acting resets the
+env); a dataset the agent learned from offline is never appended to, in the same process or after
+``DQN.load``, and is byte for byte as it was; ``use_store`` and ``DQN.load(..., store=PATH)`` give
+the online run its own store, created with the Q-network's frame stack (also where the path holds
+no store yet); a copy of the dataset with room to grow keeps its moves and takes the new ones; a
+store of other stacks is refused and left closed; an agent saved before the checkpoint named the
+stores it acted into still fits into its own store after learning offline from it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import keras
+import numpy as np
+import pytest
+from conftest import snapshot
+
+from replaystore import ReplayStore
+from replaystore.trainer import DQN, TrainerError, mlp
+
+SMALL = {"buffer_size": 2000, "learning_starts": 100, "batch_size": 16, "train_frequency": 1,
+         "target_network_frequency": 50, "sample_threads": 1}
+
+
+def model(stack: int = 1) -> Any:
+    keras.utils.set_random_seed(0)
+    return mlp((stack, 4), 2, hidden_sizes=[32])
+
+
+def write(path: Path, moves: int, *, stack: int = 1, seed: int = 0) -> None:
+    """A CartPole store of random moves whose last episode is still in progress."""
+    env = gym.make("CartPole-v1")
+    rng = np.random.default_rng(seed)
+    with ReplayStore.create(path, moves, env.observation_space, env.action_space, stack) as store:
+        obs, _ = env.reset(seed=seed)
+        for _ in range(moves):
+            next_obs, reward, terminated, truncated, _ = env.step(int(rng.integers(2)))
+            store.add(obs, int(rng.integers(2)), reward, next_obs, terminated, truncated)
+            obs = next_obs if not (terminated or truncated) else env.reset()[0]
+
+
+def test_fit_again_goes_on_from_where_the_last_fit_stopped(tmp_path: Path) -> None:
+    agent = DQN(model(), tmp_path / "replay.zarr", **SMALL)
+    env = gym.make("CartPole-v1")
+    agent.fit(env, 295)
+    agent.fit(env, 295)  # already there: nothing is added
+    assert agent.state.global_step == 295 and agent.store is not None and len(agent.store) == 295
+    assert list(agent.store.iter_episodes())[-1].ended == "in progress"
+    agent.fit(env, 500)  # that episode is closed as truncated; a new one starts at the env's reset
+    assert agent.state.global_step == 500 and len(agent.store) == 500
+    episodes = list(agent.store.iter_episodes())
+    agent.close()
+    assert sum(len(e.reward) for e in episodes) == 500 and [e.ended for e in episodes].count("truncated") == 1
+
+
+def test_a_dataset_learned_from_offline_is_never_appended_to(tmp_path: Path) -> None:
+    data = tmp_path / "data.zarr"
+    write(data, 600, stack=2)
+    before = snapshot(data)
+    agent = DQN(model(2), data, **SMALL)
+    agent.fit_offline(40)
+    with pytest.raises(TrainerError, match=r"learned offline from .*data.zarr and has not acted into it: fit would "
+                                           r"append .* agent.use_store\(PATH\)"):
+        agent.fit(gym.make("CartPole-v1"), 300)
+    agent.save(tmp_path / "agent")
+    agent.close()
+    with pytest.raises(TrainerError, match="learned offline from"):  # nor after a load
+        DQN.load(tmp_path / "agent").fit(gym.make("CartPole-v1"), 300)
+    assert snapshot(data) == before
+
+    # Its own store, created with the Q-network's stack of 2 (a vector frame would get 1 by default)
+    agent = DQN.load(tmp_path / "agent")
+    agent.use_store(tmp_path / "online.zarr")
+    agent.fit(gym.make("CartPole-v1"), 300)
+    assert agent.store is not None and agent.store.frame_stack == 2 and len(agent.store) == 300
+    assert agent.train_steps > 40
+    agent.save(tmp_path / "agent")
+    agent.close()
+    again = DQN.load(tmp_path / "agent")  # the online store is the agent's own: it goes on into it
+    again.fit(gym.make("CartPole-v1"), 400)
+    assert again.store is not None and len(again.store) == 400
+    again.close()
+    assert snapshot(data) == before
+
+
+def test_load_with_a_new_store_path_creates_it_on_fit(tmp_path: Path) -> None:
+    data = tmp_path / "data.zarr"
+    write(data, 600)
+    agent = DQN(model(), data, **SMALL)
+    agent.fit_offline(40, checkpoint_dir=tmp_path / "agent")
+    agent.close()
+    agent = DQN.load(tmp_path / "agent", store=tmp_path / "fresh.zarr")  # holds no store yet
+    assert agent.store is None and agent.train_steps == 40
+    agent.fit(gym.make("CartPole-v1"), 300)
+    assert agent.store is not None and len(agent.store) == 300
+    agent.close()
+
+
+def test_a_copy_of_the_dataset_with_room_keeps_its_moves_and_takes_the_new(tmp_path: Path) -> None:
+    data = tmp_path / "data.zarr"
+    write(data, 600)
+    before = snapshot(data)
+    subprocess.run([sys.executable, "-m", "replaystore.cli", "compact", str(data), str(tmp_path / "copy.zarr"),
+                    "--capacity", "2000", "--quiet"], check=True)
+    with ReplayStore.open(tmp_path / "copy.zarr") as copy:
+        kept = len(copy)
+    agent = DQN(model(), data, **SMALL)
+    agent.fit_offline(40)
+    agent.use_store(tmp_path / "copy.zarr")
+    agent.fit(gym.make("CartPole-v1"), 300)
+    assert agent.store is not None and len(agent.store) == kept + 300 and kept > 550
+    agent.close()
+    assert snapshot(data) == before
+
+
+def test_a_store_of_other_stacks_is_refused_and_left_closed(tmp_path: Path) -> None:
+    write(tmp_path / "two.zarr", 200, stack=2)
+    agent = DQN(model(1), tmp_path / "one.zarr", **SMALL)
+    agent.fit(gym.make("CartPole-v1"), 200)
+    other = ReplayStore.open(tmp_path / "two.zarr", mode="a")
+    with pytest.raises(TrainerError, match=r"holds stacks of \(2, 4\) float32, but this agent's Q-network takes "
+                                           r"\(1, 4\) float32"):
+        agent.use_store(other)
+    other.close()
+    assert agent.store is not None and agent.store.path == tmp_path / "one.zarr"  # still the agent's
+    agent.use_store(tmp_path / "two.zarr")
+    with pytest.raises(TrainerError, match=r"holds stacks of \(2, 4\)"):
+        agent.fit(gym.make("CartPole-v1"), 400)
+    assert agent.store is None  # opened to check, closed again
+    with pytest.raises(TrainerError, match="store is a int"):
+        agent.use_store(3)  # type: ignore[arg-type]
+
+
+def test_an_agent_saved_before_the_stores_were_named_still_fits_into_its_own(tmp_path: Path) -> None:
+    agent = DQN(model(), tmp_path / "replay.zarr", **SMALL)
+    agent.fit(gym.make("CartPole-v1"), 300)
+    arrays, state = agent.checkpoint_arrays()
+    agent.close()
+    del state["written"], state["datasets"]  # what an earlier release wrote
+    old = DQN(model(), tmp_path / "replay.zarr", **SMALL)
+    old.restore(arrays, state)
+    old.fit_offline(old.train_steps + 16)  # its own replay, not a dataset
+    old.fit(gym.make("CartPole-v1"), 400)
+    assert old.store is not None and len(old.store) == 400
+    old.close()
