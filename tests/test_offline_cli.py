@@ -25,6 +25,7 @@ import pytest
 from conftest import snapshot
 
 from replaystore import ReplayStore
+from replaystore.cli import main as cli_main
 from replaystore.trainer import checkpoint
 from replaystore.trainer.cli import main
 from replaystore.trainer.scalars import read as read_scalars
@@ -72,6 +73,8 @@ def test_cql_learns_offline_from_the_command_line(dataset: tuple[Path, float], t
         assert "charts/epsilon" not in tags and tags["replay/size"][-1] == len(store)
     saved = json.loads((run / "args.json").read_text())
     assert saved["offline"] == str(path.resolve()) and saved["cql_alpha"] == 1.0
+    assert cli_main(["episodes", str(run)]) == 0  # the run directory names the dataset it learned from
+    assert f"its store is {path.resolve()}" in capsys.readouterr().err
     assert snapshot(path) == before
 
 

@@ -71,6 +71,13 @@ def test_cartpole_run_writes_store_checkpoint_logs(tmp_path: Path, capsys: pytes
     assert cli_main(["inspect", str(run / "replay.zarr"), "--plot", str(tmp_path / "run.png")]) == 0
     assert "1,200" in capsys.readouterr().out and (tmp_path / "run.png").stat().st_size > 10_000
     assert cli_main(["verify", str(run / "replay.zarr"), "--quiet"]) == 0
+    # The run directory itself names its store for the verbs that read; compact wants the store named
+    assert cli_main(["inspect", str(run)]) == 0 and cli_main(["verify", str(run), "--quiet"]) == 0
+    out, err = capsys.readouterr()
+    assert "1,200" in out and err.count(f"{run} is a replaystore-train run directory: its store is "
+                                        f"{run / 'replay.zarr'}") == 2
+    assert cli_main(["compact", str(run), "--quiet"]) == 1
+    assert f"its store is {run / 'replay.zarr'}: pass that" in capsys.readouterr().err
     assert cli_main(["compact", str(run / "replay.zarr"), "--capacity", "1000", "--quiet"]) == 0
     assert "1,000 steps in" in capsys.readouterr().out
 

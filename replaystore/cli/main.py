@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from replaystore.errors import ConfigError, ReplayStoreError
@@ -245,9 +246,44 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: What ``replaystore-train`` writes in a run directory (its flags, the store among them).
+RUN_ARGS = "args.json"
+
+
+def run_store(path: str) -> str | None:
+    """The store of a ``replaystore-train`` run directory at ``path`` (one with an ``args.json`` and
+    no ``zarr.json``): its ``replay.zarr``, the ``--store`` URL it wrote, or the dataset it learned
+    from offline; None when ``path`` is not a run directory."""
+    where = Path(path)
+    if "://" in path or not (where / RUN_ARGS).is_file() or (where / "zarr.json").exists():
+        return None
+    try:
+        doc = json.loads((where / RUN_ARGS).read_text())
+    except (OSError, ValueError):
+        return None
+    named = [doc.get(key) for key in ("offline", "store")] if isinstance(doc, dict) else []
+    return next((str(v) for v in named if isinstance(v, str) and v), str(where / "replay.zarr"))
+
+
+def _in_run_dir(args: argparse.Namespace, attr: str, *, read_only: bool) -> None:
+    """Point ``args.<attr>`` at the store of the run directory it names: verbs that only read follow it
+    (said on stderr); compact, which rewrites the store, is told to name it."""
+    path = getattr(args, attr, None)
+    store = run_store(path) if isinstance(path, str) else None
+    if store is None:
+        return
+    if not read_only:
+        raise ConfigError(f"{path} is a replaystore-train run directory, not a replay store; its store is {store}: "
+                          "pass that")
+    print(f"{path} is a replaystore-train run directory: its store is {store}", file=sys.stderr)
+    setattr(args, attr, store)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        _in_run_dir(args, "path", read_only=True)  # inspect, episodes, verify
+        _in_run_dir(args, "src", read_only=args.func is _export_minari)
         return int(args.func(args))
     except BrokenPipeError:  # `replaystore inspect ... | head`: the reader left; end quietly
         _quiet_stdout()
