@@ -7,7 +7,9 @@ env); a dataset the agent learned from offline is never appended to, in the same
 the online run its own store, created with the Q-network's frame stack (also where the path holds
 no store yet); a copy of the dataset with room to grow keeps its moves and takes the new ones; a
 store of other stacks is refused and left closed; an agent saved before the checkpoint named the
-stores it acted into still fits into its own store after learning offline from it.
+stores it acted into still fits into its own store after learning offline from it; an env whose
+frames or actions the Q-network cannot take, and a buffer that does not split over a vector env's
+envs, are refused in one line before anything runs.
 """
 
 from __future__ import annotations
@@ -151,3 +153,26 @@ def test_an_agent_saved_before_the_stores_were_named_still_fits_into_its_own(tmp
     old.fit(gym.make("CartPole-v1"), 400)
     assert old.store is not None and len(old.store) == 400
     old.close()
+
+
+def test_envs_the_network_or_the_store_cannot_take_are_refused_in_one_line(tmp_path: Path) -> None:
+    agent = DQN(model(), tmp_path / "replay.zarr", **SMALL)
+    agent.fit(gym.make("CartPole-v1"), 200)
+    assert agent.store is not None
+    before = agent.store.added
+    for env, message in ((gym.make("MountainCar-v0"), r"the env gives frames of Box.*\(2,\).* with Discrete\(3\), but "
+                                                      r"this agent's Q-network takes stacks of \(1, 4\) float32 and "
+                                                      r"gives 2 Q-values"),
+                         (gym.make("Pendulum-v1"), "action space is Box.*DQN needs a Discrete one")):
+        with pytest.raises(TrainerError, match=message):
+            agent.evaluate(env, 1)
+        with pytest.raises(TrainerError, match=message):  # before a step is taken, not at the first evaluation
+            agent.fit(gym.make("CartPole-v1"), 400, eval_env=env, eval_frequency=100)
+    assert agent.state.global_step == 200 and agent.store is not None and agent.store.added == before
+    agent.use_store(tmp_path / "three.zarr")
+    envs = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 3)
+    with pytest.raises(TrainerError, match=r"buffer_size 2,000 does not split evenly over the env's 3 envs .*use "
+                                           r"1,998 or 2,001"):
+        agent.fit(envs, 500)
+    assert not (tmp_path / "three.zarr").exists()
+    agent.close()

@@ -43,7 +43,7 @@ from .models import check_model, check_savable
 from .offline import OfflineRun
 from .run import Run, Source
 from .state import RunState
-from .stores import AgentStore, check_dataset, check_not_dataset, place, store_at, store_ref
+from .stores import AgentStore, check_dataset, check_for_network, check_not_dataset, place, store_at, store_ref
 
 
 class DQN:
@@ -180,6 +180,9 @@ class DQN:
             if source is None:  # an existing store is checked against the env before the model is
                 self.replay.for_append(*spaces, streams, create=False)
             learner = self._build(*spaces)
+            if eval_env is not None:  # refused now, not at the first evaluation
+                assert self.stack_shape is not None
+                check_for_network(*env_spaces(eval_env), self.stack_shape, self.dtype, self.n_actions)
             if state.global_step < total_timesteps and config.learning_starts >= total_timesteps:
                 raise TrainerError(f"learning_starts is {config.learning_starts:,}, not below total_timesteps "
                                    f"{total_timesteps:,}: the run would take no gradient step; lower learning_starts")
@@ -308,11 +311,12 @@ class DQN:
         ``epsilon``-random moves) on ``env``, a gymnasium env or a vector env (whose envs play
         ``episodes`` games between them, in equal shares)."""
         learner = self._learner()
+        assert self.stack_shape is not None
+        check_for_network(*env_spaces(env), self.stack_shape, self.dtype, self.n_actions)
         check_count("episodes", episodes, least=1)
         if not 0.0 <= epsilon <= 1.0:
             raise TrainerError(f"epsilon is {epsilon!r}; it must be in [0, 1]")
         rng = np.random.default_rng(self.config.seed + 100_000 if seed is None else seed)
-        assert self.stack_shape is not None
         life_loss = self.config.terminal_on_life_loss
         if hasattr(env, "num_envs"):
             return evaluate_vector(env, learner, episodes, epsilon, rng, self.stack_shape[0], life_loss)

@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from replaystore import ReplayStore, StoreNotFoundError
 
 from .config import TrainerError
@@ -59,6 +61,16 @@ def check_for_eval(store: ReplayStore, observation_space: Any, action_space: Any
         raise TrainerError(f"the evaluation env gives frames of {observation_space} with {action_space}, but {store.path} "
                            f"holds {store.observation_space} with {store.action_space}: evaluate on the env the "
                            "store was written from (with its wrappers, but without a frame stack)")
+
+
+def check_for_network(observation_space: Any, action_space: Any, stack_shape: tuple[int, ...], dtype: Any,
+                      n_actions: int) -> None:
+    """Refuse an env (to evaluate on) whose frames or actions are not the Q-network's."""
+    if tuple(observation_space.shape) != tuple(stack_shape[1:]) or int(action_space.n) != n_actions:
+        raise TrainerError(f"the env gives frames of {observation_space} with {action_space}, but this agent's "
+                           f"Q-network takes stacks of {tuple(stack_shape)} {np.dtype(dtype).name} and gives "
+                           f"{n_actions} Q-values: evaluate on the env it learned from (with its wrappers, but "
+                           "without a frame stack)")
 
 
 def check_dataset(store: ReplayStore, batch_size: int, n_step: int, eval_spaces: tuple[Any, Any] | None) -> None:
@@ -161,6 +173,11 @@ class AgentStore:
             if self.store is None:
                 if not create:
                     return None
+                if self.buffer_size % num_streams:
+                    lower = self.buffer_size - self.buffer_size % num_streams
+                    raise TrainerError(f"buffer_size {self.buffer_size:,} does not split evenly over the env's "
+                                       f"{num_streams} envs (each env writes its own stream of the store); use "
+                                       f"{lower:,} or {lower + num_streams:,}")
                 self.store = ReplayStore.create(self.location, self.buffer_size, observation_space, action_space,
                                                 self.stacks[0][0] if self.stacks else self.default_stack(observation_space),
                                                 cache_bytes=self.cache_bytes, num_streams=num_streams,
