@@ -9,7 +9,8 @@ no store yet); a copy of the dataset with room to grow keeps its moves and takes
 store of other stacks is refused and left closed; an agent saved before the checkpoint named the
 stores it acted into still fits into its own store after learning offline from it; an env whose
 frames or actions the Q-network cannot take, and a buffer that does not split over a vector env's
-envs, are refused in one line before anything runs.
+envs, are refused in one line before anything runs; a ``replaystore-train`` run directory loads
+with ``load_run`` as an agent that evaluates, saves its Q-network and fits on into the run's store.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ import pytest
 from conftest import snapshot
 
 from replaystore import ReplayStore
-from replaystore.trainer import DQN, TrainerError, mlp
+from replaystore.trainer import DQN, TrainerError, checkpoint, load_run, mlp
+from replaystore.trainer.cli import main as train
 
 SMALL = {"buffer_size": 2000, "learning_starts": 100, "batch_size": 16, "train_frequency": 1,
          "target_network_frequency": 50, "sample_threads": 1}
@@ -176,3 +178,26 @@ def test_envs_the_network_or_the_store_cannot_take_are_refused_in_one_line(tmp_p
         agent.fit(envs, 500)
     assert not (tmp_path / "three.zarr").exists()
     agent.close()
+
+
+def test_a_command_line_run_loads_as_an_agent_and_goes_on(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    assert train(["--env-id", "CartPole-v1", "--num-envs", "2", "--buffer-size", "2000", "--learning-starts", "100",
+                  "--batch-size", "16", "--sample-threads", "1", "--hidden-sizes", "32", "--no-progress",
+                  "--total-timesteps", "400", "--run-dir", str(run)]) == 0
+    with pytest.raises(TrainerError, match=r"is a replaystore-train run directory, not a saved agent .*load_run\("):
+        DQN.load(run)
+    agent = load_run(run)
+    _, state = checkpoint.load(run)
+    assert agent.train_steps == state["train_steps"] > 0 and agent.state.global_step == state["global_step"]
+    assert agent.store is not None and agent.store.mode == "r" and agent.store.path == run / "replay.zarr"
+    assert len(agent.evaluate(gym.make("CartPole-v1"), 2)) == 2 and agent.act(np.zeros((3, 1, 4), "float32")).shape == (3,)
+    agent.model.save(tmp_path / "q.keras")  # the Q-network, for use elsewhere
+    stacks = np.random.default_rng(0).normal(size=(5, 1, 4)).astype("float32")
+    assert np.allclose(keras.saving.load_model(tmp_path / "q.keras")(stacks), agent.model(stacks), atol=1e-6)
+    envs = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2)
+    agent.fit(envs, 600)  # on into the run's own store
+    assert agent.state.global_step >= 600 and agent.store.mode == "a" and len(agent.store) >= 600
+    agent.close()
+    with pytest.raises(TrainerError, match="cannot load the run: .* holds no run"):
+        load_run(tmp_path)

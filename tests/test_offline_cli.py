@@ -21,12 +21,13 @@ import sys
 import time
 from pathlib import Path
 
+import gymnasium as gym
 import pytest
 from conftest import snapshot
 
 from replaystore import ReplayStore
 from replaystore.cli import main as cli_main
-from replaystore.trainer import checkpoint
+from replaystore.trainer import TrainerError, checkpoint, load_run
 from replaystore.trainer.cli import main
 from replaystore.trainer.scalars import read as read_scalars
 
@@ -75,6 +76,12 @@ def test_cql_learns_offline_from_the_command_line(dataset: tuple[Path, float], t
     assert saved["offline"] == str(path.resolve()) and saved["cql_alpha"] == 1.0
     assert cli_main(["episodes", str(run)]) == 0  # the run directory names the dataset it learned from
     assert f"its store is {path.resolve()}" in capsys.readouterr().err
+    agent = load_run(run)  # the run's agent in Python: its dataset read, never fit into
+    assert agent.train_steps == 2000 and agent.store is not None and agent.store.path == path.resolve()
+    assert sum(agent.evaluate(gym.make("CartPole-v1"), 5)) / 5 >= 400
+    with pytest.raises(TrainerError, match="learned offline from"):
+        agent.fit(gym.make("CartPole-v1"), 300)
+    agent.close()
     assert snapshot(path) == before
 
 

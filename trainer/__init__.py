@@ -4,7 +4,7 @@
 
 ``DQN`` (agent.py) fits a Keras model on a gymnasium env (or a vector env) with Keras callbacks;
 ``nature_cnn`` and ``mlp`` (models.py) are ready-made Q-networks; ``replaystore-train`` (cli.py) is
-the command line over the same agent. docs/trainer.md has the whole API.
+the command line over the same agent, and ``load_run`` (rundir.py) a run directory's agent in Python. docs/trainer.md has the whole API.
 
 Installed from the repository's ``trainer/`` folder as ``replaystore.trainer`` (pyproject.toml maps
 it), with ``pip install replaystore[train]``. Names are imported on first use, so that the command
@@ -20,11 +20,12 @@ if TYPE_CHECKING:
     from .agent import DQN
     from .config import DQNConfig, TrainerError
     from .models import Dueling, ModelError, check_model, mlp, nature_cnn
+    from .rundir import load_run
 
-__all__ = ["DQN", "DQNConfig", "Dueling", "ModelError", "TrainerError", "check_model", "mlp", "nature_cnn"]
+__all__ = ["DQN", "DQNConfig", "Dueling", "ModelError", "TrainerError", "check_model", "load_run", "mlp", "nature_cnn"]
 
 _WHERE = {"DQN": "agent", "DQNConfig": "config", "TrainerError": "config", "ModelError": "models", "Dueling": "models",
-          "check_model": "models", "mlp": "models", "nature_cnn": "models"}
+          "check_model": "models", "mlp": "models", "nature_cnn": "models", "load_run": "rundir"}
 
 
 def __getattr__(name: str) -> Any:

@@ -119,6 +119,9 @@ def load_agent(directory: Path, custom_objects: dict[str, Any] | None) -> tuple[
     import keras
 
     if not (directory / AGENT_FILE).is_file() or not (directory / MODEL_FILE).is_file():
+        if (directory / "args.json").is_file():
+            raise TrainerError(f"{directory} is a replaystore-train run directory, not a saved agent ({AGENT_FILE} and "
+                               f"{MODEL_FILE}): load it with replaystore.trainer.load_run({str(directory)!r})")
         raise TrainerError(f"{directory} holds no saved agent ({AGENT_FILE} and {MODEL_FILE}); pass the directory "
                            "DQN.save or fit(checkpoint_dir=...) wrote")
     try:

@@ -1,5 +1,5 @@
 """A run directory's store: created with the run, or reopened in place to resume (``replaystore-train``
-and its Ray actors)."""
+and its Ray actors); and ``load_run``, the run's agent in Python."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any
 from replaystore import ReplayStore, StoreLockedError
 
 from . import args as arguments
+from . import checkpoint
 from .args import Args
 from .config import TrainerError
 
@@ -72,3 +73,41 @@ def new_run_dir(args: Args) -> Iterator[Path]:
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
     arguments.save(args, run_dir)
+
+
+def load_run(run_dir: str | Path, *, store: ReplayStore | str | Path | None = None) -> Any:
+    """The agent of a ``replaystore-train`` run directory (online or ``--offline``) as a ``DQN``, as
+    ``DQN.load`` gives a saved one: the run's Q-network (its flags' default model) with the
+    checkpoint's weights, optimizer state and counters, its store (or ``store``) opened to read.
+    ``evaluate``, ``act`` and ``model.save`` work at once; ``fit`` goes on into the run's own store
+    (or ``store``), as ``--resume`` would with the run's hyperparameters."""
+    import dataclasses
+
+    import keras
+
+    from .agent import DQN
+    from .learner import MAX_GRAD_NORM
+    from .models import q_network
+
+    where = Path(run_dir)
+    try:
+        args = arguments.load(where)
+        saved = checkpoint.load(where)
+    except TrainerError as exc:
+        raise TrainerError(f"cannot load the run: {str(exc).removeprefix('cannot resume: ')}") from None
+    if saved is None:
+        raise TrainerError(f"cannot load the run: {where} holds no {checkpoint.CHECKPOINT}; the run stopped before "
+                           "its first checkpoint")
+    location = store if store is not None else (args.offline or arguments.store_path(args))
+    options = arguments.store_options(args) if store is None and not args.offline else {}
+    with contextlib.ExitStack() as stack:
+        data = location if isinstance(location, ReplayStore) else \
+            stack.enter_context(ReplayStore.open(location, mode="r", **options))
+        space, actions = data.observation_space, int(data.action_space.n)
+        model = q_network((data.frame_stack, *space.shape), space.dtype, actions,
+                          hidden_sizes=arguments.hidden_sizes(args))
+    optimizer = keras.optimizers.Adam(learning_rate=args.learning_rate, global_clipnorm=MAX_GRAD_NORM)
+    agent = DQN(model, location, optimizer=optimizer, buffer_size=args.buffer_size, frame_stack=args.frame_stack or None,
+                **options, **dataclasses.asdict(arguments.config(args)))
+    agent.restore(*saved)
+    return agent
