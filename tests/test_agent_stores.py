@@ -5,7 +5,8 @@ and ``use_store``.
 env); a dataset the agent learned from offline is never appended to, in the same process or after
 ``DQN.load``, and is byte for byte as it was; ``use_store`` and ``DQN.load(..., store=PATH)`` give
 the online run its own store, created with the Q-network's frame stack (also where the path holds
-no store yet); a copy of the dataset with room to grow keeps its moves and takes the new ones; a
+no store yet); a copy of the dataset with room to grow keeps its moves and takes the new ones (split
+over one stream per env for a vector env, which a one-stream store is refused for, naming the copy); a
 store of other stacks is refused and left closed; an agent saved before the checkpoint named the
 stores it acted into still fits into its own store after learning offline from it; an env whose
 frames or actions the Q-network cannot take, and a buffer that does not split over a vector env's
@@ -108,19 +109,29 @@ def test_load_with_a_new_store_path_creates_it_on_fit(tmp_path: Path) -> None:
     agent.close()
 
 
-def test_a_copy_of_the_dataset_with_room_keeps_its_moves_and_takes_the_new(tmp_path: Path) -> None:
+@pytest.mark.parametrize("envs", [1, 2])
+def test_a_copy_of_the_dataset_with_room_keeps_its_moves_and_takes_the_new(tmp_path: Path, envs: int) -> None:
+    """With a vector env, the copy splits the dataset's episodes over one stream per env."""
     data = tmp_path / "data.zarr"
     write(data, 600)
     before = snapshot(data)
-    subprocess.run([sys.executable, "-m", "replaystore.cli", "compact", str(data), str(tmp_path / "copy.zarr"),
-                    "--capacity", "2000", "--quiet"], check=True)
-    with ReplayStore.open(tmp_path / "copy.zarr") as copy:
-        kept = len(copy)
+    env = gym.make("CartPole-v1") if envs == 1 else gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * envs)
     agent = DQN(model(), data, **SMALL)
     agent.fit_offline(40)
+    if envs > 1:
+        agent.use_store(tmp_path / "one.zarr")
+        write(tmp_path / "one.zarr", 100)
+        with pytest.raises(TrainerError, match=r"compact \S+one.zarr NEW --streams 2"):
+            agent.fit(env, 300)
+    subprocess.run([sys.executable, "-m", "replaystore.cli", "compact", str(data), str(tmp_path / "copy.zarr"),
+                    "--capacity", "2000", "--streams", str(envs), "--quiet"], check=True)
+    with ReplayStore.open(tmp_path / "copy.zarr") as copy:
+        kept = len(copy)
+        assert copy.num_streams == envs and all(ring.added > 250 for ring in copy.rings.streams)
     agent.use_store(tmp_path / "copy.zarr")
-    agent.fit(gym.make("CartPole-v1"), 300)
-    assert agent.store is not None and len(agent.store) == kept + 300 and kept > 550
+    agent.fit(env, 300)
+    assert agent.store is not None and kept > 550
+    assert kept + 300 <= len(agent.store) < kept + 300 + envs  # (a vector env's last call may pass 300)
     agent.close()
     assert snapshot(data) == before
 

@@ -1,6 +1,6 @@
 """``replaystore compact`` on a store of streams: keeping the streams (same transitions, priorities,
-episodes in progress that a writer continues), merging them into fewer (every transition kept
-whole, episodes whole), and the errors."""
+episodes in progress that a writer continues), merging them into fewer or splitting their episodes
+over more (every transition kept whole, episodes whole), and the errors."""
 
 from __future__ import annotations
 
@@ -133,9 +133,75 @@ def test_compact_merge_without_wrapping_keeps_everything(tmp_path: Path) -> None
     assert before == sorted(key for rows in per_stream(path) for key in keys(rows))
 
 
+def episodes_of(rows: dict[str, np.ndarray]) -> list[bytes]:
+    """A stream's episodes whose first step is there (the newest even if it is in progress), each as
+    the bytes of its moves. A first step's stack is its frame repeated (reset padding; every frame
+    of ``fill`` differs)."""
+    out, current = [], None
+    for i in range(len(rows["action"])):
+        if (rows["obs"][i] == rows["obs"][i][-1]).all():
+            current = b""
+        if current is None:
+            continue
+        current += b"".join(np.ascontiguousarray(rows[n][i]).tobytes() for n in FIELDS if n != "truncated")
+        if rows["terminated"][i] or rows["truncated"][i]:
+            out.append(current)
+            current = None
+    return out if current is None else [*out, current]
+
+
+@pytest.mark.parametrize(("n_src", "into", "capacity"), [(1, 4, 256), (3, 5, 480), (2, 3, 96)])
+def test_compact_splits_episodes_over_more_streams(tmp_path: Path, n_src: int, into: int, capacity: int) -> None:
+    """One env's store (or a few streams) into a vector env's: every episode whose beginning is
+    kept goes whole into one new stream, in order, and the new streams take ~equal shares."""
+    path = tmp_path / "few.zarr"
+    store = make(path, n=n_src, capacity=96 * n_src)
+    fill(store, 120 if capacity < 96 * n_src else 40, seed=n_src)
+    store.close()
+    dst = tmp_path / "many.zarr"
+    report = compact_store(path, dst, num_streams=into, capacity=capacity)
+    assert (report.streams_before, report.streams_after, report.capacity_after) == (n_src, into, capacity)
+    assert verify_store(dst).ok
+    before, after = per_stream(path), per_stream(dst)
+    old_keys = [key for rows in before for key in keys(rows)]
+    new_keys = [key for rows in after for key in keys(rows)]
+    assert len(set(new_keys)) == len(new_keys) and set(new_keys) <= set(old_keys)
+    assert len(old_keys) - len(new_keys) <= report.steps_unjoined + report.steps_cut
+    old_episodes = {e for rows in before for e in episodes_of(rows)}
+    new_episodes = [e for rows in after for e in episodes_of(rows)]
+    assert set(new_episodes) <= old_episodes  # whole, never cut or joined across a boundary
+    with ReplayStore.open(dst) as split:
+        assert split.num_streams == into and len(split) == report.transitions_after == len(new_keys)
+        sizes = [ring.added - ring.lo for ring in split.rings.streams]
+        assert min(sizes) > 0 and max(sizes) - min(sizes) <= 2 * 40  # equal shares, to an episode or so
+        for ring in split.rings.streams:  # every episode is closed: no writer continues one
+            assert ring.is_last[(ring.added - 1) % ring.capacity]
+    # and a vector env of that many envs carries on writing into it
+    with ReplayStore.open(dst, mode="a") as more:
+        added = [ring.added for ring in more.rings.streams]
+        frames = np.full((into, 2), 250, dtype=np.uint8)
+        more.add_batch(frames, [0] * into, [1.0] * into, frames + 1, [True] * into, [False] * into)
+        assert [ring.added for ring in more.rings.streams] == [n + 2 for n in added]  # a new episode each
+
+
+def test_compact_split_through_the_cli(source: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    dst = tmp_path / "six.zarr"
+    assert cli_main(["compact", str(source), str(dst), "--streams", "6", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "split the episodes of 3 stream(s) into 6" in out and "left out" in out
+    with ReplayStore.open(dst) as six:  # stream 0's one long episode is a run of its own
+        assert six.num_streams == 6 and all(ring.added > ring.lo for ring in six.rings.streams)
+    # a merge that must cut to fit its streams says how much (without --capacity)
+    assert cli_main(["compact", str(source), str(tmp_path / "two.zarr"), "--streams", "2", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "merged 3 stream(s) into 2" in out
+
+
 def test_compact_streams_errors(source: Path, tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="from 1 to 3"):
-        compact_store(source, tmp_path / "x.zarr", num_streams=4)
+    with pytest.raises(ConfigError, match="an int >= 1"):
+        compact_store(source, tmp_path / "x.zarr", num_streams=0)
+    with pytest.raises(ConfigError, match="it must be an int >= 200"):
+        compact_store(source, tmp_path / "x.zarr", num_streams=100)
     with pytest.raises(ConfigError, match="does not split evenly into 2 streams; use 94 or 96"):
         compact_store(source, tmp_path / "x.zarr", num_streams=2, capacity=95)
     with ReplayStore.open(source, mode="a", streams=[1]):

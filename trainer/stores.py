@@ -52,7 +52,8 @@ def check_for_env(store: ReplayStore, observation_space: Any, action_space: Any,
     if len(store.writing) != num_streams:
         raise TrainerError(f"{store.path} is written here in {len(store.writing)} streams, but the environment "
                            f"steps {num_streams} envs: each env needs its own stream (create the store with "
-                           f"num_streams={num_streams}, or open it with streams=[...])")
+                           f"num_streams={num_streams}, open it with streams=[...], or copy its episodes into "
+                           f"{num_streams} streams with `replaystore compact {store.path} NEW --streams {num_streams}`)")
 
 
 def check_for_eval(store: ReplayStore, observation_space: Any, action_space: Any) -> None:
@@ -98,7 +99,8 @@ def check_not_dataset(location: str | Path, datasets: list[str]) -> None:
                            "its env steps to that dataset (and, once its ring is full, write over its oldest "
                            "episodes); give the online run a store of its own with agent.use_store(PATH) or "
                            "DQN.load(DIR, store=PATH). To keep the dataset's moves in the replay too, copy it with "
-                           "room to grow first: replaystore compact DATASET PATH --capacity N")
+                           "room to grow first: replaystore compact DATASET PATH --capacity N (and --streams E for a "
+                           "vector env of E envs)")
 
 
 def check_stacks(store: ReplayStore, stack_shape: tuple[int, ...], dtype: Any) -> None:

@@ -25,7 +25,12 @@ each source stream goes whole into one new stream, the fullest first into the em
 end. Episodes stay whole: each source stream's episode in progress is closed as truncated, and a
 source stream that does not come first in its new stream leaves out its oldest episode when the
 ring had already overwritten that episode's beginning (a step's stack must not reach into the
-episode before it). The report counts those steps (``steps_unjoined``).
+episode before it). The report counts those steps (``steps_unjoined``). ``num_streams=M > N`` splits
+them: the source streams' episodes, oldest first and stream after stream, are cut at the episode
+boundaries nearest to equal shares into M runs of whole episodes, one per new stream (so a store
+written by one env can take a vector env's M envs), after the oldest steps beyond the new capacity
+are left out; episodes in progress are closed and oldest episodes that lost their beginning are
+left out as in a merge.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from replaystore.cli.compactplan import Piece, assign, choose, cut_oldest, damaged_slots
+from replaystore.cli.compactplan import Piece, assign, choose, cut_oldest, damaged_slots, split
 from replaystore.cli.compactsource import Source
 from replaystore.cli.verify import verify_store
 from replaystore.errors import (
@@ -81,7 +86,8 @@ class CompactReport:
     steps_cut: int = 0  # oldest steps left out to fit a smaller capacity
     streams_before: int = 1
     streams_after: int = 1
-    steps_unjoined: int = 0  # merging: steps of episodes that began before a stream's oldest live step
+    capacity_after: int = 0  # the new store's capacity, all streams
+    steps_unjoined: int = 0  # merging/splitting: steps of episodes that began before a stream's oldest live step
 
 
 def compact_store(src: str | Path, dst: str | Path | None = None, *, capacity: int | None = None,
@@ -93,7 +99,9 @@ def compact_store(src: str | Path, dst: str | Path | None = None, *, capacity: i
     A store of streams keeps its streams (stream ``k`` becomes stream ``k``), or with
     ``num_streams`` fewer than it has, is merged into that many: each source stream goes whole into
     one new stream (the fullest first, each into the emptiest), episodes stay whole, and episodes in
-    progress are closed as truncated (no writer can continue a merged stream's env).
+    progress are closed as truncated (no writer can continue a merged stream's env). With
+    ``num_streams`` more than it has, its episodes are split over that many streams, whole, in
+    runs of about equal length.
 
     Example:
         >>> compact_store("runs/quickstart/replay.zarr", capacity=50_000).transitions_after  # doctest: +SKIP
@@ -133,9 +141,9 @@ def _compact(source: Source, src: str | Path, dst: str | Path | None, *, capacit
                                "in place")
     n_src = schema.num_streams
     n_new = n_src if num_streams is None else num_streams
-    if isinstance(n_new, bool) or not isinstance(n_new, int) or not 1 <= n_new <= n_src:
-        raise ConfigError(f"num_streams is {num_streams!r}; {src} holds {n_src} stream(s), and compact keeps them "
-                          f"or merges them into fewer: pass an int from 1 to {n_src}")
+    if isinstance(n_new, bool) or not isinstance(n_new, int) or n_new < 1:
+        raise ConfigError(f"num_streams is {num_streams!r}; {src} holds {n_src} stream(s), and compact keeps them, "
+                          "merges them into fewer or splits their episodes over more: pass an int >= 1")
     new_capacity = schema.capacity if capacity is None else capacity
     if isinstance(new_capacity, bool) or not isinstance(new_capacity, int) or new_capacity < 2 * n_new:
         raise ConfigError(f"capacity is {capacity!r}; it must be an int >= {2 * n_new}")
@@ -167,8 +175,13 @@ def _compact(source: Source, src: str | Path, dst: str | Path | None, *, capacit
         keep, dropped = choose(ring, bad[k * stride : k * stride + schema.stream_capacity])
         pieces.append(Piece(k, ring, keep))
         dropped_steps += dropped
-    targets, unjoined = assign(pieces, n_new) if n_new < n_src else ([[p] for p in pieces], 0)
     cut = 0
+    if n_new < n_src:
+        targets, unjoined = assign(pieces, n_new)
+    elif n_new > n_src:
+        targets, unjoined, cut = split(pieces, n_new, per_stream)
+    else:
+        targets, unjoined = [[p] for p in pieces], 0
     for target_pieces in targets:
         cut += cut_oldest(target_pieces, per_stream)
     before = source.nbytes()
@@ -200,10 +213,10 @@ def _compact(source: Source, src: str | Path, dst: str | Path | None, *, capacit
         after_bytes = sum(result.backend.stored_bytes().values())
     return CompactReport(
         src=str(src), dst=target.where, transitions_before=transitions_before, transitions_after=after_transitions,
-        steps_kept=sum(int(p.keep.size) for p in pieces), episodes_kept=episodes, bytes_before=before,
+        steps_kept=sum(int(p.keep.size) for group in targets for p in group), episodes_kept=episodes, bytes_before=before,
         bytes_after=after_bytes, dropped=[p.where() for p in report.problems],
         steps_dropped=dropped_steps, steps_cut=cut, streams_before=n_src, streams_after=n_new,
-        steps_unjoined=unjoined,
+        capacity_after=new_capacity, steps_unjoined=unjoined,
     )
 
 

@@ -2,7 +2,8 @@
 (scalars only) and the damage ``verify`` found; compact.py reads and writes the stores.
 
 Episodes are the unit: an episode with a damaged step is dropped whole, one cut short is closed as
-truncated, and merging lays whole source streams end to end (see compact.py's docstring).
+truncated, merging lays whole source streams end to end, and splitting cuts the source streams into
+runs of whole episodes (see compact.py's docstring).
 """
 
 from __future__ import annotations
@@ -71,9 +72,8 @@ def assign(pieces: list[Piece], n_new: int) -> tuple[list[list[Piece]], int]:
     """Merge: each source stream into one of ``n_new`` new streams, the fullest first into the
     emptiest, laid end to end in source order. Every piece's episode in progress is closed as
     truncated, and a piece that does not start its new stream loses its oldest episode if that
-    began before its stream's oldest live step (its first frames are gone, so its steps cannot
-    follow another episode's). Returns the pieces per new stream and the steps so left out."""
-    unjoined = 0
+    began before its stream's oldest live step (``unjoin``). Returns the pieces per new stream and
+    the steps so left out."""
     for piece in pieces:
         close_newest(piece)
     order = sorted(pieces, key=lambda p: (-p.keep.size, p.stream))
@@ -85,6 +85,65 @@ def assign(pieces: list[Piece], n_new: int) -> tuple[list[list[Piece]], int]:
         sizes[j] += int(piece.keep.size)
     for group in targets:
         group.sort(key=lambda p: p.stream)
+    return targets, unjoin(targets)
+
+
+def split(pieces: list[Piece], n_new: int, per_stream: int) -> tuple[list[list[Piece]], int, int]:
+    """Split: the source streams' episodes, in source order, into ``n_new`` runs of whole episodes
+    of about equal length, one per new stream of ``per_stream`` steps; a run may hold the end of one
+    source stream and the start of the next. Every piece's episode in progress is closed as
+    truncated; the oldest steps beyond ``n_new * per_stream`` are left out first (as a ring would);
+    then the runs are cut at the episode boundaries nearest to equal shares, each new stream taking
+    at least one episode while there are as many. A source stream's oldest episode that began
+    before its oldest live step is left out unless it starts its new stream (``unjoin``). Returns the
+    pieces per new stream, the steps left out by ``unjoin`` and those left out to fit."""
+    runs: list[tuple[Piece, int, int]] = []  # one per episode: its piece and its span of piece.keep
+    for piece in pieces:
+        close_newest(piece)
+        ring, keep = piece.ring, piece.keep
+        if not keep.size:
+            continue
+        starts = np.flatnonzero(ring.ep_step[keep % ring.capacity] == 0)
+        bounds = np.r_[0, starts[starts > 0], keep.size]
+        runs.extend((piece, int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]))
+    ends = np.cumsum([b - a for _, a, b in runs], dtype=np.int64)
+    excess = int(ends[-1]) - n_new * per_stream if runs else 0
+    if excess > 0:  # the oldest steps do not fit: whole episodes first, then the start of one
+        gone = int(np.searchsorted(ends, excess, side="right"))
+        piece, a, b = runs[gone]
+        runs = [(piece, a + excess - (int(ends[gone - 1]) if gone else 0), b), *runs[gone + 1 :]]
+        ends = ends[gone:] - excess
+    cum = np.r_[0, ends]
+    total, n_runs = int(cum[-1]), len(runs)
+    cuts = [0]
+    for j in range(1, n_new):
+        if n_runs < n_new:
+            cuts.append(min(j, n_runs))
+            continue
+        share = j * total / n_new
+        i = int(np.searchsorted(cum, share))
+        if i == cum.size or (i > 0 and share - cum[i - 1] <= cum[i] - share):
+            i -= 1
+        cuts.append(min(max(i, cuts[-1] + 1), n_runs - (n_new - j)))
+    cuts.append(n_runs)
+    targets: list[list[Piece]] = []
+    for first, stop in zip(cuts[:-1], cuts[1:]):
+        group: list[Piece] = []
+        for piece, a, b in runs[first:stop]:
+            if group and group[-1].ring is piece.ring:
+                group[-1].keep = np.concatenate([group[-1].keep, piece.keep[a:b]])
+            else:
+                group.append(Piece(piece.stream, piece.ring, piece.keep[a:b]))
+        targets.append(group)
+    return targets, unjoin(targets), max(excess, 0)
+
+
+def unjoin(targets: list[list[Piece]]) -> int:
+    """Leave out the oldest episode of every piece that does not start its new stream if that
+    episode began before the piece's first step (its first frames are gone, so its steps cannot
+    follow another episode's); returns the steps so left out."""
+    unjoined = 0
+    for group in targets:
         for piece in group[1:]:
             ring, keep = piece.ring, piece.keep
             if keep.size and ring.ep_step[keep[0] % ring.capacity] != 0:
@@ -92,7 +151,7 @@ def assign(pieces: list[Piece], n_new: int) -> tuple[list[list[Piece]], int]:
                 n = int(first_start[0]) if first_start.size else int(keep.size)
                 piece.keep = keep[n:]
                 unjoined += n
-    return targets, unjoined
+    return unjoined
 
 
 def close_newest(piece: Piece) -> None:

@@ -130,11 +130,13 @@ def _compact(args: argparse.Namespace) -> int:
     if r.dropped:
         print(f"dropped {r.steps_dropped:,} live steps with the episodes that touched damage")
     if r.streams_after != r.streams_before:
-        print(f"merged {r.streams_before} streams into {r.streams_after}"
+        how = "merged" if r.streams_after < r.streams_before else "split the episodes of"
+        print(f"{how} {r.streams_before} stream(s) into {r.streams_after}"
               + (f"; left out {r.steps_unjoined:,} steps of episodes whose first frames were already overwritten"
                  if r.steps_unjoined else ""))
     if r.steps_cut:
-        print(f"left out the oldest {r.steps_cut:,} steps to fit capacity {args.capacity:,}")
+        each = f" ({r.capacity_after // r.streams_after:,} a stream)" if r.streams_after > 1 else ""
+        print(f"left out the oldest {r.steps_cut:,} steps to fit capacity {r.capacity_after:,}{each}")
     print(f"compacted {r.src} -> {r.dst}: {r.transitions_before:,} -> {r.transitions_after:,} transitions, "
           f"{r.steps_kept:,} steps in {r.episodes_kept:,} episodes; {r.bytes_before:,} -> {r.bytes_after:,} bytes on disk")
     return 0
@@ -212,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--level", type=int, help="compression level (zstd 1..22, blosc 0..9)")
     p.add_argument("--chunk-len", type=int, help="frames per chunk")
     p.add_argument("--shard-len", type=int, help="steps per shard file")
-    p.add_argument("--streams", type=int, help="merge a store of streams into this many (default: keep them)")
+    p.add_argument("--streams", type=int, help="merge a store's streams into this many, or split its episodes over this many (default: keep them)")
     p.add_argument("--drop-damaged", action="store_true", help="drop the episodes that touch damaged chunks")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_compact)
