@@ -145,8 +145,12 @@ def _compact(source: Source, src: str | Path, dst: str | Path | None, *, capacit
         raise ConfigError(f"num_streams is {num_streams!r}; {src} holds {n_src} stream(s), and compact keeps them, "
                           "merges them into fewer or splits their episodes over more: pass an int >= 1")
     new_capacity = schema.capacity if capacity is None else capacity
-    if isinstance(new_capacity, bool) or not isinstance(new_capacity, int) or new_capacity < 2 * n_new:
+    if isinstance(new_capacity, bool) or not isinstance(new_capacity, int):
         raise ConfigError(f"capacity is {capacity!r}; it must be an int >= {2 * n_new}")
+    if new_capacity < 2 * n_new:
+        whose = "" if capacity is not None else f" ({src}'s)"
+        raise ConfigError(f"capacity {new_capacity:,}{whose} cannot hold {n_new:,} streams of at least 2 steps each: "
+                          f"pass a capacity >= {2 * n_new:,}, or fewer streams")
     if new_capacity % n_new:
         low = new_capacity - new_capacity % n_new
         raise ConfigError(f"capacity {new_capacity:,} does not split evenly into {n_new} streams; use {low:,} or "
