@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from conftest import fill, flip_byte_in_chunk, frame, make_store, snapshot
 
-from replaystore import CorruptStoreError, ReplayStore, StoreExistsError, StoreLockedError
+from replaystore import ConfigError, CorruptStoreError, ReplayStore, StoreExistsError, StoreLockedError
 from replaystore.cli import main
 from replaystore.cli.compact import compact_store
 from replaystore.cli.verify import verify_store
@@ -102,6 +102,19 @@ def test_damaged_chunks_are_dropped_only_on_request(wrapped: Path, capsys: pytes
     new = transitions(wrapped)
     assert 0 < len(new["action"]) < len(old)
     with ReplayStore.open(wrapped) as store:
+        store.sample(32, rng=np.random.default_rng(0))
+
+
+def test_damaged_chunks_dropped_while_splitting_into_streams(wrapped: Path, tmp_path: Path) -> None:
+    flip_byte_in_chunk(wrapped, shard=1, chunk=1, chunks_per_shard=4)
+    with pytest.raises(ConfigError, match=r"capacity 64 \(\S+'s\) does not split evenly into 3 streams; pass a "
+                       "capacity of 63 or 66"):
+        compact_store(wrapped, tmp_path / "three.zarr", num_streams=3, drop_damaged=True)
+    report = compact_store(wrapped, tmp_path / "three.zarr", num_streams=3, capacity=63, drop_damaged=True)
+    assert report.dropped and report.steps_dropped > 0 and report.streams_after == 3
+    assert verify_store(tmp_path / "three.zarr").ok
+    with ReplayStore.open(tmp_path / "three.zarr") as store:
+        assert len(store) == report.transitions_after > 0
         store.sample(32, rng=np.random.default_rng(0))
 
 

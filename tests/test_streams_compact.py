@@ -202,7 +202,7 @@ def test_compact_streams_errors(source: Path, tmp_path: Path) -> None:
         compact_store(source, tmp_path / "x.zarr", num_streams=0)
     with pytest.raises(ConfigError, match=r"capacity 96 \(\S+s.zarr's\) cannot hold 100 streams .* >= 200"):
         compact_store(source, tmp_path / "x.zarr", num_streams=100)
-    with pytest.raises(ConfigError, match="does not split evenly into 2 streams; use 94 or 96"):
+    with pytest.raises(ConfigError, match="capacity 95 does not split evenly into 2 streams; pass a capacity of 94 or 96"):
         compact_store(source, tmp_path / "x.zarr", num_streams=2, capacity=95)
     with ReplayStore.open(source, mode="a", streams=[1]):
         with pytest.raises(StoreLockedError, match="stream 1"):

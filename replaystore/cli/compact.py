@@ -147,14 +147,14 @@ def _compact(source: Source, src: str | Path, dst: str | Path | None, *, capacit
     new_capacity = schema.capacity if capacity is None else capacity
     if isinstance(new_capacity, bool) or not isinstance(new_capacity, int):
         raise ConfigError(f"capacity is {capacity!r}; it must be an int >= {2 * n_new}")
+    whose = "" if capacity is not None else f" ({src}'s)"
     if new_capacity < 2 * n_new:
-        whose = "" if capacity is not None else f" ({src}'s)"
         raise ConfigError(f"capacity {new_capacity:,}{whose} cannot hold {n_new:,} streams of at least 2 steps each: "
                           f"pass a capacity >= {2 * n_new:,}, or fewer streams")
     if new_capacity % n_new:
         low = new_capacity - new_capacity % n_new
-        raise ConfigError(f"capacity {new_capacity:,} does not split evenly into {n_new} streams; use {low:,} or "
-                          f"{low + n_new:,}")
+        raise ConfigError(f"capacity {new_capacity:,}{whose} does not split evenly into {n_new} streams; pass a "
+                          f"capacity of {low:,} or {low + n_new:,}")
     per_stream = new_capacity // n_new
     new_layout = _new_layout(schema, layout, per_stream, codec=codec, chunk_len=chunk_len, shard_len=shard_len)
     validate_layout(new_layout, per_stream)
