@@ -9,6 +9,7 @@ import errno
 import gc
 import os
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -259,6 +260,80 @@ def test_a_containers_memory_limit_is_read(tmp_path: Path) -> None:
     v2.write_text("1073741824\n")
     assert cgroup_limit((str(v2), str(v1))) == 2**30
     assert cgroup_limit((str(tmp_path / "missing"),)) is None
+
+
+def test_the_limit_of_a_cgroup_below_the_mount_is_found(tmp_path: Path) -> None:
+    """A Slurm job or systemd unit (or a container without its own cgroup namespace) has its limit
+    on a cgroup below the hierarchy's root: found from /proc/self/cgroup and mountinfo, the lowest
+    of the process's cgroup and those above it."""
+    from replaystore.sampling.memory import cgroup_limit, cgroup_limit_files
+
+    proc, v1, v2 = tmp_path / "proc", tmp_path / "cg v1" / "memory", tmp_path / "cg2"
+    proc.mkdir()
+    job = v1 / "slurm" / "job_7" / "step_0"
+    user = v2 / "user.slice" / "run.scope"
+    job.mkdir(parents=True)
+    user.mkdir(parents=True)
+    (proc / "cgroup").write_text("5:cpu,cpuacct:/slurm/job_7/step_0\n4:memory:/slurm/job_7/step_0\n0::/user.slice/run.scope\n")
+    (proc / "mountinfo").write_text(
+        f"30 25 0:26 / {str(v1).replace(' ', chr(92) + '040')} rw,nosuid - cgroup cgroup rw,memory\n"
+        f"31 25 0:27 / {tmp_path}/cg1cpu rw - cgroup cgroup rw,cpu,cpuacct\n"
+        f"32 25 0:28 / {v2} rw shared:9 - cgroup2 cgroup2 rw\n"
+        f"33 25 0:29 / {tmp_path}/tmp rw - tmpfs tmpfs rw\n")
+    files = cgroup_limit_files(proc)
+    assert files == [str(job / "memory.limit_in_bytes"), str(job.parent / "memory.limit_in_bytes"),
+                     str(v1 / "slurm" / "memory.limit_in_bytes"), str(v1 / "memory.limit_in_bytes"),
+                     str(user / "memory.max"), str(v2 / "user.slice" / "memory.max"), str(v2 / "memory.max")]
+    (job / "memory.limit_in_bytes").write_text(f"{2**63 - 4096}\n")
+    (job.parent / "memory.limit_in_bytes").write_text(f"{3 * 2**30}\n")  # the job's limit, one level up
+    (user / "memory.max").write_text("max\n")
+    assert cgroup_limit(files) == 3 * 2**30
+    (v2 / "user.slice" / "memory.max").write_text(f"{2**30}\n")
+    assert cgroup_limit(files) == 2**30  # the lowest applies
+    (proc / "mountinfo").write_text("garbage\n")
+    assert cgroup_limit_files(proc) == [] and cgroup_limit_files(tmp_path / "none") == []
+
+
+def test_a_gif_too_big_for_the_cgroups_memory_is_refused(tmp_path: Path) -> None:
+    """Real: the CLI run in a new memory cgroup of 600 MB refuses to make a .gif of an episode whose
+    frames and images would take more than half of it, names the limit and writes nothing; a part of
+    the episode (--moves) is saved in the same cgroup."""
+    import gymnasium as gym
+
+    from replaystore.sampling.memory import cgroup_limit_files
+
+    mine = [f for f in cgroup_limit_files() if f.endswith("memory.limit_in_bytes")]
+    if os.geteuid() != 0 or not mine:
+        pytest.skip("needs root and cgroup v1's memory hierarchy to make a cgroup")
+    group = Path(mine[0]).parent / f"replaystore-test-{os.getpid()}"
+    try:
+        group.mkdir()
+    except OSError as exc:
+        pytest.skip(f"cannot make a memory cgroup here ({exc})")
+    try:
+        (group / "memory.limit_in_bytes").write_text(str(600 << 20))
+        shape, n = (84, 84, 3), 5_500  # 21,168 bytes a frame: 5,501 frames x 3 is 333 MB, over 300 MB
+        path = tmp_path / "big.zarr"
+        with ReplayStore.create(path, 6_000, gym.spaces.Box(0, 255, shape, np.uint8), gym.spaces.Discrete(2)) as store:
+            for i in range(n):
+                store.add(np.full(shape, i % 250, np.uint8), 0, 0.0, np.full(shape, (i + 1) % 250, np.uint8),
+                          i == n - 1, False)
+
+        def cli(*args: str) -> subprocess.CompletedProcess[str]:
+            command = f'echo $$ > "{group}/cgroup.procs" && exec "$0" -m replaystore.cli "$@"'
+            return subprocess.run(["sh", "-c", command, sys.executable, *args], capture_output=True, text=True,
+                                  timeout=120)
+
+        out = tmp_path / "ep.gif"
+        refused = cli("episodes", str(path), "--save", "0", str(out))
+        assert refused.returncode == 1, refused.stderr
+        assert "cgroup (its container's or job's) limits it to 600 MB" in refused.stderr
+        assert "--moves A:B" in refused.stderr and not out.exists()
+        done = cli("episodes", str(path), "--save", "0", str(out), "--moves", "0:500")
+        assert done.returncode == 0, done.stderr
+        assert out.stat().st_size > 0
+    finally:
+        group.rmdir()
 
 
 def test_without_fcntl_and_pread_the_store_reads_and_refuses_to_write_clearly(tmp_path: Path) -> None:

@@ -24,15 +24,16 @@ decode processes    per process: the interpreter and numpy, a     ``threads``, o
 
 Frames are never held in RAM beyond these: that is the point of the store. ``check_budget`` refuses a
 configuration whose estimate exceeds ``memory_budget`` (or, with no budget, the memory this process
-may use: the machine's RAM, or the container's limit where a cgroup sets a lower one), naming the
-part that is largest and the knob that shrinks it. A prefetcher's parts are checked, against the
-same budget, when it starts.
+may use: the machine's RAM, or the limit of its cgroup where one is lower: a container's, a Slurm
+job's), naming the part that is largest and the knob that shrinks it. A prefetcher's parts are
+checked, against the same budget, when it starts.
 """
 
 from __future__ import annotations
 
 import numbers
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -109,27 +110,80 @@ def physical_ram() -> int | None:
         return None
 
 
-CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+#: The memory-limit file of each cgroup version: v2's ``memory.max`` ("max": none), v1's
+#: ``memory.limit_in_bytes`` (a number near 2**63: none).
+LIMIT_FILES = {"cgroup2": "memory.max", "cgroup": "memory.limit_in_bytes"}
 
 
-def cgroup_limit(files: tuple[str, ...] = CGROUP_LIMITS) -> int | None:
-    """The memory limit of this process's container (cgroup v2, else v1), or None where none is set."""
-    for name in files:
+def cgroup_limit_files(proc: str | Path = "/proc/self") -> list[str]:
+    """The memory-limit files of this process's cgroup and of every cgroup above it that this process
+    can see, in cgroup v2 and in v1's memory hierarchy. Its place in each hierarchy is in
+    ``/proc/self/cgroup``; where each hierarchy is mounted, and which part of it, in
+    ``/proc/self/mountinfo``. A container with its own cgroup namespace sees its limit at the
+    mount's root; a Slurm job, a systemd unit or a container without one has it on a cgroup below."""
+    proc = Path(proc)
+    try:
+        places = (proc / "cgroup").read_text().splitlines()
+        mounts = (proc / "mountinfo").read_text().splitlines()
+    except OSError:
+        return []
+    wanted: list[tuple[str, str]] = []  # (filesystem type, the process's cgroup path in it)
+    for line in places:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if parts[0] == "0" and parts[1] == "":
+            wanted.append(("cgroup2", parts[2]))
+        elif "memory" in parts[1].split(","):
+            wanted.append(("cgroup", parts[2]))
+    files: list[str] = []
+    for line in mounts:
+        left, sep, right = line.partition(" - ")
+        fields, info = left.split(), right.split()
+        if not sep or len(fields) < 5 or len(info) < 3:
+            continue
+        fstype, root, mount = info[0], _unescape(fields[3]), Path(_unescape(fields[4]))
+        if fstype not in LIMIT_FILES or (fstype == "cgroup" and "memory" not in info[2].split(",")):
+            continue
+        for kind, path in wanted:
+            if kind != fstype or not (path == root or path.startswith(root.rstrip("/") + "/")):
+                continue
+            here = mount / path[len(root):].lstrip("/")
+            while True:
+                name = str(here / LIMIT_FILES[fstype])
+                if name not in files:
+                    files.append(name)
+                if here == mount or here.parent == here:
+                    break
+                here = here.parent
+    return files
+
+
+def _unescape(field: str) -> str:
+    """A mountinfo path field: spaces, tabs, newlines and backslashes are written as octal escapes."""
+    return field.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+
+
+def cgroup_limit(files: Sequence[str] | None = None) -> int | None:
+    """The lowest memory limit set on this process's cgroups (``cgroup_limit_files``; or on
+    ``files``), or None where none is set."""
+    limits = []
+    for name in cgroup_limit_files() if files is None else files:
         try:
             text = Path(name).read_text().strip()
         except OSError:
             continue
         if text.isdigit() and int(text) < 1 << 60:  # v1 says "no limit" with a huge number, v2 with "max"
-            return int(text)
-    return None
+            limits.append(int(text))
+    return min(limits, default=None)
 
 
 def memory_limit() -> tuple[int | None, str]:
-    """What this process may use, and how to say it: the container's limit where a cgroup sets one
-    below the machine's RAM, else the RAM."""
+    """What this process may use, and how to say it: its cgroup's memory limit (a container's, a
+    Slurm job's) where one is set below the machine's RAM, else the RAM."""
     ram, limit = physical_ram(), cgroup_limit()
     if limit is not None and (ram is None or limit < ram):
-        return limit, f"this container's memory limit is {limit / MB:.0f} MB"
+        return limit, f"this process's cgroup (its container's or job's) limits it to {limit / MB:.0f} MB"
     return ram, f"this computer has {(ram or 0) / MB:.0f} MB of RAM"
 
 
