@@ -297,7 +297,8 @@ def test_the_limit_of_a_cgroup_below_the_mount_is_found(tmp_path: Path) -> None:
 def test_a_gif_too_big_for_the_cgroups_memory_is_refused(tmp_path: Path) -> None:
     """Real: the CLI run in a new memory cgroup of 600 MB refuses to make a .gif of an episode whose
     frames and images would take more than half of it, names the limit and writes nothing; a part of
-    the episode (--moves) is saved in the same cgroup."""
+    the episode (--moves) is saved in the same cgroup; in 250 MB, less than the default chunk cache,
+    inspect and episodes still read the store."""
     import gymnasium as gym
 
     from replaystore.sampling.memory import cgroup_limit_files
@@ -332,6 +333,13 @@ def test_a_gif_too_big_for_the_cgroups_memory_is_refused(tmp_path: Path) -> None
         done = cli("episodes", str(path), "--save", "0", str(out), "--moves", "0:500")
         assert done.returncode == 0, done.stderr
         assert out.stat().st_size > 0
+        # In 250 MB the commands that read a store open it without a chunk cache (256 MB by default,
+        # which refused the store at open) and work.
+        (group / "memory.limit_in_bytes").write_text(str(250 << 20))
+        for args in (["inspect", str(path)], ["episodes", str(path)],
+                     ["episodes", str(path), "--save", "0", str(tmp_path / "part.gif"), "--moves", "0:100"]):
+            ran = cli(*args)
+            assert ran.returncode == 0, (args, ran.stderr)
     finally:
         group.rmdir()
 

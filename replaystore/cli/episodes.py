@@ -36,7 +36,7 @@ SUFFIXES = (".npz", ".gif")
 
 def list_episodes(path: str | Path, *, stream: int = 0, newest: int | None = NEWEST) -> dict[str, Any]:
     """The live episodes of ``stream`` (the ``newest`` of them; None: all), JSON-ready."""
-    with ReplayStore.open(path) as store:
+    with ReplayStore.open(path, cache_bytes=0) as store:  # (each chunk is read once: no cache to hold)
         ring = stream_ring(store.rings, stream)
         table = episode_table(ring)
         count = int(table["start_step"].size)
@@ -85,7 +85,7 @@ def save_episode(path: str | Path, index: int, out: str | Path, *, stream: int =
             raise UnsafePathError(errno.EINVAL, f"{out} is inside the store {path}; save the episode outside it")
     if out.is_dir():
         raise ConfigError(f"{out} is a directory; give a file name ending in .npz or .gif")
-    with ReplayStore.open(path) as store:
+    with ReplayStore.open(path, cache_bytes=0) as store:  # (each chunk is read once: no cache to hold)
         gif = out.suffix.lower() == ".gif"
         if gif:
             _frames_as_images(np.zeros((1, *store.schema.observation.shape), dtype=np.uint8))  # refuse early

@@ -33,7 +33,7 @@ def plot_store(path: str | Path, out: str | Path, *, samples: int = SAMPLES, see
         out = out / f"{Path(str(path).rstrip('/')).stem or 'store'}.png"
     elif not out.suffix:
         out = out.with_name(out.name + ".png")
-    with ReplayStore.open(path) as store:
+    with ReplayStore.open(path, cache_bytes=0) as store:  # (each chunk is read once: no cache to hold)
         eps = [episodes(store, j) for j in range(store.num_streams)]
         k = store.frame_stack
         images = len(store.schema.observation.shape) >= 2

@@ -51,7 +51,7 @@ def inspect_store(path: str | Path) -> dict[str, Any]:
         >>> inspect_store("runs/quickstart/replay.zarr")["transitions"]  # doctest: +SKIP
         5000
     """
-    store = ReplayStore.open(path)
+    store = ReplayStore.open(path, cache_bytes=0)  # (the scalars only: no chunk cache to hold)
     try:
         schema, layout, state = store.schema, store.layout, store.committed
         sizes = store.backend.stored_bytes()
