@@ -128,13 +128,13 @@ def split(pieces: list[Piece], n_new: int, per_stream: int) -> tuple[list[list[P
     cuts.append(n_runs)
     targets: list[list[Piece]] = []
     for first, stop in zip(cuts[:-1], cuts[1:]):
-        group: list[Piece] = []
+        spans: list[tuple[Piece, int, int]] = []  # consecutive episodes of one piece joined into one span
         for piece, a, b in runs[first:stop]:
-            if group and group[-1].ring is piece.ring:
-                group[-1].keep = np.concatenate([group[-1].keep, piece.keep[a:b]])
+            if spans and spans[-1][0] is piece:
+                spans[-1] = (piece, spans[-1][1], b)
             else:
-                group.append(Piece(piece.stream, piece.ring, piece.keep[a:b]))
-        targets.append(group)
+                spans.append((piece, a, b))
+        targets.append([Piece(piece.stream, piece.ring, piece.keep[a:b]) for piece, a, b in spans])
     return targets, unjoin(targets), max(excess, 0)
 
 
