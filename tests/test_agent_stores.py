@@ -121,7 +121,7 @@ def test_a_copy_of_the_dataset_with_room_keeps_its_moves_and_takes_the_new(tmp_p
     if envs > 1:
         agent.use_store(tmp_path / "one.zarr")
         write(tmp_path / "one.zarr", 100)
-        with pytest.raises(TrainerError, match=r"compact \S+one.zarr NEW --streams 2"):
+        with pytest.raises(TrainerError, match=r"compact \S+one.zarr --streams 2` in place"):
             agent.fit(env, 300)
     subprocess.run([sys.executable, "-m", "replaystore.cli", "compact", str(data), str(tmp_path / "copy.zarr"),
                     "--capacity", "2000", "--streams", str(envs), "--quiet"], check=True)

@@ -52,8 +52,9 @@ def check_for_env(store: ReplayStore, observation_space: Any, action_space: Any,
     if len(store.writing) != num_streams:
         raise TrainerError(f"{store.path} is written here in {len(store.writing)} streams, but the environment "
                            f"steps {num_streams} envs: each env needs its own stream (create the store with "
-                           f"num_streams={num_streams}, open it with streams=[...], or copy its episodes into "
-                           f"{num_streams} streams with `replaystore compact {store.path} NEW --streams {num_streams}`)")
+                           f"num_streams={num_streams}, open it with streams=[...], or put its episodes into "
+                           f"{num_streams} streams: `replaystore compact {store.path} --streams {num_streams}` in place, "
+                           "or with a DST after the path to copy)")
 
 
 def check_for_eval(store: ReplayStore, observation_space: Any, action_space: Any) -> None:
