@@ -55,7 +55,7 @@ from replaystore.format.validate import (
 )
 from replaystore.sampling.assemble import Batch
 from replaystore.sampling.episodes import Episode, episode_table, plan_episode, plan_span, stream_ring
-from replaystore.sampling.memory import check_budget, check_config, estimate
+from replaystore.sampling.memory import DEFAULT_CACHE_BYTES, check_budget, check_config, default_cache_bytes, estimate
 from replaystore.sampling.pending import Pending
 from replaystore.sampling.priority import Priorities, check_priorities, check_slots
 from replaystore.sampling.samplers import PrioritizedSampler, Sampler, UniformSampler, check_batch_size
@@ -72,7 +72,7 @@ from replaystore.storage.view import View
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CACHE_BYTES = 256 * 2**20
+__all__ = ["DEFAULT_CACHE_BYTES", "ReplayStore"]
 
 
 class ReplayStore:
@@ -125,7 +125,7 @@ class ReplayStore:
 
     @classmethod
     def create(cls, path: str | Path, capacity: int, observation_space: Any, action_space: Any, frame_stack: int = 1, *,
-               layout: Layout | None = None, overwrite: bool = False, cache_bytes: int = DEFAULT_CACHE_BYTES,
+               layout: Layout | None = None, overwrite: bool = False, cache_bytes: int | None = None,
                memory_budget: int | None = None, decode_threads: int = 1, num_streams: int = 1,
                frame_padding: str = "reset", storage_options: dict[str, Any] | None = None) -> ReplayStore:
         """Create a store for ``capacity`` steps and open it for appending.
@@ -140,7 +140,9 @@ class ReplayStore:
         ``num_streams`` > 1 makes a store of that many episode streams (one per environment of a
         vector env; see ``add_batch``), each a ring of ``capacity / num_streams`` steps. RAM: see
         ``memory_estimate``; with ``memory_budget`` (bytes) a configuration whose estimate
-        exceeds it is refused before anything is written. ``decode_threads`` > 1 decodes each batch's
+        exceeds it is refused before anything is written. ``cache_bytes``: the compressed-chunk
+        cache; by default 256 MB, or a quarter of ``memory_budget`` or of the memory this process
+        may use where that is below 1 GB. ``decode_threads`` > 1 decodes each batch's
         chunks on that many threads.
 
         ``path`` may be a URL, ``s3://bucket/prefix/replay.zarr`` (any S3-compatible server: the
@@ -152,6 +154,8 @@ class ReplayStore:
             >>> store = ReplayStore.create("/tmp/doc2.zarr", 4096, gym.spaces.Box(0, 255, (84, 84), np.uint8),
             ...                            gym.spaces.Discrete(4), frame_stack=4, overwrite=True)  # doctest: +SKIP
         """
+        if cache_bytes is None:
+            cache_bytes = default_cache_bytes(memory_budget)
         schema, layout = new_schema(capacity, observation_space, action_space, frame_stack, num_streams, layout,
                                     frame_padding)
         n = schema.num_streams
@@ -164,7 +168,7 @@ class ReplayStore:
         return cls._assemble(backend, list(range(n)), cache_bytes, decode_threads, memory_budget)
 
     @classmethod
-    def open(cls, path: str | Path, mode: str = "r", *, streams: Any = None, cache_bytes: int = DEFAULT_CACHE_BYTES,
+    def open(cls, path: str | Path, mode: str = "r", *, streams: Any = None, cache_bytes: int | None = None,
              memory_budget: int | None = None, decode_threads: int = 1,
              storage_options: dict[str, Any] | None = None) -> ReplayStore:
         """Open an existing store: ``mode="r"`` to read (any number of readers), ``"a"`` to append.
@@ -181,6 +185,8 @@ class ReplayStore:
         """
         if mode not in ("r", "a"):
             raise ConfigError(f"mode is {mode!r}; use 'r' to read or 'a' to append")
+        if cache_bytes is None:
+            cache_bytes = default_cache_bytes(memory_budget)
         backend = open_backend(path, storage_options)
         schema, layout = backend.read_metadata()
         writing = check_streams(schema.num_streams, mode, streams, backend.where)

@@ -243,11 +243,29 @@ def test_the_memory_estimate_counts_prefetchers_and_the_budget_refuses_one_that_
     plain.close()
 
     budget = sum(base.values()) + 4096
-    tight = ReplayStore.open(path, memory_budget=budget)
+    tight = ReplayStore.open(path, memory_budget=budget, cache_bytes=base["chunk_cache"])  # (as plain's)
     with pytest.raises(ConfigError, match="prefetch blocks.*lower batches_per_call"):
         Prefetcher(tight, tight.sampler(), 8, batches_per_block=512, threads=1, depth=2, seed=0, processes=False)
     assert "prefetch_blocks" not in tight.memory_estimate()
     tight.close()
+
+
+def test_the_default_cache_fits_a_small_budget(tmp_path: Path) -> None:
+    """Without cache_bytes, a store under a memory budget below 1 GB gets a quarter of it as its
+    chunk cache (256 MB alone refused a 200 MB budget at open); an explicit one is checked as given."""
+    import gymnasium as gym
+
+    from replaystore.errors import ConfigError
+
+    path = tmp_path / "atari.zarr"
+    ReplayStore.create(path, 100_000, gym.spaces.Box(0, 255, (84, 84), np.uint8), gym.spaces.Discrete(4), 4).close()
+    with ReplayStore.open(path) as roomy:
+        assert roomy.memory_estimate()["chunk_cache"] == 256 << 20  # this machine: more than 1 GB
+    with ReplayStore.open(path, memory_budget=200 << 20) as small:
+        assert small.memory_estimate()["chunk_cache"] == 50 << 20
+        assert sum(small.memory_estimate().values()) <= 200 << 20
+    with pytest.raises(ConfigError, match="lower cache_bytes"):
+        ReplayStore.open(path, memory_budget=200 << 20, cache_bytes=256 << 20)
 
 
 def test_a_containers_memory_limit_is_read(tmp_path: Path) -> None:

@@ -244,7 +244,7 @@ def test_memory_budget(tmp_path: Path) -> None:
         ReplayStore.create(path, 100_000, obs_space, act_space, 4, memory_budget=-1)
     store = ReplayStore.create(path, 100_000, obs_space, act_space, 4, memory_budget=512 * 2**20)
     parts = store.memory_estimate()
-    assert parts["scalars"] == 100_000 * 20 and parts["chunk_cache"] == 256 * 2**20
+    assert parts["scalars"] == 100_000 * 20 and parts["chunk_cache"] == 128 * 2**20  # the default: a quarter
     assert parts["cache_lookup"] == 8 * 25 * (4096 // 8)  # a slot per chunk of the 25 shards' chunk grid
     assert sum(parts.values()) <= 512 * 2**20
     store.close()

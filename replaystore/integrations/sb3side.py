@@ -17,7 +17,7 @@ import numpy as np
 from replaystore.errors import ConfigError, InvalidTransitionError, StoreNotFoundError
 from replaystore.format.spaces import action_from_space, box_from_space
 from replaystore.integrations.stacking import StackChecker, StackLayout, choose, from_frames
-from replaystore.store import DEFAULT_CACHE_BYTES, ReplayStore
+from replaystore.store import ReplayStore
 
 log = logging.getLogger("replaystore.integrations.sb3")
 
@@ -36,7 +36,7 @@ class StoreSide:
     def __init__(self, buffer_size: int, observation_space: Any, action_space: Any, n_envs: int, *, path: Any,
                  frame_stack: Any = "auto", stack_axis: Any = None, padding: Any = None, n_steps: int = 1,
                  gamma: float = 0.99, handle_timeout_termination: bool = True, overwrite: bool = False,
-                 layout: Any = None, cache_bytes: int = DEFAULT_CACHE_BYTES,
+                 layout: Any = None, cache_bytes: int | None = None,
                  storage_options: dict[str, Any] | None = None, seed: int | None = None) -> None:
         if path is None or str(path) == "":
             raise ConfigError("ReplayStoreBuffer needs a path: replay_buffer_kwargs={'path': 'runs/replay.zarr'}")

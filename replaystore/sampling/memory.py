@@ -187,6 +187,21 @@ def memory_limit() -> tuple[int | None, str]:
     return ram, f"this computer has {(ram or 0) / MB:.0f} MB of RAM"
 
 
+#: The compressed-chunk cache of a store opened or created without ``cache_bytes``, where there is room.
+DEFAULT_CACHE_BYTES = 256 * MB
+
+
+def default_cache_bytes(budget: int | None) -> int:
+    """The chunk cache a store gets when no ``cache_bytes`` is passed: 256 MB, or a quarter of
+    ``budget`` (a ``memory_budget``), or of the memory this process may use, where that is below
+    1 GB (a small container or job), so that the default alone never fills it."""
+    if isinstance(budget, numbers.Integral) and not isinstance(budget, bool) and budget > 0:
+        limit: int | None = int(budget)
+    else:  # none, or a bad one (check_config refuses that)
+        limit = memory_limit()[0]
+    return DEFAULT_CACHE_BYTES if limit is None else min(DEFAULT_CACHE_BYTES, limit // 4)
+
+
 def check_episode(nbytes: int, budget: int | None, *, what: str) -> None:
     """Refuse to read ``nbytes`` of one episode's frames into RAM at once where they would take more
     than half of ``budget`` (a store's ``memory_budget``) or of the memory this process may use: an
