@@ -33,7 +33,8 @@ def ram_state(store: ReplayStore) -> dict[str, object]:
     writer = stream.shards
     return {**{name: values.copy() for name, values in ring.fields.items()}, "valid": ring.valid.copy(),
             "counters": (ring.added, ring.oldest, ring.n_valid, sorted(ring.dirty_shards)),
-            "buffer": writer.buffer.copy(), "region": (writer.region, writer.region_dirty, writer.episodes),
+            "frames": writer.frames.decoded(),
+            "region": (writer.region, writer.region_dirty, writer.episodes, writer.frames.open_index),
             "committed": store.committed,
             "head": None if stream.head_obs is None else stream.head_obs.copy()}
 

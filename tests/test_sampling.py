@@ -320,3 +320,45 @@ def test_block_plans_match_batch_by_batch_reads(store_path: Path) -> None:
     single = reader.plan(stacks[0])  # one array out, the plain sampler's way
     np.testing.assert_array_equal(reader.finish(single), truth(stacks[0]))
     store.close()
+
+
+@pytest.mark.parametrize("mirrored", [True, False], ids=["decoded-kept", "decoded-per-batch"])
+def test_frames_read_while_the_writer_fills_its_shard(store_path: Path, mirrored: bool) -> None:
+    """The shard the writer is filling stays in RAM compressed, one chunk raw (openshard.py), and the
+    reader serves its frames from there: sampled after every move, every frame is the ground truth's,
+    through wraps of the ring, flushes in the middle of a chunk, and a reopen in the middle of a shard
+    (its chunks loaded back and each decoded when the writer reaches it), with small frames kept
+    decoded (mirror.py: a chunk leaves it when the writer opens it) or decoded per batch."""
+    obs_space, act_space = small_spaces(SHAPE)
+    cache = None if mirrored else 2 * 128 * 12 - 1  # a decoded ring of 128 frames needs twice its size
+    store = ReplayStore.create(store_path, 128, obs_space, act_space, 2, layout=Layout(shard_len=32, obs_chunk_len=4),
+                               cache_bytes=cache)
+    assert (store.reader.mirror is not None) == mirrored
+    rng = np.random.default_rng(3)
+
+    def check(s: ReplayStore) -> None:
+        batch = s.sample(64, rng=rng)
+        for j in range(64):
+            k, p = check_stack(batch.obs[j], 2)
+            assert check_stack(batch.next_obs[j], 2) == (k, p + 1)
+            assert (batch.action[j], batch.reward[j]) == (step(k, p).action, step(k, p).reward)
+
+    fill_truth(store, 70)
+    for i in range(400):  # ~3 wraps
+        fill_truth(store, 1, start=store.ring.added - 1)
+        check(store)
+        if i % 11 == 5:
+            store.flush()  # (the open chunk is written without being sealed)
+        if i == 250:
+            added = store.ring.added
+            store.close()
+            store = ReplayStore.open(store_path, mode="a", cache_bytes=cache)
+            assert store.ring.added == added and store.writers[0].shards.frames.open_index == -1
+            check(store)
+    writer = store.writers[0].shards
+    assert writer.frames.open_index >= 0 and any(c is not None for c in writer.frames.chunks)
+    np.testing.assert_array_equal(  # the open shard as a whole: each slot the truth's newest frame there
+        writer.frames.decoded().reshape(32, -1)[:, :3],
+        np.stack([truth_frame(0, max(p for p in range(store.ring.added) if p % 128 == s)).reshape(-1)[:3]
+                  for s in range(writer.region * 32, writer.region * 32 + 32)]))
+    store.close()

@@ -13,8 +13,8 @@ How:
   nor TensorFlow, and given the memfd as an inherited descriptor). The prefetcher hands the blocks
   out and takes them back through a ``MemoryPool`` (storage/pool.py), as it does private memory.
   Pages are only backed once written.
-- Planning stays here, under the store's lock (it reads the ring and the writer's RAM buffer, and
-  copies the buffer's frames into the block). A planned block goes to the least loaded worker as
+- Planning stays here, under the store's lock (it reads the ring and the shard a writer is
+  filling, and copies the frames of its raw chunk into the block). A planned block goes to the least loaded worker as
   one request on its stdin: the chunks' compressed bytes, where each gathered frame comes from and
   goes to (``decodeworker`` documents the format). The worker replies once the block is written;
   a thread per worker reads its replies and wakes the thread that sent each request.

@@ -118,16 +118,26 @@ def encode_shard(data: np.ndarray, *, chunk_len: int, rows: int, codec: Any) -> 
     empty; every other chunk is written, whole, even when it equals the fill value.
     """
     n_chunks = data.shape[0] // chunk_len
-    index = np.full((n_chunks, 2), EMPTY, dtype="<u8")
+    return shard_bytes([encode_chunk(data[c * chunk_len : (c + 1) * chunk_len], codec) if c * chunk_len < rows else None
+                        for c in range(n_chunks)])
+
+
+def encode_chunk(rows: np.ndarray, codec: Any) -> tuple[bytes, bytes]:
+    """One chunk's compressed payload and the crc32c zarr's ``crc32c`` codec appends to it."""
+    payload = bytes(codec.encode(np.ascontiguousarray(rows)))
+    return payload, crc32c(payload)
+
+
+def shard_bytes(chunks: list[tuple[bytes, bytes] | None]) -> bytes:
+    """A shard's bytes from its chunks in order, each ``(payload, crc32c)`` or None (left empty):
+    the chunks back to back, then the index and its own crc32c."""
+    index = np.full((len(chunks), 2), EMPTY, dtype="<u8")
     parts: list[bytes] = []
     offset = 0
-    for c in range(n_chunks):
-        start = c * chunk_len
-        if start >= rows:
-            break
-        payload = codec.encode(np.ascontiguousarray(data[start : start + chunk_len]))
-        payload = bytes(payload)
-        crc = crc32c(payload)
+    for c, chunk in enumerate(chunks):
+        if chunk is None:
+            continue
+        payload, crc = chunk
         parts.append(payload)
         parts.append(crc)
         index[c] = (offset, len(payload) + CRC_BYTES)
@@ -171,7 +181,7 @@ def check_chunk(raw: bytes | memoryview, *, name: str, shard: int, chunk: int, f
     return payload
 
 
-def decode_chunk(payload: memoryview, codec: Any, out: np.ndarray, *, name: str, shard: int, chunk: int) -> None:
+def decode_chunk(payload: bytes | memoryview, codec: Any, out: np.ndarray, *, name: str, shard: int, chunk: int) -> None:
     """Decompress ``payload`` into ``out`` (a reused buffer of exactly one chunk)."""
     try:
         codec.decode(payload, out=out)
@@ -183,24 +193,37 @@ def decode_chunk(payload: memoryview, codec: Any, out: np.ndarray, *, name: str,
         ) from exc
 
 
-def decode_shard(raw: bytes, *, chunk_len: int, n_chunks: int, codec: Any, out: np.ndarray, name: str, shard: int) -> None:
-    """Decode a whole shard's bytes into ``out`` (``n_chunks*chunk_len`` steps); empty chunks become 0."""
+def shard_payloads(raw: bytes | memoryview, *, chunk_len: int, n_chunks: int, name: str,
+                   shard: int) -> list[memoryview | None]:
+    """A shard's chunks from its bytes, in order: each one's compressed payload, its crc32c checked,
+    or None for an empty chunk. Raises ``ChunkChecksumError`` naming what is damaged."""
     mv = memoryview(raw)
     tail = n_chunks * INDEX_ENTRY_BYTES + CRC_BYTES
     if len(mv) < tail:
         parse_index(mv[max(0, len(mv) - tail):], n_chunks, name=name, shard=shard)
     index = parse_index(mv[len(mv) - tail :], n_chunks, name=name, shard=shard)
+    out: list[memoryview | None] = []
     for c in range(n_chunks):
-        off, nbytes = index[c]
-        rows = out[c * chunk_len : (c + 1) * chunk_len]
-        if off == EMPTY:
-            rows[...] = 0
+        off, nbytes = int(index[c, 0]), int(index[c, 1])
+        if off == EMPTY_OFFSET:
+            out.append(None)
             continue
-        if int(off) + int(nbytes) > len(mv) - tail:
+        if off + nbytes > len(mv) - tail:
             raise ChunkChecksumError(
                 f"chunk {c} of shard {shard} of '{name}' points past the end of its shard file; the store is damaged",
                 array=name, shard=shard, chunk=c,
             )
-        payload = check_chunk(mv[int(off) : int(off) + int(nbytes)], name=name, shard=shard, chunk=c,
-                              first_step=shard * n_chunks * chunk_len + c * chunk_len, steps=chunk_len)
-        decode_chunk(payload, codec, rows, name=name, shard=shard, chunk=c)
+        out.append(check_chunk(mv[off : off + nbytes], name=name, shard=shard, chunk=c,
+                               first_step=shard * n_chunks * chunk_len + c * chunk_len, steps=chunk_len))
+    return out
+
+
+def decode_shard(raw: bytes, *, chunk_len: int, n_chunks: int, codec: Any, out: np.ndarray, name: str, shard: int) -> None:
+    """Decode a whole shard's bytes into ``out`` (``n_chunks*chunk_len`` steps); empty chunks become 0."""
+    payloads = shard_payloads(raw, chunk_len=chunk_len, n_chunks=n_chunks, name=name, shard=shard)
+    for c, payload in enumerate(payloads):
+        rows = out[c * chunk_len : (c + 1) * chunk_len]
+        if payload is None:
+            rows[...] = 0
+        else:
+            decode_chunk(payload, codec, rows, name=name, shard=shard, chunk=c)

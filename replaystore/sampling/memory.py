@@ -7,7 +7,10 @@ part                size                                          knob
 ==================  ============================================  =====================================
 per-step scalars    capacity x 20 bytes (7 fields + bitmap)       ``capacity``
 priority tree       32 bytes x 2**ceil(log2(capacity))            ``capacity`` (built on first use)
-write buffer        2 x shard_len x frame bytes (writers only)    ``layout.shard_len``
+write buffer        per stream written: the shard being filled,   ``layout.shard_len``
+                    compressed, and one chunk raw; counted as
+                    2 x shard_len x frame bytes, what frames
+                    that do not compress would take
 chunk cache         at most ``cache_bytes``: compressed chunks,   ``cache_bytes``
                     and for frames <= 1 KiB the ring decoded
                     where it fits in half (storage/mirror.py)

@@ -3,7 +3,7 @@ bounded by ``cache_bytes``, first in first out.
 
 First in, first out rather than LRU: uniform and prioritized draws have no recency to exploit, and
 skipping the per-hit reordering makes planning cheaper. The newest data never waits here anyway: it
-is in the writer's buffer.
+is in the writer's RAM (openshard.py).
 
 Threads: payloads are looked up in ``by_id`` (one list slot per chunk of the ring) without a lock,
 on the hot path (a list read is atomic); everything that changes the cache holds ``lock``. Each

@@ -132,7 +132,7 @@ class ChunkDecoder:
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 
-def declared_size(payload: bytes | None) -> int | None:
+def declared_size(payload: bytes | memoryview | None) -> int | None:
     """The content size a zstd frame's header declares, or None (not a zstd frame, or no size):
     what ``ChunkDecoder.declares_chunk`` checks, read from the header in Python (a chunk read from
     disk is checked here without a call into libzstd)."""

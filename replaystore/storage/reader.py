@@ -4,9 +4,10 @@ A read has two phases, so that a store shared by a writer and background sampler
 while the expensive part runs without any lock:
 
 ``plan(positions)`` (called under the store's lock)
-    maps the frames to their chunks, copies frames still in the writer's RAM buffer (the shard being
-    filled: the newest data is served without touching disk), and collects each distinct on-disk
-    chunk's compressed bytes from the compressed-chunk cache. A chunk not in the cache is only
+    maps the frames to their chunks, serves the newest frames from the shard a writer is filling
+    (openshard.py: the rows of its open chunk copied, its other chunks' compressed bytes taken
+    from it, never from disk), and collects each distinct on-disk chunk's compressed bytes from
+    the compressed-chunk cache. A chunk not in the cache is only
     *located*: its byte range in the shard file open now, which stays open for the plan
     (shardfiles.py). No disk read happens under the lock.
 ``fetch(plans)`` (no lock)
@@ -24,7 +25,8 @@ Why compressed bytes and not decoded chunks: a decoded-chunk LRU barely helps un
 caching compressed chunks (bounded by ``cache_bytes``, first in first out) and decoding on demand
 keeps every read in RAM. Frames of at most 1 KiB are the exception: there a batch's decoding is
 per-chunk overhead and the whole ring is small decoded, so it is kept decoded (mirror.py) and
-``plan`` copies their frames from it like the writer's buffer's.
+``plan`` copies their frames from it (a writer's chunk leaves it when the writer starts writing
+that chunk: ``opening``).
 
 Where the bytes come from is the backend's ``FrameShards`` (storage/backend.py): open shard files
 and their indexes on a file system (local/files.py), ranged GETs on object storage
@@ -48,14 +50,17 @@ from replaystore.storage.chunkcache import ChunkCache
 from replaystore.storage.chunkread import ChunkRead
 from replaystore.storage.decoders import ChunkDecoder, declared_size
 from replaystore.storage.mirror import FrameMirror, mirror_bytes
+from replaystore.storage.openshard import OpenShard
 from replaystore.storage.plan import Plan, distinct, fill_zero, scatter, take_into
 from replaystore.storage.warm import warm
 
 #: Below this many chunks a batch is decoded on the calling thread alone (pool overhead ~20 us).
 MIN_CHUNKS_PER_TASK = 8
-#: ``(shard, buffer)`` of each writer's current shard (a store may write several streams); rows of
-#: ``buffer`` are the shard's slots.
-LiveRegions = Callable[[], "list[tuple[int, np.ndarray]]"]
+#: ``plan``'s mark of a shard no writer is filling
+NOT_LIVE = -2
+#: ``(shard, frames)`` of each shard a writer is filling (a store may write several streams):
+#: its global shard number and its frames (openshard.py).
+LiveRegions = Callable[[], "list[tuple[int, OpenShard]]"]
 
 
 class FrameReader:
@@ -157,25 +162,29 @@ class FrameReader:
         parts = [[self.areas.output(m)] if out is None else self._check_out(out, shape) for out in outs]
         bounds = [list(accumulate((part.shape[0] for part in p), initial=0)) for p in parts]
         rows = [np.arange(m)] * k
+        # the shards the writers are filling (openshard.py), where they hold rows: those of an open
+        # chunk are copied here, the others' chunks come from the writer instead of the cache
+        live = dict(self.live_regions()) if self.live_regions is not None else {}
+        if live:
+            # per shard: NOT_LIVE, or (a shard being filled) the global id of its open chunk, or -1
+            code = np.full(len(self.cache.generation), NOT_LIVE, dtype=np.int64)
+            for shard, frames in live.items():
+                code[shard] = shard * self.chunks_per_shard + frames.open_index if frames.open_index >= 0 else -1
+            slot_code = code[slots // self.shard_len]
+            in_live = slot_code != NOT_LIVE
+            if not in_live.any():
+                live = {}
         mirror = self.mirror
         if mirror is not None:  # every row from the decoded frames first; the rows they lack are decoded below
             # which chunks are there, before copying: another thread's ``finish`` may add a chunk
             # meanwhile (no store lock), and a row copied before its chunk arrived must be decoded
-            have = mirror.have(slots)
+            have = mirror.have(slots)  # (a writer's open chunk is never valid there: ``opening``)
             for i in range(k):
                 mirror.gather(slots[i], parts[i], bounds[i])
-        regions = self.live_regions() if self.live_regions is not None else ()
-        if regions:
-            shard_of = slots // self.shard_len
-            taken = np.zeros(slots.shape, dtype=bool)
-            for shard, buffer in regions:
-                in_buffer = shard_of == shard
-                if in_buffer.any():
-                    taken |= in_buffer
-                    for i in np.flatnonzero(in_buffer.any(axis=1)).tolist():
-                        hit = np.flatnonzero(in_buffer[i])
-                        scatter(parts[i], bounds[i], hit, buffer[slots[i, hit] - shard * self.shard_len])
+        if live:
+            taken = slots // self.chunk_len == slot_code
             if taken.any():
+                copy_open_chunks(live, slots, taken, parts, bounds, self.shard_len, self.chunk_len)
                 rows = [np.flatnonzero(~taken[i]) for i in range(k)]
         if zeros is not None:  # after the RAM-buffer frames, which may have been copied over them
             for i in np.flatnonzero(zeros.any(axis=1)).tolist():
@@ -192,18 +201,19 @@ class FrameReader:
         counts = [r.size for r in rows]
         kept = slots.ravel() if sum(counts) == k * m else np.concatenate([slots[i, r] for i, r in enumerate(rows)])
         chunk_of = kept // self.chunk_len
-        if not kept.size:  # every frame came from RAM (the writer's buffer, the decoded frames) or is padding
-            ids, starts, which = [], [0] * (k + 1), kept
+        if not kept.size:  # every frame came from RAM (the writer's open chunk, the decoded frames) or is padding
+            id_array, starts, which = kept, [0] * (k + 1), kept
         elif k == 1:  # the plain sampler's one batch: no keys to combine
-            keys, which = np.unique(chunk_of, return_inverse=True)
-            ids, starts = keys.tolist(), [0, keys.size]
+            id_array, which = np.unique(chunk_of, return_inverse=True)
+            starts = [0, id_array.size]
         else:  # one np.unique for all the batches: chunk c of batch i is the key i * stride + c
             stride = self.capacity // self.chunk_len + 1
             batch_of = np.repeat(np.arange(k, dtype=np.int64), counts)
             keys, inverse = np.unique(batch_of * stride + chunk_of, return_inverse=True)
-            ids = (keys % stride).tolist()
+            id_array = keys % stride
             starts = np.searchsorted(keys // stride, np.arange(k + 1)).tolist()
             which = inverse.reshape(-1) - np.asarray(starts[:-1], dtype=np.int64)[batch_of]
+        ids = id_array.tolist()
         offset = kept % self.chunk_len
         # the hot path, one C-level pass: ~48 random chunks of a 125,000-chunk cache took ~12-22 us
         # through the dict (its index, its entry, the payload: a cache miss each) and ~3-8 through the
@@ -212,8 +222,9 @@ class FrameReader:
         found = list(itemgetter(*ids)(by_id)) if len(ids) > 1 else [by_id[i] for i in ids]
         # ``None in found``: a C-level scan first (~1,600 chunks for a prefetcher block, all cached
         # in the benchmark), the Python pass only when something is missing
+        from_writers = self._writers_payloads(live, id_array, found) if live and ids else 0
         misses = [i for i, payload in enumerate(found) if payload is None] if None in found else []
-        self.hits += len(ids) - len(misses)
+        self.hits += len(ids) - len(misses) - from_writers
         located: dict[int, ChunkRead | None] = {}  # a chunk two batches miss is read once
         if misses:
             self.misses += len(misses)
@@ -222,7 +233,9 @@ class FrameReader:
         joinable = self.joinable and not misses and None not in found and (
             not self.odd or self.odd.isdisjoint(ids))
         cuts = list(accumulate(counts, initial=0))
-        generation = np.asarray(self.cache.generation, dtype=np.int64) if mirror is not None and ids else None
+        id_generation = None
+        if mirror is not None and ids:
+            id_generation = np.asarray(self.cache.generation, dtype=np.int64)[id_array // self.chunks_per_shard]
         plans = []
         for i in range(k):
             a, b = starts[i], starts[i + 1]
@@ -232,9 +245,24 @@ class FrameReader:
             as_one = not reads and (joinable or (self.joinable and None not in mine and self.odd.isdisjoint(mine_ids)))
             plans.append(Plan(parts[i], bounds[i], rows[i], which[cuts[i]:cuts[i + 1]], offset[cuts[i]:cuts[i + 1]],
                               mine_ids, mine, shape, as_one, single=not isinstance(outs[i], list), reads=reads,
-                              padded=padded[i], generations=None if generation is None or not mine_ids else
-                              generation[np.asarray(mine_ids, dtype=np.int64) // self.chunks_per_shard]))
+                              padded=padded[i], generations=None if id_generation is None or not mine_ids else
+                              id_generation[a:b]))
         return plans
+
+    def _writers_payloads(self, live: dict[int, OpenShard], id_array: np.ndarray, found: list[bytes | None]) -> int:
+        """Put in ``found`` the payloads of the chunks (``id_array``) that lie in a shard a writer is
+        filling, from the writer (the cache and the files hold an older version, or none); returns
+        how many."""
+        per_shard = self.chunks_per_shard
+        shard_of = id_array // per_shard
+        mine = np.flatnonzero(np.isin(shard_of, list(live)))
+        for j, shard in zip(mine.tolist(), shard_of[mine].tolist()):
+            frames = live[shard]
+            local = int(id_array[j]) - shard * per_shard
+            found[j] = frames.payload(local)
+            if local in frames.odd and self.joinable:
+                self.odd.add(int(id_array[j]))
+        return int(mine.size)
 
     def fetch(self, plans: list[Plan]) -> None:
         """Read the chunks ``plans`` located but did not find in the cache (no lock needed), put them
@@ -339,6 +367,15 @@ class FrameReader:
         """Keep the frame shards of this view readable from now on (``FrameShards.keep``)."""
         return self.files.keep()
 
+    def opening(self, shard: int, chunk: int) -> None:
+        """The writer filling ``shard`` starts writing its ``chunk`` (under the store's lock): with
+        decoded frames kept (mirror.py), the chunk leaves them, and the shard's generation moves on
+        so that no plan made before now puts its old frames back."""
+        if self.mirror is not None:
+            with self.cache.lock:
+                self.cache.generation[shard] += 1
+                self.mirror.valid[shard * self.chunks_per_shard + chunk] = False
+
     def invalidate(self, shard: int) -> None:
         """Forget everything cached about ``shard`` (the writer just rewrote it)."""
         self.files.forget(shard)
@@ -387,3 +424,17 @@ class FrameReader:
 
 def _identity(positions: np.ndarray) -> np.ndarray:
     return positions
+
+
+def copy_open_chunks(live: dict[int, OpenShard], slots: np.ndarray, taken: np.ndarray, parts: list[list[np.ndarray]],
+                     bounds: list[list[int]], shard_len: int, chunk_len: int) -> None:
+    """Copy the frames at ``slots`` (``(k, m)``) where ``taken`` (each in the open chunk of a shard in
+    ``live``) into batch ``i``'s ``parts[i]``, from the writers' raw chunks."""
+    slot_shard = slots // shard_len
+    for shard in np.unique(slot_shard[taken]).tolist():
+        frames = live[shard]
+        first = shard * shard_len + frames.open_index * chunk_len
+        here = taken & (slot_shard == shard)
+        for i in np.flatnonzero(here.any(axis=1)).tolist():
+            hit = np.flatnonzero(here[i])
+            scatter(parts[i], bounds[i], hit, frames.open[slots[i, hit] - first])

@@ -1,11 +1,12 @@
-"""The write path of one stream: a RAM buffer of one frame shard, whole-shard writes, and the commit.
+"""The write path of one stream: the frame shard being filled, whole-shard writes, and the commit.
 
-Frames are written once, into ``buffer`` (one shard, ``shard_len`` steps). When a step falls outside
-the buffer's shard, or on ``flush()``, the buffer is encoded and written *whole* (zarr shards are
-never updated in part) together with the scalar shards that changed, and then the stream's state is
-committed. A partial shard that was flushed is rewritten whole when it fills up. When the buffer
-moves onto a shard that already exists (the ring wrapped, or a reopened store continues a flushed
-partial shard), it first loads that shard, so the tail of older live steps is written back unchanged.
+Frames are written once, into ``frames`` (openshard.py: the shard being filled, its chunks encoded as
+the writer moves past them, one chunk raw). When a step falls outside that shard, or on ``flush()``,
+the shard is written *whole* (zarr shards are never updated in part) together with the scalar shards
+that changed, and then the stream's state is committed. A partial shard that was flushed is
+rewritten whole when it fills up. When the writer moves onto a shard that already exists (the ring
+wrapped, or a reopened store continues a flushed partial shard), it first loads that shard, so the
+tail of older live steps is written back unchanged.
 
 Commit order, through the backend (storage/backend.py: renames on a file system, new objects and a
 compare-and-swap on object storage):
@@ -27,15 +28,16 @@ from collections.abc import Callable
 import numpy as np
 
 from replaystore.format.schema import Layout, Schema, State
-from replaystore.format.shards import decode_shard, encode_shard, numcodecs_codec
+from replaystore.format.shards import encode_shard, numcodecs_codec
 from replaystore.storage.backend import FRAMES, Backend
+from replaystore.storage.openshard import OpenShard
 from replaystore.storage.reader import FrameReader
 from replaystore.storage.ring import Ring
 
 
 class ShardWriter:
-    """Stream ``stream``'s frame buffer, its shard writes and its commits. ``ring`` is the stream's;
-    ``reader`` serves frames still in the buffer and forgets a shard the writer rewrites."""
+    """Stream ``stream``'s open frame shard, its shard writes and its commits. ``ring`` is the
+    stream's; ``reader`` serves frames of the open shard and forgets a shard the writer rewrites."""
 
     def __init__(self, backend: Backend, schema: Schema, layout: Layout, ring: Ring, reader: FrameReader,
                  committed: State, *, stream: int) -> None:
@@ -48,7 +50,8 @@ class ShardWriter:
         self.codec = numcodecs_codec(layout.codec)
         self.episodes = committed.episodes
         obs = schema.observation
-        self.buffer = np.zeros((layout.shard_len, *obs.shape), dtype=obs.dtype)
+        self.frames = OpenShard(obs.shape, obs.dtype, chunk_len=layout.obs_chunk_len,
+                               n_chunks=layout.shard_len // layout.obs_chunk_len, codec=self.codec)
         self.region = -1
         self.region_dirty = False
         self._scalar_buffer: dict[str, np.ndarray] = {}
@@ -57,9 +60,9 @@ class ShardWriter:
     # ---------------------------------------------------------------------------------------------
     # Frames
 
-    def live_region(self) -> tuple[int, np.ndarray] | None:
-        """The array's shard the buffer holds (global shard number) and the buffer."""
-        return (self.backend.shard_of(self.stream, self.region), self.buffer) if self.region >= 0 else None
+    def live_region(self) -> tuple[int, OpenShard] | None:
+        """The array's shard being filled (global shard number) and its frames."""
+        return (self.backend.shard_of(self.stream, self.region), self.frames) if self.region >= 0 else None
 
     def put_frame(self, position: int, obs: np.ndarray) -> None:
         """Write the observation of step ``position`` (= ring.added, before append_step)."""
@@ -68,40 +71,38 @@ class ShardWriter:
         if shard != self.region:
             self.flush()
             self.enter_region(shard)
-        self.buffer[slot - shard * self.layout.shard_len] = obs
+        row = slot - shard * self.layout.shard_len
+        if row // self.layout.obs_chunk_len != self.frames.open_index:
+            self.reader.opening(self.backend.shard_of(self.stream, shard), row // self.layout.obs_chunk_len)
+        self.frames.put(row, obs)
         self.region_dirty = True
 
     def writes_for(self, positions: list[int]) -> bool:
         """Whether putting frames at ``positions`` (in order) writes to storage: one falls outside the
-        shard the buffer holds."""
+        shard being filled."""
         shard_len, cap, region = self.layout.shard_len, self.ring.capacity, self.region
         return any((p % cap) // shard_len != region for p in positions)
 
     def undo_point(self, positions: list[int]) -> Callable[[], None]:
-        """A function that puts the buffer, its shard and the counters back as they are now, after
-        putting frames at ``positions`` failed part-way (a write error in the commit it caused)."""
+        """A function that puts the open shard and the counters back as they are now, after putting
+        frames at ``positions`` failed part-way (a write error in the commit it caused)."""
         region, dirty, episodes, committed = self.region, self.region_dirty, self.episodes, self.committed
-        shard_len, cap = self.layout.shard_len, self.ring.capacity
-        rows = [p % cap - region * shard_len for p in positions if (p % cap) // shard_len == region]
-        kept = self.buffer[rows].copy()
+        kept = self.frames.snapshot()
 
         def undo() -> None:
-            if self.region != region:  # the shard was written and the buffer moved on: load it back
-                self.enter_region(region)
-            self.buffer[rows] = kept
-            self.region_dirty, self.episodes, self.committed = dirty, episodes, committed
+            self.frames.restore(kept)
+            self.region, self.region_dirty, self.episodes, self.committed = region, dirty, episodes, committed
+            self.reader.invalidate(self.backend.shard_of(self.stream, region))
 
         return undo
 
     def enter_region(self, shard: int) -> None:
-        """Point the buffer at the stream's ``shard``, loading what is stored there (older live steps)."""
+        """Start filling the stream's ``shard``, loading what is stored there (older live steps)."""
         raw = self.backend.read_shards([(FRAMES, self.stream, shard)])[0]
         if raw is not None:
-            decode_shard(raw, chunk_len=self.layout.obs_chunk_len,
-                         n_chunks=self.layout.shard_len // self.layout.obs_chunk_len,
-                         codec=self.codec, out=self.buffer, name=FRAMES, shard=self.backend.shard_of(self.stream, shard))
+            self.frames.load(raw, name=FRAMES, shard=self.backend.shard_of(self.stream, shard))
         else:
-            self.buffer[...] = 0
+            self.frames.reset()
         self.region = shard
         self.region_dirty = False
         self.reader.invalidate(self.backend.shard_of(self.stream, shard))
@@ -144,7 +145,7 @@ class ShardWriter:
 
     def _write_obs_shard(self) -> None:
         shard = self.region
-        data = encode_shard(self.buffer, chunk_len=self.layout.obs_chunk_len, rows=self._rows(shard), codec=self.codec)
+        data = self.frames.encode(self._rows(shard))
         self.backend.write_shard(FRAMES, self.stream, shard, data)
         self.reader.invalidate(self.backend.shard_of(self.stream, shard))
         self.region_dirty = False

@@ -1,0 +1,139 @@
+"""The frame shard a stream is writing, held in RAM compressed: its chunks encoded, one chunk raw.
+
+A stream's writer keeps the shard it is filling in RAM until the shard is written whole (writer.py).
+Held raw, that was ``shard_len`` frames a stream (28 MB for the default Atari layout), so a vector
+env of 32 envs held 900 MB of write buffers, and every stream encoded its whole shard at once when it
+crossed into the next, all streams on the same step. Here a chunk is encoded as soon as the writer
+moves past it (``seal``), so a stream holds one raw chunk (``chunk_len`` frames) and the shard's
+compressed chunks, and writing a shard only joins bytes already encoded (``encode``: the open
+chunk's are encoded then without sealing it, so a flush can come at any step).
+
+A shard already stored (the ring wrapped, or a reopened store continues a flushed partial shard) is
+loaded as its compressed chunks, checked against their crc32c but not decoded; a chunk is decoded
+when the writer opens it, since the steps after the write position in it are older live steps that
+stay readable and are written back unchanged.
+
+The reader (reader.py) serves the newest frames from here while planning, under the store's lock:
+rows of the open chunk are copied, and the sealed chunks' payloads join the plan like chunks from
+the compressed cache, decoded outside the lock. Payloads are immutable ``bytes``: a plan keeps
+what it took whatever the writer does next.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from replaystore.format.shards import crc32c, decode_chunk, encode_chunk, shard_bytes, shard_payloads
+from replaystore.storage.decoders import declared_size
+
+#: ``OpenShard.snapshot``'s: the chunks, the odd ones, where, the open chunk's index and frames.
+Snapshot = tuple[list[tuple[bytes, bytes] | None], set[int], tuple[str, int], int, np.ndarray]
+
+
+class OpenShard:
+    """Shard ``n_chunks`` chunks of ``chunk_len`` frames of ``shape``/``dtype``, compressed by ``codec``
+    (numcodecs), except the chunk ``open_index`` being written, which is ``open`` (raw)."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: Any, *, chunk_len: int, n_chunks: int, codec: Any) -> None:
+        self.chunk_len = chunk_len
+        self.n_chunks = n_chunks
+        self.codec = codec
+        self.open = np.zeros((chunk_len, *shape), dtype=dtype)
+        self.open_index = -1  # the chunk ``open`` holds, or -1
+        self.chunks: list[tuple[bytes, bytes] | None] = [None] * n_chunks  # (payload, crc32c); None: never written
+        self._zero: tuple[bytes, bytes] | None = None
+        self.where = ("obs", -1)  # the array and global shard, for naming a damaged chunk
+        self.odd: set[int] = set()  # loaded chunks whose zstd header does not declare one chunk's size
+
+    # ---------------------------------------------------------------------------------------------
+    # Writing
+
+    def reset(self) -> None:
+        """A shard never stored: every chunk zero."""
+        self.chunks = [None] * self.n_chunks
+        self.odd = set()
+        self.open_index = -1
+
+    def load(self, raw: bytes, *, name: str, shard: int) -> None:
+        """The stored shard ``raw`` (its chunks checked, not decoded; ``ChunkChecksumError`` names a
+        damaged one)."""
+        payloads = shard_payloads(raw, chunk_len=self.chunk_len, n_chunks=self.n_chunks, name=name, shard=shard)
+        self.chunks = [None if p is None else (bytes(p), crc32c(p)) for p in payloads]
+        self.odd = {c for c, p in enumerate(payloads) if p is not None and declared_size(p) != self.open.nbytes}
+        self.open_index = -1
+        self.where = (name, shard)
+
+    def put(self, row: int, frame: np.ndarray) -> None:
+        """Write ``frame`` at ``row`` of the shard."""
+        c = row // self.chunk_len
+        if c != self.open_index:
+            self.seal()
+            self._open(c)
+        self.open[row - c * self.chunk_len] = frame
+
+    def seal(self) -> None:
+        """Encode the open chunk (the writer has moved past it)."""
+        if self.open_index >= 0:
+            self.chunks[self.open_index] = encode_chunk(self.open, self.codec)
+            self.odd.discard(self.open_index)
+            self.open_index = -1
+
+    def encode(self, rows: int) -> bytes:
+        """The shard's bytes (zarr v3), its chunks starting at or beyond ``rows`` left empty (the
+        edge shard); chunks never written are written as zeros. The open chunk stays open."""
+        chunks: list[tuple[bytes, bytes] | None] = []
+        for c in range(self.n_chunks):
+            if c * self.chunk_len >= rows:
+                chunks.append(None)
+            elif c == self.open_index:
+                chunks.append(encode_chunk(self.open, self.codec))
+            else:
+                chunks.append(self.chunks[c] or self.zero())
+        return shard_bytes(chunks)
+
+    def snapshot(self) -> Snapshot:
+        """Everything ``restore`` puts back (the payloads are immutable: a list copy keeps them)."""
+        return list(self.chunks), set(self.odd), self.where, self.open_index, self.open.copy()
+
+    def restore(self, snapshot: Snapshot) -> None:
+        chunks, odd, self.where, self.open_index, raw = snapshot
+        self.chunks, self.odd = list(chunks), set(odd)
+        self.open[...] = raw
+
+    # ---------------------------------------------------------------------------------------------
+    # Reading
+
+    def payload(self, c: int) -> bytes:
+        """The compressed payload of chunk ``c`` (not the open one), zeros if it was never written."""
+        return (self.chunks[c] or self.zero())[0]
+
+    def decoded(self) -> np.ndarray:
+        """The whole shard decoded (for checks and tests; the read path never decodes it whole)."""
+        out = np.empty((self.n_chunks * self.chunk_len, *self.open.shape[1:]), dtype=self.open.dtype)
+        for c in range(self.n_chunks):
+            rows = out[c * self.chunk_len : (c + 1) * self.chunk_len]
+            if c == self.open_index:
+                rows[...] = self.open
+            elif self.chunks[c] is None:
+                rows[...] = 0
+            else:
+                decode_chunk(self.payload(c), self.codec, rows, name="obs", shard=-1, chunk=c)
+        return out
+
+    def zero(self) -> tuple[bytes, bytes]:
+        """A chunk of zeros, encoded (once)."""
+        if self._zero is None:
+            self._zero = encode_chunk(np.zeros_like(self.open), self.codec)
+        return self._zero
+
+    def _open(self, c: int) -> None:
+        """Make chunk ``c`` the raw one: decoded (its older steps stay), or zeros if never written."""
+        chunk = self.chunks[c]
+        if chunk is None:
+            self.open[...] = 0
+        else:
+            name, shard = self.where
+            decode_chunk(memoryview(chunk[0]), self.codec, self.open, name=name, shard=shard, chunk=c)
+        self.open_index = c
