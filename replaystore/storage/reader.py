@@ -222,7 +222,7 @@ class FrameReader:
         found = list(itemgetter(*ids)(by_id)) if len(ids) > 1 else [by_id[i] for i in ids]
         # ``None in found``: a C-level scan first (~1,600 chunks for a prefetcher block, all cached
         # in the benchmark), the Python pass only when something is missing
-        from_writers = self._writers_payloads(live, id_array, found) if live and ids else 0
+        from_writers = self._writers_payloads(live, code, id_array, found) if live and ids else 0
         misses = [i for i, payload in enumerate(found) if payload is None] if None in found else []
         self.hits += len(ids) - len(misses) - from_writers
         located: dict[int, ChunkRead | None] = {}  # a chunk two batches miss is read once
@@ -249,13 +249,14 @@ class FrameReader:
                               id_generation[a:b]))
         return plans
 
-    def _writers_payloads(self, live: dict[int, OpenShard], id_array: np.ndarray, found: list[bytes | None]) -> int:
+    def _writers_payloads(self, live: dict[int, OpenShard], code: np.ndarray, id_array: np.ndarray,
+                          found: list[bytes | None]) -> int:
         """Put in ``found`` the payloads of the chunks (``id_array``) that lie in a shard a writer is
-        filling, from the writer (the cache and the files hold an older version, or none); returns
-        how many."""
+        filling (``live``; ``code``: ``plan``'s per shard), from the writer (the cache and the files
+        hold an older version, or none); returns how many."""
         per_shard = self.chunks_per_shard
         shard_of = id_array // per_shard
-        mine = np.flatnonzero(np.isin(shard_of, list(live)))
+        mine = np.flatnonzero(code[shard_of] != NOT_LIVE)
         for j, shard in zip(mine.tolist(), shard_of[mine].tolist()):
             frames = live[shard]
             local = int(id_array[j]) - shard * per_shard
