@@ -190,6 +190,15 @@ def test_cache_hit_rate_and_bytes_held(store_path: Path) -> None:
     assert tiny.cache_bytes_held == 0 and tiny.cache_hit_rate == 0.0
 
 
+def check_batch(store: ReplayStore, batch_size: int, rng: np.random.Generator) -> None:
+    """Sample a batch of 2-frame stacks and check every transition against the ground truth."""
+    batch = store.sample(batch_size, rng=rng)
+    for j in range(batch_size):
+        k, p = check_stack(batch.obs[j], 2)
+        assert check_stack(batch.next_obs[j], 2) == (k, p + 1)
+        assert (batch.action[j], batch.reward[j]) == (step(k, p).action, step(k, p).reward)
+
+
 def test_small_frames_are_kept_decoded(store_path: Path) -> None:
     """Frames of a few bytes: the ring is kept decoded within ``cache_bytes`` (storage/mirror.py) and
     batches come from it, exactly the ground truth's while the writer wraps the ring (each shard it
@@ -204,11 +213,7 @@ def test_small_frames_are_kept_decoded(store_path: Path) -> None:
     rng = np.random.default_rng(0)
 
     def check(s: ReplayStore) -> None:
-        batch = s.sample(32, rng=rng)
-        for j in range(32):
-            k, p = check_stack(batch.obs[j], 2)
-            assert check_stack(batch.next_obs[j], 2) == (k, p + 1)
-            assert (batch.action[j], batch.reward[j]) == (step(k, p).action, step(k, p).reward)
+        check_batch(s, 32, rng)
 
     for r in range(16):  # ~6 wraps of the ring, flushed now and then
         fill_truth(store, 47, start=store.ring.added - 1)
@@ -337,11 +342,7 @@ def test_frames_read_while_the_writer_fills_its_shard(store_path: Path, mirrored
     rng = np.random.default_rng(3)
 
     def check(s: ReplayStore) -> None:
-        batch = s.sample(64, rng=rng)
-        for j in range(64):
-            k, p = check_stack(batch.obs[j], 2)
-            assert check_stack(batch.next_obs[j], 2) == (k, p + 1)
-            assert (batch.action[j], batch.reward[j]) == (step(k, p).action, step(k, p).reward)
+        check_batch(s, 64, rng)
 
     fill_truth(store, 70)
     for i in range(400):  # ~3 wraps
