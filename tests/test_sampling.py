@@ -257,10 +257,15 @@ def test_memory_budget(tmp_path: Path) -> None:
         ReplayStore.open(path, memory_budget=100 * 2**20, cache_bytes=2**30)
 
 
-def test_samplers_on_other_threads_while_adding(store_path: Path) -> None:
+@pytest.mark.parametrize("mirrored", [True, False], ids=["decoded-kept", "decoded-per-batch"])
+def test_samplers_on_other_threads_while_adding(store_path: Path, mirrored: bool) -> None:
     """Frames spell their step (tests/groundtruth.py); every transition of every batch drawn while the
-    writer adds and wraps must be exactly the ground truth's: its stack, its next stack, its move."""
-    store = make_store(store_path, capacity=128, frame_stack=2, shard_len=32, chunk_len=4)
+    writer adds and wraps must be exactly the ground truth's: its stack, its next stack, its move;
+    with small frames kept decoded (mirror.py) or decoded per batch."""
+    obs_space, act_space = small_spaces(SHAPE)
+    store = ReplayStore.create(store_path, 128, obs_space, act_space, 2, layout=Layout(shard_len=32, obs_chunk_len=4),
+                               cache_bytes=None if mirrored else 2 * 128 * 12 - 1)
+    assert (store.reader.mirror is not None) == mirrored
     fill_truth(store, 40)
     errors: list[BaseException] = []
     stop = threading.Event()
