@@ -159,7 +159,7 @@ def test_episodes_read_whole(where: str) -> None:
             assert not store.episode(0, stream=1).from_start  # stream 1 wrapped inside an episode
             newest = store.episode(stream=k)
             assert newest.index == len(firsts) - 1 and newest.ended == "in progress"
-    with ReplayStore.open(where, mode="a", streams=[0]) as writer:  # steps in the writer's RAM buffer
+    with ReplayStore.open(where, mode="a", streams=[0]) as writer:  # steps in the shard the writer holds in RAM
         for move in moves(0, 3, start=after(0, COUNTS[0])):
             writer.add(*move)
         head = after(0, COUNTS[0] + 3)

@@ -30,7 +30,7 @@ CHUNK_LEN = 4
 
 @pytest.fixture
 def filled(store_path: Path) -> ReplayStore:
-    """Shards on disk, and the newest steps still in the writer's RAM buffer."""
+    """Shards on disk, and the newest steps still in the shard the writer holds in RAM."""
     store = make_store(store_path, capacity=128, frame_stack=3, shard_len=32, chunk_len=CHUNK_LEN)
     fill_truth(store, 200)
     assert store.ring.added % 32, "some steps should still be in the RAM buffer"

@@ -307,7 +307,7 @@ def test_block_plans_match_batch_by_batch_reads(store_path: Path) -> None:
     blocks) reads exactly what separate ``gather`` calls read, with part of every batch in the
     writer's RAM buffer, chunks shared between batches, and ``obs``/``next_obs`` kept apart."""
     store = make_store(store_path, capacity=64, frame_stack=3, shard_len=16, chunk_len=4)
-    fill_truth(store, 90)  # wrapped; the newest steps are still in the RAM buffer
+    fill_truth(store, 90)  # wrapped; the newest steps are still in the shard the writer holds in RAM
     reader, ring = store.reader, store.ring
     assert reader.live_regions()
     rng = np.random.default_rng(5)

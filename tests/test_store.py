@@ -68,7 +68,7 @@ def test_terminated_and_truncated_are_kept_apart(store_path: Path) -> None:
 
 def test_sampling_before_flush_sees_everything(store_path: Path) -> None:
     store = make_store(store_path, capacity=64, shard_len=16)
-    fill(store, 10, episode_len=100)  # nothing flushed: all in the RAM buffer
+    fill(store, 10, episode_len=100)  # nothing flushed: all in the shard the writer holds in RAM
     assert store.committed.added == 0
     batch = store.sample(10, rng=np.random.default_rng(0))
     assert set(batch.index.tolist()) <= set(range(10))
