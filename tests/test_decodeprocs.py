@@ -1,6 +1,6 @@
 """Decode processes: the prefetcher's blocks decoded and gathered by child processes into shared
 memory must hold exactly what decoding on its threads gives, whatever the chunks hold (frames in the
-writer's RAM buffer, empty chunks, payloads that cannot be joined), and failures must surface as
+shard the writer holds in RAM, empty chunks, payloads that cannot be joined), and failures must surface as
 they do on threads: a bad chunk named, a dead worker replaced by the threads, workers ended on close."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def filled(store_path: Path) -> ReplayStore:
     """Shards on disk, and the newest steps still in the shard the writer holds in RAM."""
     store = make_store(store_path, capacity=128, frame_stack=3, shard_len=32, chunk_len=CHUNK_LEN)
     fill_truth(store, 200)
-    assert store.ring.added % 32, "some steps should still be in the RAM buffer"
+    assert store.ring.added % 32, "some steps should still be in the shard the writer holds"
     return store
 
 

@@ -305,7 +305,7 @@ def test_layout_rejects_nothing_new(store_path: Path) -> None:
 def test_block_plans_match_batch_by_batch_reads(store_path: Path) -> None:
     """``plan_many`` (one unique and one cache pass for several batches, as the prefetcher plans its
     blocks) reads exactly what separate ``gather`` calls read, with part of every batch in the
-    writer's RAM buffer, chunks shared between batches, and ``obs``/``next_obs`` kept apart."""
+    shard the writer holds in RAM, chunks shared between batches, and ``obs``/``next_obs`` kept apart."""
     store = make_store(store_path, capacity=64, frame_stack=3, shard_len=16, chunk_len=4)
     fill_truth(store, 90)  # wrapped; the newest steps are still in the shard the writer holds in RAM
     reader, ring = store.reader, store.ring
