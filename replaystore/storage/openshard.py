@@ -41,6 +41,7 @@ class OpenShard:
         self.n_chunks = n_chunks
         self.codec = codec
         self.open = np.zeros((chunk_len, *shape), dtype=dtype)
+        self.spare = np.zeros_like(self.open)  # where the next chunk is decoded, then swapped with ``open``
         self.open_index = -1  # the chunk ``open`` holds, or -1
         self.chunks: list[tuple[bytes, bytes] | None] = [None] * n_chunks  # (payload, crc32c); None: never written
         self._zero: tuple[bytes, bytes] | None = None
@@ -69,9 +70,27 @@ class OpenShard:
         """Write ``frame`` at ``row`` of the shard."""
         c = row // self.chunk_len
         if c != self.open_index:
-            self.seal()
-            self._open(c)
+            self.open_chunk(c)
         self.open[row - c * self.chunk_len] = frame
+
+    def open_chunk(self, c: int) -> None:
+        """Seal the open chunk and make chunk ``c`` the raw one: decoded (its older steps stay), or
+        zeros if never written. A chunk that does not decode raises ``ChunkChecksumError`` before
+        anything has changed."""
+        self.check(c)  # decoded into ``spare``
+        if self.chunks[c] is None:
+            self.spare[...] = 0
+        self.seal()
+        self.open, self.spare = self.spare, self.open
+        self.open_index = c
+
+    def check(self, c: int) -> None:
+        """Decode chunk ``c`` into ``spare`` if it is stored and not open: ``ChunkChecksumError`` if it
+        does not decode (changing nothing else)."""
+        chunk = self.chunks[c]
+        if c != self.open_index and chunk is not None:
+            name, shard = self.where
+            decode_chunk(memoryview(chunk[0]), self.codec, self.spare, name=name, shard=shard, chunk=c)
 
     def seal(self) -> None:
         """Encode the open chunk (the writer has moved past it)."""
@@ -127,13 +146,3 @@ class OpenShard:
         if self._zero is None:
             self._zero = encode_chunk(np.zeros_like(self.open), self.codec)
         return self._zero
-
-    def _open(self, c: int) -> None:
-        """Make chunk ``c`` the raw one: decoded (its older steps stay), or zeros if never written."""
-        chunk = self.chunks[c]
-        if chunk is None:
-            self.open[...] = 0
-        else:
-            name, shard = self.where
-            decode_chunk(memoryview(chunk[0]), self.codec, self.open, name=name, shard=shard, chunk=c)
-        self.open_index = c

@@ -72,8 +72,9 @@ class StreamWriter:
         in_progress = self.head_obs is not None  # (kept for exactly the streams with an episode in progress)
         frames = [ring.added, ring.added + 1] if not in_progress else [ring.added]
         # Writing reaches storage only when a frame falls outside the writer's shard (once a shard):
-        # then keep what this call changes, so that a failed write can put it all back.
-        undo = self._undo_point(frames) if writer.writes_for(frames) else None
+        # then keep what this call changes, so that a failed write can put it all back. Otherwise
+        # ``ready`` does the one thing that can fail (opening a stored chunk that does not decode) first.
+        undo = self._undo_point(frames) if writer.ready(frames) else None
         try:
             if not in_progress:
                 writer.put_frame(ring.added, obs)

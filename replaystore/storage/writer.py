@@ -77,11 +77,29 @@ class ShardWriter:
         self.frames.put(row, obs)
         self.region_dirty = True
 
-    def writes_for(self, positions: list[int]) -> bool:
-        """Whether putting frames at ``positions`` (in order) writes to storage: one falls outside the
-        shard being filled."""
-        shard_len, cap, region = self.layout.shard_len, self.ring.capacity, self.region
-        return any((p % cap) // shard_len != region for p in positions)
+    def ready(self, positions: list[int]) -> bool:
+        """Before frames are put at ``positions`` (in order): whether that writes to storage (one falls
+        outside the shard being filled: the caller prepares an undo). If not, the one thing that can
+        still fail, a stored chunk that does not decode, fails here, before anything has changed: a
+        later position's chunk is checked, then the first one's is opened."""
+        cap, shard_len, chunk_len = self.ring.capacity, self.layout.shard_len, self.layout.obs_chunk_len
+        start = self.region * shard_len
+        chunks = []
+        for p in positions:
+            row = p % cap - start
+            if not 0 <= row < shard_len:
+                return True
+            chunks.append(row // chunk_len)
+        first = chunks[0]
+        if first == self.frames.open_index and chunks[-1] == first:  # the common case: nothing to open
+            return False
+        for c in chunks[1:]:
+            if c != first:
+                self.frames.check(c)
+        if first != self.frames.open_index:
+            self.frames.open_chunk(first)
+            self.reader.opening(self.backend.shard_of(self.stream, self.region), first)
+        return False
 
     def undo_point(self, positions: list[int]) -> Callable[[], None]:
         """A function that puts the open shard and the counters back as they are now, after putting
