@@ -117,3 +117,41 @@ def test_decoding_on_several_threads_gives_the_same_batches(store_path: Path, li
         np.testing.assert_array_equal(one.obs, three.obs)
         np.testing.assert_array_equal(one.next_obs, three.next_obs)
         np.testing.assert_array_equal(one.reward, three.reward)
+
+
+@pytest.mark.parametrize("libzstd", [True, False], ids=["libzstd", "numcodecs"])
+def test_the_writers_codec_writes_what_numcodecs_writes(store_path: Path, libzstd: bool,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer encodes its chunks with libzstd and a kept context (storage/encoders.py): each is one
+    zstd frame declaring its size that numcodecs (zarr's codec) decodes to the chunk, and a store
+    written with it (or without libzstd) holds what was added. (The bytes may differ from
+    numcodecs' where the two zstd versions compress differently.)"""
+    from replaystore.format.schema import CodecSpec
+    from replaystore.format.shards import numcodecs_codec
+    from replaystore.storage import encoders
+
+    if not libzstd:
+        monkeypatch.setattr(encoders, "LIBZSTD", None)
+    codec = encoders.ChunkCodec(CodecSpec())
+    reference = numcodecs_codec(CodecSpec())
+    rng = np.random.default_rng(0)
+    for chunk in (np.zeros((8, 84, 84), np.uint8), rng.integers(0, 255, (8, 84, 84), dtype=np.uint8),
+                  np.repeat(rng.integers(0, 4, (8, 1, 84), dtype=np.uint8), 84, axis=1), np.arange(12.0).reshape(3, 4)):
+        payload = codec.encode(chunk)
+        assert decoders.declared_size(payload) == chunk.nbytes
+        out = np.empty_like(chunk)
+        reference.decode(payload, out=out)
+        np.testing.assert_array_equal(out, chunk)
+    strided = np.arange(24.0).reshape(4, 6)[:, ::2]  # not contiguous: encoded as its copy
+    reference.decode(codec.encode(strided), out=(out := np.empty((4, 3))))
+    np.testing.assert_array_equal(out, strided)
+    assert encoders.ChunkCodec(CodecSpec(name="blosc", level=5)).encode(np.ones((4, 4), np.uint8)) == \
+        bytes(numcodecs_codec(CodecSpec(name="blosc", level=5)).encode(np.ones((4, 4), np.uint8)))
+    store = make_store(store_path, capacity=64, shard_len=16, chunk_len=CHUNK_LEN)
+    fill(store, 100, episode_len=9)
+    expected = store.sample(16, rng=np.random.default_rng(1))
+    store.close()
+    assert verify_store(store_path).ok
+    with ReplayStore.open(store_path) as again:
+        got = again.sample(16, rng=np.random.default_rng(1))
+        np.testing.assert_array_equal(got.obs, expected.obs)

@@ -28,8 +28,9 @@ from collections.abc import Callable
 import numpy as np
 
 from replaystore.format.schema import Layout, Schema, State
-from replaystore.format.shards import encode_shard, numcodecs_codec
+from replaystore.format.shards import encode_shard
 from replaystore.storage.backend import FRAMES, Backend
+from replaystore.storage.encoders import ChunkCodec
 from replaystore.storage.openshard import OpenShard
 from replaystore.storage.reader import FrameReader
 from replaystore.storage.ring import Ring
@@ -47,7 +48,7 @@ class ShardWriter:
         self.reader = reader
         self.committed = committed
         self.stream = stream
-        self.codec = numcodecs_codec(layout.codec)
+        self.codec = ChunkCodec(layout.codec)  # libzstd with a kept context where it can (encoders.py)
         self.episodes = committed.episodes
         obs = schema.observation
         self.frames = OpenShard(obs.shape, obs.dtype, chunk_len=layout.obs_chunk_len,
