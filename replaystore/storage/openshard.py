@@ -51,11 +51,12 @@ class OpenShard:
     # ---------------------------------------------------------------------------------------------
     # Writing
 
-    def reset(self) -> None:
+    def reset(self, *, name: str, shard: int) -> None:
         """A shard never stored: every chunk zero."""
         self.chunks = [None] * self.n_chunks
         self.odd = set()
         self.open_index = -1
+        self.where = (name, shard)
 
     def load(self, raw: bytes, *, name: str, shard: int) -> None:
         """The stored shard ``raw`` (its chunks checked, not decoded; ``ChunkChecksumError`` names a
@@ -138,7 +139,7 @@ class OpenShard:
             elif self.chunks[c] is None:
                 rows[...] = 0
             else:
-                decode_chunk(self.payload(c), self.codec, rows, name="obs", shard=-1, chunk=c)
+                decode_chunk(self.payload(c), self.codec, rows, name=self.where[0], shard=self.where[1], chunk=c)
         return out
 
     def zero(self) -> tuple[bytes, bytes]:

@@ -121,7 +121,7 @@ class ShardWriter:
         if raw is not None:
             self.frames.load(raw, name=FRAMES, shard=self.backend.shard_of(self.stream, shard))
         else:
-            self.frames.reset()
+            self.frames.reset(name=FRAMES, shard=self.backend.shard_of(self.stream, shard))
         self.region = shard
         self.region_dirty = False
         self.reader.invalidate(self.backend.shard_of(self.stream, shard))
