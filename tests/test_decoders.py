@@ -122,8 +122,9 @@ def test_decoding_on_several_threads_gives_the_same_batches(store_path: Path, li
 @pytest.mark.parametrize("libzstd", [True, False], ids=["libzstd", "numcodecs"])
 def test_the_writers_codec_writes_what_numcodecs_writes(store_path: Path, libzstd: bool,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """The writer encodes its chunks with libzstd and a kept context (storage/encoders.py): each is one
-    zstd frame declaring its size that numcodecs (zarr's codec) decodes to the chunk, and a store
+    """The writer encodes (and decodes) its chunks with libzstd and kept contexts (storage/encoders.py):
+    each is one zstd frame declaring its size that numcodecs (zarr's codec) decodes to the chunk,
+    numcodecs' frames decode back, a frame that does not fill the chunk is refused, and a store
     written with it (or without libzstd) holds what was added. (The bytes may differ from
     numcodecs' where the two zstd versions compress differently.)"""
     from replaystore.format.schema import CodecSpec
@@ -142,6 +143,10 @@ def test_the_writers_codec_writes_what_numcodecs_writes(store_path: Path, libzst
         out = np.empty_like(chunk)
         reference.decode(payload, out=out)
         np.testing.assert_array_equal(out, chunk)
+        codec.decode(bytes(reference.encode(chunk)), out=(again := np.empty_like(chunk)))  # and decodes numcodecs'
+        np.testing.assert_array_equal(again, chunk)
+    with pytest.raises(ValueError, match="declares 56 bytes, a chunk has 64"):  # (a ChunkChecksumError by the caller)
+        codec.decode(bytes(reference.encode(np.zeros(7))), out=np.empty(8))
     strided = np.arange(24.0).reshape(4, 6)[:, ::2]  # not contiguous: encoded as its copy
     reference.decode(codec.encode(strided), out=(out := np.empty((4, 3))))
     np.testing.assert_array_equal(out, strided)

@@ -7,7 +7,11 @@ stream count runs in its own process, so its RSS is its own. Reported per count:
 store (after creating it, and after the moves), agent steps/s through ``add_batch``, the slowest
 single ``add_batch`` (the step on which every stream writes a whole shard) and ``flush``.
 
-    python tools/bench_writers.py [--streams 1 8 32] [--steps 9000] [--json tools/out/bench_writers.json]
+    python tools/bench_writers.py [--streams 1 8 32] [--steps 9000] [--capacity 1000000] [--json tools/out/bench_writers.json]
+
+With a small ``--capacity`` (such as 8192 steps a stream) the rings come round, and every shard the
+writers fill was stored before: the steady state of a long run, where each chunk is decoded before
+it is written over.
 
 Compare two versions with tools/ab.py (``--old REV --json ... -- python tools/bench_writers.py``).
 """
@@ -33,7 +37,7 @@ def rss_mb() -> float:
     return float("nan")
 
 
-def one(streams: int, steps: int) -> dict[str, float]:
+def one(streams: int, steps: int, capacity: int) -> dict[str, float]:
     """Create and fill a store of ``streams`` streams in this process; its figures."""
     import gymnasium as gym
     import numpy as np
@@ -48,7 +52,7 @@ def one(streams: int, steps: int) -> dict[str, float]:
     where = Path(tempfile.mkdtemp(prefix="bench_writers_"))
     try:
         before = rss_mb()
-        store = ReplayStore.create(where / "s.zarr", 1_000_000, gym.spaces.Box(0, 255, (84, 84), np.uint8),
+        store = ReplayStore.create(where / "s.zarr", capacity, gym.spaces.Box(0, 255, (84, 84), np.uint8),
                                    gym.spaces.Discrete(4), 4, num_streams=streams)
         created = rss_mb()
         offsets = np.arange(streams) * 997
@@ -79,16 +83,18 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--streams", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--steps", type=int, default=9000)
+    ap.add_argument("--capacity", type=int, default=1_000_000, help="the store's, split over the streams")
     ap.add_argument("--json", type=Path, default=HERE / "out" / "bench_writers.json")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # (a child: one stream count, JSON on stdout)
     args = ap.parse_args()
     if args.one:
-        print(json.dumps(one(args.one, args.steps)))
+        print(json.dumps(one(args.one, args.steps, args.capacity)))
         return 0
     results = {}
     print(f"{'streams':>7}  {'RSS created':>11}  {'RSS filled':>10}  {'agent steps/s':>13}  {'worst add':>9}  {'flush':>7}")
     for s in args.streams:
-        out = subprocess.run([sys.executable, __file__, "--one", str(s), "--steps", str(args.steps)],
+        out = subprocess.run([sys.executable, __file__, "--one", str(s), "--steps", str(args.steps),
+                              "--capacity", str(args.capacity)],
                              check=True, capture_output=True, text=True).stdout
         r = results[str(s)] = json.loads(out.strip().splitlines()[-1])
         print(f"{s:>7}  {r['rss_created_mb']:>8.0f} MB  {r['rss_filled_mb']:>7.0f} MB  {r['agent_steps_per_s']:>13,.0f}  "
