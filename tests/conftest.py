@@ -233,3 +233,31 @@ def datasets_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     root = tmp_path / "minari"
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(root))
     return root
+
+
+def ram_state(store: ReplayStore) -> dict[str, object]:
+    """Everything in RAM that ``add`` may change, copied."""
+    ring, (stream,) = store.ring, store.writers
+    writer = stream.shards
+    return {**{name: values.copy() for name, values in ring.fields.items()}, "valid": ring.valid.copy(),
+            "counters": (ring.added, ring.oldest, ring.n_valid, sorted(ring.dirty_shards)),
+            "chunks": list(writer.frames.chunks), "open": writer.frames.open.copy(),
+            "region": (writer.region, writer.region_dirty, writer.episodes, writer.frames.open_index),
+            "committed": store.committed,
+            "head": None if stream.head_obs is None else stream.head_obs.copy()}
+
+
+def assert_same_ram(a: dict[str, object], b: dict[str, object]) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        if isinstance(a[key], np.ndarray):
+            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+        else:
+            assert a[key] == b[key], key
+
+
+def add_one(store: ReplayStore, i: int, episode_len: int) -> None:
+    """Transition ``i`` as ``conftest.fill`` adds it, on its own (so a failed one can be retried)."""
+    done = (i + 1) % episode_len == 0
+    obs = frame(i) if i % episode_len == 0 else frame(i + 100_000)
+    store.add(obs, i % 5, float(i % 3), frame(i + 1 + 100_000), done and i % 2 == 0, done and i % 2 == 1)

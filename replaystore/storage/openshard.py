@@ -27,6 +27,10 @@ import numpy as np
 
 from replaystore.format.shards import crc32c, decode_chunk, encode_chunk, shard_bytes, shard_payloads
 from replaystore.storage.decoders import declared_size
+from replaystore.storage.plan import scatter
+
+#: ``live_codes``' mark of a shard no writer is filling
+NOT_LIVE = -2
 
 #: ``OpenShard.snapshot``'s: the chunks, the odd ones, where, the open chunk's index and frames.
 Snapshot = tuple[list[tuple[bytes, bytes] | None], set[int], tuple[str, int], int, np.ndarray]
@@ -147,3 +151,48 @@ class OpenShard:
         if self._zero is None:
             self._zero = encode_chunk(np.zeros_like(self.open), self.codec)
         return self._zero
+
+
+# -------------------------------------------------------------------------------------------------
+# What ``FrameReader.plan`` does with the shards the writers are filling (``live``: global shard
+# number -> OpenShard), under the store's lock
+
+
+def live_codes(live: dict[int, OpenShard], n_shards: int, chunks_per_shard: int) -> np.ndarray:
+    """Per shard of the array: ``NOT_LIVE``, or (a shard being filled) the global id of its open
+    chunk, or -1 where none is open."""
+    code = np.full(n_shards, NOT_LIVE, dtype=np.int64)
+    for shard, frames in live.items():
+        code[shard] = shard * chunks_per_shard + frames.open_index if frames.open_index >= 0 else -1
+    return code
+
+
+def copy_open_chunks(live: dict[int, OpenShard], slots: np.ndarray, taken: np.ndarray, parts: list[list[np.ndarray]],
+                     bounds: list[list[int]], shard_len: int, chunk_len: int) -> None:
+    """Copy the frames at ``slots`` (``(k, m)``) where ``taken`` (each in the open chunk of a shard in
+    ``live``) into batch ``i``'s ``parts[i]``, from the writers' raw chunks."""
+    slot_shard = slots // shard_len
+    for shard in np.unique(slot_shard[taken]).tolist():
+        frames = live[shard]
+        first = shard * shard_len + frames.open_index * chunk_len
+        here = taken & (slot_shard == shard)
+        for i in np.flatnonzero(here.any(axis=1)).tolist():
+            hit = np.flatnonzero(here[i])
+            scatter(parts[i], bounds[i], hit, frames.open[slots[i, hit] - first])
+
+
+def writers_payloads(live: dict[int, OpenShard], code: np.ndarray, id_array: np.ndarray, found: list[bytes | None],
+                     chunks_per_shard: int, odd: set[int] | None) -> int:
+    """Put in ``found`` the payloads of the chunks (``id_array``) that lie in a shard a writer is
+    filling (``code``: ``live_codes``'), from the writer (the cache and the files hold an older
+    version, or none); returns how many. Those that cannot be decoded joined go into ``odd`` (the
+    reader's, where it joins)."""
+    shard_of = id_array // chunks_per_shard
+    mine = np.flatnonzero(code[shard_of] != NOT_LIVE)
+    for j, shard in zip(mine.tolist(), shard_of[mine].tolist()):
+        frames = live[shard]
+        local = int(id_array[j]) - shard * chunks_per_shard
+        found[j] = frames.payload(local)
+        if odd is not None and local in frames.odd:
+            odd.add(int(id_array[j]))
+    return int(mine.size)

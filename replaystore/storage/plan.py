@@ -59,3 +59,20 @@ def scatter(parts: list[np.ndarray], bounds: list[int], rows: np.ndarray, values
     for part, start, a, b in zip(parts, bounds, cuts, cuts[1:]):
         if a < b:
             part[rows[a:b] - start] = values[a:b]
+
+
+def output_parts(out: np.ndarray | list[np.ndarray], shape: tuple[int, ...], frame_shape: tuple[int, ...],
+                 dtype: np.dtype) -> list[np.ndarray]:
+    """A read's ``out`` (one array, or a list of one per row of positions shaped ``shape``) as flat
+    ``(n_i, *frame_shape)`` parts (views: nothing is copied); ``ValueError`` for the wrong arrays."""
+    if isinstance(out, list):
+        wanted, given = (*shape[1:], *frame_shape), out
+        if not shape or len(out) != shape[0]:
+            raise ValueError(f"out is a list of {len(out)} arrays; positions of shape {shape} need one per row")
+    else:
+        wanted, given = (*shape, *frame_shape), [out]
+    for part in given:
+        if part.shape != wanted or part.dtype != dtype or not part.flags.c_contiguous:
+            raise ValueError(f"out must hold C-contiguous {dtype} arrays of shape {wanted}, "
+                             f"got {part.dtype} {part.shape}")
+    return [part.reshape(-1, *frame_shape) for part in given]

@@ -50,14 +50,12 @@ from replaystore.storage.chunkcache import ChunkCache
 from replaystore.storage.chunkread import ChunkRead
 from replaystore.storage.decoders import ChunkDecoder, declared_size
 from replaystore.storage.mirror import FrameMirror, mirror_bytes
-from replaystore.storage.openshard import OpenShard
-from replaystore.storage.plan import Plan, distinct, fill_zero, scatter, take_into
+from replaystore.storage.openshard import NOT_LIVE, OpenShard, copy_open_chunks, live_codes, writers_payloads
+from replaystore.storage.plan import Plan, distinct, fill_zero, output_parts, scatter, take_into
 from replaystore.storage.warm import warm
 
 #: Below this many chunks a batch is decoded on the calling thread alone (pool overhead ~20 us).
 MIN_CHUNKS_PER_TASK = 8
-#: ``plan``'s mark of a shard no writer is filling
-NOT_LIVE = -2
 #: ``(shard, frames)`` of each shard a writer is filling (a store may write several streams):
 #: its global shard number and its frames (openshard.py).
 LiveRegions = Callable[[], "list[tuple[int, OpenShard]]"]
@@ -159,17 +157,15 @@ class FrameReader:
             zeros = None
         slots = self.slots_of(positions.reshape(k, -1))
         m = slots.shape[1]
-        parts = [[self.areas.output(m)] if out is None else self._check_out(out, shape) for out in outs]
+        parts = [[self.areas.output(m)] if out is None else output_parts(out, shape, self.shape, self.dtype)
+                 for out in outs]
         bounds = [list(accumulate((part.shape[0] for part in p), initial=0)) for p in parts]
         rows = [np.arange(m)] * k
         # the shards the writers are filling (openshard.py), where they hold rows: those of an open
         # chunk are copied here, the others' chunks come from the writer instead of the cache
         live = dict(self.live_regions()) if self.live_regions is not None else {}
         if live:
-            # per shard: NOT_LIVE, or (a shard being filled) the global id of its open chunk, or -1
-            code = np.full(len(self.cache.generation), NOT_LIVE, dtype=np.int64)
-            for shard, frames in live.items():
-                code[shard] = shard * self.chunks_per_shard + frames.open_index if frames.open_index >= 0 else -1
+            code = live_codes(live, len(self.cache.generation), self.chunks_per_shard)
             slot_code = code[slots // self.shard_len]
             in_live = slot_code != NOT_LIVE
             if not in_live.any():
@@ -222,7 +218,8 @@ class FrameReader:
         found = list(itemgetter(*ids)(by_id)) if len(ids) > 1 else [by_id[i] for i in ids]
         # ``None in found``: a C-level scan first (~1,600 chunks for a prefetcher block, all cached
         # in the benchmark), the Python pass only when something is missing
-        from_writers = self._writers_payloads(live, code, id_array, found) if live and ids else 0
+        from_writers = writers_payloads(live, code, id_array, found, self.chunks_per_shard,
+                                        self.odd if self.joinable else None) if live and ids else 0
         misses = [i for i, payload in enumerate(found) if payload is None] if None in found else []
         self.hits += len(ids) - len(misses) - from_writers
         located: dict[int, ChunkRead | None] = {}  # a chunk two batches miss is read once
@@ -248,22 +245,6 @@ class FrameReader:
                               padded=padded[i], generations=None if id_generation is None or not mine_ids else
                               id_generation[a:b]))
         return plans
-
-    def _writers_payloads(self, live: dict[int, OpenShard], code: np.ndarray, id_array: np.ndarray,
-                          found: list[bytes | None]) -> int:
-        """Put in ``found`` the payloads of the chunks (``id_array``) that lie in a shard a writer is
-        filling (``live``; ``code``: ``plan``'s per shard), from the writer (the cache and the files
-        hold an older version, or none); returns how many."""
-        per_shard = self.chunks_per_shard
-        shard_of = id_array // per_shard
-        mine = np.flatnonzero(code[shard_of] != NOT_LIVE)
-        for j, shard in zip(mine.tolist(), shard_of[mine].tolist()):
-            frames = live[shard]
-            local = int(id_array[j]) - shard * per_shard
-            found[j] = frames.payload(local)
-            if local in frames.odd and self.joinable:
-                self.odd.add(int(id_array[j]))
-        return int(mine.size)
 
     def fetch(self, plans: list[Plan]) -> None:
         """Read the chunks ``plans`` located but did not find in the cache (no lock needed), put them
@@ -404,20 +385,6 @@ class FrameReader:
             self._pool = ThreadPoolExecutor(self.decode_threads - 1, thread_name_prefix="replaystore-decode")
         return self._pool
 
-    def _check_out(self, out: np.ndarray | list[np.ndarray], shape: tuple[int, ...]) -> list[np.ndarray]:
-        """``plan``'s ``out`` as flat ``(n_i, *obs_shape)`` parts (views: nothing is copied)."""
-        if isinstance(out, list):
-            wanted, given = (*shape[1:], *self.shape), out
-            if not shape or len(out) != shape[0]:
-                raise ValueError(f"out is a list of {len(out)} arrays; positions of shape {shape} need one per row")
-        else:
-            wanted, given = (*shape, *self.shape), [out]
-        for part in given:
-            if part.shape != wanted or part.dtype != self.dtype or not part.flags.c_contiguous:
-                raise ValueError(f"out must hold C-contiguous {self.dtype} arrays of shape {wanted}, "
-                                 f"got {part.dtype} {part.shape}")
-        return [part.reshape(-1, *self.shape) for part in given]
-
     def _decode_range(self, plan: Plan, area: np.ndarray, start: int, stop: int) -> None:
         self.decoder.decode_many(plan.ids, plan.payloads, area, start, stop, name="obs",
                                  chunks_per_shard=self.chunks_per_shard, as_one=plan.as_one)
@@ -425,17 +392,3 @@ class FrameReader:
 
 def _identity(positions: np.ndarray) -> np.ndarray:
     return positions
-
-
-def copy_open_chunks(live: dict[int, OpenShard], slots: np.ndarray, taken: np.ndarray, parts: list[list[np.ndarray]],
-                     bounds: list[list[int]], shard_len: int, chunk_len: int) -> None:
-    """Copy the frames at ``slots`` (``(k, m)``) where ``taken`` (each in the open chunk of a shard in
-    ``live``) into batch ``i``'s ``parts[i]``, from the writers' raw chunks."""
-    slot_shard = slots // shard_len
-    for shard in np.unique(slot_shard[taken]).tolist():
-        frames = live[shard]
-        first = shard * shard_len + frames.open_index * chunk_len
-        here = taken & (slot_shard == shard)
-        for i in np.flatnonzero(here.any(axis=1)).tolist():
-            hit = np.flatnonzero(here[i])
-            scatter(parts[i], bounds[i], hit, frames.open[slots[i, hit] - first])
