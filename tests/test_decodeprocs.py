@@ -134,6 +134,9 @@ def test_a_worker_that_dies_is_replaced_by_the_threads(filled: ReplayStore, capl
         for pid in p.processes.pids():
             os.kill(pid, signal.SIGKILL)
         got += [{name: value.copy() for name, value in p.next_block().items()} for _ in range(10)]
+        deadline = time.monotonic() + 30  # the reply threads see the ends on their own time
+        while p.processes.alive and time.monotonic() < deadline:
+            time.sleep(0.01)
     assert p.processes.alive == 0
     assert "decoded on the prefetcher's threads from now on" in caplog.text
     p.close()

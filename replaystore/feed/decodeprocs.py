@@ -127,7 +127,8 @@ class DecodeProcesses:
 
     @property
     def alive(self) -> int:
-        """Workers still running."""
+        """Workers still running: one that ended is counted out once its end is handled (its requests
+        failed over to the threads, the process reaped, the warning logged)."""
         return self._workers.alive
 
     def fill(self, plans: list[Plan], frames: list[np.ndarray]) -> int:
@@ -269,8 +270,7 @@ class _Workers:
                 while worker.pending:
                     worker.pending.popleft().set(None)
             with self.free:
-                self.alive -= 1
-                self.free.notify_all()
+                self.free.notify_all()  # ``take`` passes over it from now on
                 expected = self.stopping
             if why is not None:
                 self.kill(worker, why)
@@ -278,6 +278,8 @@ class _Workers:
                 _stop([worker.proc])
                 log.warning("replaystore decode process %d stopped (exit code %s); its blocks are decoded on "
                             "the prefetcher's threads from now on", worker.proc.pid, worker.proc.returncode)
+            with self.free:  # counted out only once its end is handled and told, so ``alive`` never runs ahead
+                self.alive -= 1
 
     def kill(self, worker: _Worker, why: str) -> None:
         """Kill a worker that cannot be trusted any more; its reply thread then fails what it had."""
