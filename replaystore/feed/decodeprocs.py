@@ -266,19 +266,22 @@ class _Workers:
         finally:
             stdout.close()
             with worker.writing:
-                worker.dead = True
-                while worker.pending:
-                    worker.pending.popleft().set(None)
+                worker.dead = True  # takes no new request (``send`` answers those None at once)
             with self.free:
                 self.free.notify_all()  # ``take`` passes over it from now on
                 expected = self.stopping
+            # told (and the process reaped) before the requests it holds fail over to the threads, so
+            # the warning comes before any block it held is delivered, and a close after that cannot hide it
             if why is not None:
                 self.kill(worker, why)
             elif not expected:
                 _stop([worker.proc])
                 log.warning("replaystore decode process %d stopped (exit code %s); its blocks are decoded on "
                             "the prefetcher's threads from now on", worker.proc.pid, worker.proc.returncode)
-            with self.free:  # counted out only once its end is handled and told, so ``alive`` never runs ahead
+            with worker.writing:
+                while worker.pending:
+                    worker.pending.popleft().set(None)
+            with self.free:
                 self.alive -= 1
 
     def kill(self, worker: _Worker, why: str) -> None:
