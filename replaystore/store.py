@@ -29,6 +29,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import weakref
@@ -130,8 +131,11 @@ class ReplayStore:
                frame_padding: str = "reset", storage_options: dict[str, Any] | None = None) -> ReplayStore:
         """Create a store for ``capacity`` steps and open it for appending.
 
-        ``observation_space`` is a gymnasium ``Box``; ``action_space`` a ``Discrete`` (one int a step)
-        or a ``Box`` (continuous control: an array of its shape a step, sampled back in its dtype).
+        ``observation_space`` is a gymnasium ``Box``, or a ``Dict`` of ``Box`` entries (goal-conditioned
+        envs: ``add`` takes the env's dicts and sampled observations are dicts of stacks, each step's
+        entries kept together in one frame, format/dictobs.py); ``action_space`` a ``Discrete`` (one
+        int a step) or a ``Box`` (continuous control: an array of its shape a step, sampled back in
+        its dtype).
 
         A sampled observation is a stack of ``frame_stack`` frames, oldest first; before its
         episode's first step a stack holds that first frame again (``frame_padding="reset"``, as
@@ -375,7 +379,7 @@ class ReplayStore:
             (4,)
         """
         sampler = self.sampler(n_step=n_step, gamma=gamma, prioritized=prioritized, alpha=alpha, beta=beta)
-        batch: Batch = self.plan(sampler, check_batch_size(batch_size), rng=rng).finish(self.reader)
+        batch: Batch = self._viewed(self.plan(sampler, check_batch_size(batch_size), rng=rng).finish(self.reader))
         return batch
 
     def sample_sequences(self, batch_size: int, length: int, *, rng: np.random.Generator | None = None) -> SequenceBatch:
@@ -391,8 +395,8 @@ class ReplayStore:
             >>> ReplayStore.open("/tmp/doc.zarr").sample_sequences(4, 3, rng=np.random.default_rng(0)).obs.shape
             (4, 4, 2, 4)
         """
-        batch: SequenceBatch = self.plan(SequenceSampler(length), check_batch_size(batch_size),
-                                         rng=rng).finish(self.reader)
+        batch: SequenceBatch = self._viewed(self.plan(SequenceSampler(length), check_batch_size(batch_size),
+                                                      rng=rng).finish(self.reader))
         return batch
 
     def episode(self, index: int = -1, *, stream: int = 0, moves: slice | None = None) -> Episode:
@@ -412,7 +416,7 @@ class ReplayStore:
         with self._mutex:
             self._check_open()
             pending = plan_episode(self.rings, self.reader, index, stream, moves=moves, budget=self._memory_budget)
-        episode: Episode = pending.finish(self.reader)
+        episode: Episode = self._viewed(pending.finish(self.reader))
         return episode
 
     def iter_episodes(self, *, stream: int | None = None, whole: bool = False) -> Iterator[Episode]:
@@ -446,7 +450,7 @@ class ReplayStore:
                     self._check_open()
                     pending = plan_span(stream_ring(self.rings, k), self.reader, k, i, table,
                                         budget=self._memory_budget)
-                episode: Episode = pending.finish(self.reader)
+                episode: Episode = self._viewed(pending.finish(self.reader))
                 yield episode
 
     def sampler(self, *, n_step: int = 1, gamma: float = 0.99, prioritized: bool = False, alpha: float = 0.6,
@@ -678,7 +682,8 @@ class ReplayStore:
 
     @property
     def observation_space(self) -> Any:
-        return self.schema.observation.to_space()
+        """The observations' gymnasium space: a ``Box``, or a ``Dict`` of them."""
+        return self.schema.observation_space()
 
     @property
     def action_space(self) -> Any:
@@ -700,6 +705,14 @@ class ReplayStore:
                 f"capacity={self.capacity}{streams})")
 
     # ---------------------------------------------------------------------------------------------
+
+    def _viewed(self, result: Any) -> Any:
+        """A batch, sequence batch or episode with its frames as the store gives them (a Dict
+        store's as dicts of arrays)."""
+        if self.schema.observation_dict is None:
+            return result
+        names = [name for name in ("obs", "next_obs") if hasattr(result, name)]
+        return dataclasses.replace(result, **{name: self.schema.obs_view(getattr(result, name)) for name in names})
 
     def _check_open(self) -> None:
         if self._closed:

@@ -158,7 +158,7 @@ def test_create_refuses_a_folder_of_other_files(tmp_path: Path) -> None:
         (dict(layout=Layout(shard_len=16, obs_chunk_len=5)), "multiple of obs_chunk_len"),
         (dict(action_space=gym.spaces.MultiDiscrete([2, 3])), "Discrete or Box actions only"),
         (dict(action_space=gym.spaces.Box(0, 1, (2000,))), "1..1024 bool, int or float values"),
-        (dict(observation_space=gym.spaces.Discrete(3)), "Box observations only"),
+        (dict(observation_space=gym.spaces.Discrete(3)), "stores Box observations, or Dict"),
     ],
     ids=["capacity-below-shard", "capacity-tiny", "stack-zero", "chunk-misfit", "multidiscrete-actions",
          "huge-box-actions", "discrete-obs"],

@@ -132,6 +132,7 @@ def env_spaces(env: Any) -> tuple[Any, Any]:
         raise TrainerError(f"the environment's action space is {action_space}; DQN needs a Discrete one "
                            "(one Q-value per action)")
     if not isinstance(observation_space, gym.spaces.Box):
-        raise TrainerError(f"the environment's observation space is {observation_space}; the store keeps Box "
-                           "observations (images or vectors)")
+        raise TrainerError(f"the environment's observation space is {observation_space}; this DQN takes Box "
+                           "observations (images or vectors, stacked): flatten a Dict with gymnasium's "
+                           "FlattenObservation, or learn from a Dict store with SB3's MultiInputPolicy (docs/sb3.md)")
     return observation_space, action_space

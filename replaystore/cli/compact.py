@@ -192,7 +192,7 @@ def _compact(source: Source, src: str | Path, dst: str | Path | None, *, capacit
     if staged.exists():
         staged.destroy()  # this process's own leftover
     try:  # from here on, what is at ``staged`` is this run's unfinished copy
-        new = ReplayStore.create(staged.where, new_capacity, schema.observation.to_space(), schema.action.to_space(),
+        new = ReplayStore.create(staged.where, new_capacity, schema.observation_space(), schema.action.to_space(),
                                  schema.frame_stack, layout=new_layout, cache_bytes=0, num_streams=n_new,
                                  frame_padding=schema.frame_padding)
         episodes = _build(new, source.reader(), stride, targets, progress)

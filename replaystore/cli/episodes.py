@@ -87,6 +87,9 @@ def save_episode(path: str | Path, index: int, out: str | Path, *, stream: int =
         raise ConfigError(f"{out} is a directory; give a file name ending in .npz or .gif")
     with ReplayStore.open(path, cache_bytes=0) as store:  # (each chunk is read once: no cache to hold)
         gif = out.suffix.lower() == ".gif"
+        if gif and store.schema.observation_dict is not None:
+            raise ConfigError(f"{path} holds observations of {store.schema.observation_dict.describe()}, which are "
+                              "not one image a step; save the episode as .npz (each key as obs.KEY)")
         if gif:
             _frames_as_images(np.zeros((1, *store.schema.observation.shape), dtype=np.uint8))  # refuse early
             _check_images(store, index, stream, moves)
@@ -94,7 +97,8 @@ def save_episode(path: str | Path, index: int, out: str | Path, *, stream: int =
         low, high = store.schema.observation.low, store.schema.observation.high
     data = io.BytesIO()
     if out.suffix.lower() == ".npz":
-        np.savez_compressed(data, obs=episode.obs, action=episode.action, reward=episode.reward,
+        obs = {f"obs.{key}": v for key, v in episode.obs.items()} if isinstance(episode.obs, dict) else {"obs": episode.obs}
+        np.savez_compressed(data, **obs, action=episode.action, reward=episode.reward,
                             terminated=episode.terminated, truncated=episode.truncated, stream=episode.stream,
                             index=episode.index, first_step=episode.first_step, from_start=episode.from_start,
                             ended=np.str_(episode.ended), first_move=episode.first_move)

@@ -62,11 +62,12 @@ def plot_store(path: str | Path, out: str | Path, *, samples: int = SAMPLES, see
                                     fontsize=7, loc="left" if col == 0 else "center")
                 else:
                     a = fig.add_subplot(grid[1 + row, 0])
-                    stack = np.concatenate([batch.obs[row], batch.next_obs[row][-1:]]).reshape(k + 1, -1)
-                    im = a.imshow(stack.astype(np.float64), aspect="auto", cmap="viridis")
+                    stack = np.concatenate([_components(batch.obs, row), _components(batch.next_obs, row)[-1:]])
+                    im = a.imshow(stack, aspect="auto", cmap="viridis")
                     a.set_yticks(range(k + 1), [_age(k - 1 - i) for i in range(k)] + ["next"], fontsize=7)
                     a.set_title(label, fontsize=8, loc="left")
-                    a.set_xlabel("observation component", fontsize=7)
+                    a.set_xlabel("observation component" if not isinstance(batch.obs, dict) else
+                                 "observation component (" + ", then ".join(batch.obs) + ")", fontsize=7)
                     fig.colorbar(im, ax=a)
         fig.suptitle(f"{path}: {len(store):,} transitions, capacity {store.capacity:,}", fontsize=10)
         try:
@@ -115,3 +116,9 @@ def _show_frame(ax: Any, frame: np.ndarray) -> None:
     else:
         ax.imshow(frame if frame.ndim == 2 else frame[..., 0], cmap="gray")
     ax.set_axis_off()
+
+
+def _components(obs: Any, row: int) -> np.ndarray:
+    """Row ``row``'s stack as ``(frame_stack, components)`` floats: a Dict store's entries side by side."""
+    parts = obs.values() if isinstance(obs, dict) else [obs]
+    return np.concatenate([p[row].reshape(p.shape[1], -1).astype(np.float64) for p in parts], axis=1)

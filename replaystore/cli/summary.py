@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from replaystore.format.schema import Schema
 from replaystore.format.spaces import BoxSpec
 from replaystore.sampling.episodes import episode_table
 from replaystore.store import ReplayStore
@@ -64,7 +65,7 @@ def inspect_store(path: str | Path) -> dict[str, Any]:
             "path": str(store.path),
             "format_version": store.backend.format_version,
             "schema": {
-                "observation_space": dataclasses.asdict(schema.observation) | {"shape": list(schema.observation.shape)},
+                "observation_space": _observations(schema),
                 "action_space": {"type": "Box" if isinstance(schema.action, BoxSpec) else "Discrete",
                                  **dataclasses.asdict(schema.action)},
                 "capacity": schema.capacity,
@@ -97,6 +98,26 @@ def inspect_store(path: str | Path) -> dict[str, Any]:
         store.close()
 
 
+def _box(spec: BoxSpec) -> dict[str, Any]:
+    return {"type": "Box", **dataclasses.asdict(spec), "shape": list(spec.shape)}
+
+
+def _observations(schema: Schema) -> dict[str, Any]:
+    """The observation space for the summary; a Dict's entries, and the frame a step is kept in."""
+    if schema.observation_dict is None:
+        return _box(schema.observation)
+    return {"type": "Dict", "spaces": {key: _box(box) for key, box in schema.observation_dict.spaces},
+            "stored_as": {"shape": list(schema.observation.shape), "dtype": schema.observation.dtype}}
+
+
+def _describe_observations(obs: dict[str, Any]) -> str:
+    if obs.get("type") != "Dict":
+        return f"Box{tuple(obs['shape'])} {obs['dtype']} [{obs['low']}, {obs['high']}]"
+    entries = ", ".join(f"{key}: {box['dtype']}{tuple(box['shape'])}" for key, box in obs["spaces"].items())
+    stored = obs["stored_as"]
+    return f"Dict({entries}), each step kept as one frame of {stored['shape'][0]} {stored['dtype']}"
+
+
 def _actions(space: dict[str, Any]) -> str:
     if space.get("type") == "Box":
         return f"Box{tuple(space['shape'])} {space['dtype']} [{space['low']}, {space['high']}]"
@@ -112,7 +133,7 @@ def format_summary(info: dict[str, Any]) -> list[str]:
     lines = [
         f"replay store      {info['path']}  (format version {info['format_version']}"
         + (f", {s['num_streams']} streams)" if s["num_streams"] > 1 else ")"),
-        f"observations      Box{tuple(obs['shape'])} {obs['dtype']} [{obs['low']}, {obs['high']}], frame_stack {s['frame_stack']}"
+        f"observations      {_describe_observations(obs)}, frame_stack {s['frame_stack']}"
         + (f" ({s['frame_padding']} padding)" if s["frame_stack"] > 1 else ""),
         f"actions           {_actions(s['action_space'])}",
         f"capacity          {s['capacity']:,} steps; {info['live_steps']:,} live; {info['transitions']:,} sampleable transitions",

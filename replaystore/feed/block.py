@@ -1,10 +1,11 @@
 """One block of batches as the consumer holds it (``store.blocks``, prefetch.py).
 
 A ``Block`` is a read-only mapping of field names to numpy arrays shaped ``(batches, batch_size,
-...)``. Its frame arrays live in memory the prefetcher recycles (storage/pool.py). ``release()``
-(or leaving ``with block:``) says the consumer is done: the block lets go of its arrays at once, so
-their memory serves the next block as soon as nothing else refers to it, and the block's fields
-raise ``BlockReleasedError`` from then on. An array taken from the block before it was released
+...)`` (a Dict store's ``obs`` and ``next_obs``: dicts of them, one per key). Its frame arrays live
+in memory the prefetcher recycles (storage/pool.py). ``release()`` (or leaving ``with block:``)
+says the consumer is done: the block lets go of its arrays at once, so their memory serves the
+next block as soon as nothing else refers to it, and the block's fields raise
+``BlockReleasedError`` from then on. An array taken from the block before it was released
 keeps its values for as long as it is held: its memory is not reused until it is dropped. So a
 consumer cannot read a recycled block by mistake: it gets the block's own values or an error.
 """
@@ -12,7 +13,7 @@ consumer cannot read a recycled block by mistake: it gets the block's own values
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Self
+from typing import Any, Self
 
 import numpy as np
 
@@ -59,4 +60,10 @@ class Block(Mapping[str, np.ndarray]):
     def __repr__(self) -> str:
         if self._fields is None:
             return "Block(released)"
-        return "Block(" + ", ".join(f"{name}={value.dtype}{list(value.shape)}" for name, value in self._fields.items()) + ")"
+        return "Block(" + ", ".join(f"{name}={_describe(value)}" for name, value in self._fields.items()) + ")"
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, dict):  # a Dict store's observations
+        return "{" + ", ".join(f"{key!r}: {_describe(v)}" for key, v in value.items()) + "}"
+    return f"{value.dtype}{list(value.shape)}"

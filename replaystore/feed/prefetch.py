@@ -185,7 +185,8 @@ class Prefetcher:
         done = self.processes.fill(pending.plans, frames) if self.processes is not None and index is not None else 0
         for plan in pending.plans[done:]:  # on this thread: no processes, or a batch they could not decode
             reader.finish(plan)
-        fields = dict(zip(sampler.frames, frames))
+        view = self.source.schema.obs_view  # a Dict store's frames as dicts of views
+        fields = {name: view(array) for name, array in zip(sampler.frames, frames)}
         for name, values in pending.fields.items():
             fields[name] = values.reshape(self.spec[name][0])
         return Block({name: fields[name] for name in self.spec})

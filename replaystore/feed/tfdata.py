@@ -26,6 +26,7 @@ dict with the fields of the sampler's batches (``Batch``, or ``SequenceBatch``);
 from __future__ import annotations
 
 import operator
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -40,12 +41,38 @@ from replaystore.sampling.samplers import Sampler
 
 
 def element_spec(sampler: Sampler, schema: Schema, batch_size: int,
-                 batches: int | None = None) -> dict[str, tf.TensorSpec]:
+                 batches: int | None = None) -> dict[str, Any]:
     """The ``element_spec`` of ``as_dataset(batch_size)`` with ``sampler`` over a store of ``schema``;
-    with ``batches``, that of whole blocks of that many batches (``blocks=True``)."""
+    with ``batches``, that of whole blocks of that many batches (``blocks=True``). A Dict store's
+    observations are dicts of ``TensorSpec``, one per key."""
     lead = () if batches is None else (batches,)
-    return {name: tf.TensorSpec((*lead, *shape), tf.as_dtype(dtype), name=name)
-            for name, (shape, dtype) in sampler.spec(batch_size, schema).items()}
+    spec: dict[str, Any] = {}
+    for name, (shape, dtype) in sampler.spec(batch_size, schema).items():
+        if name in sampler.frames and schema.observation_dict is not None:
+            spec[name] = {e.key: tf.TensorSpec((*lead, *shape[:-1], *e.shape), tf.as_dtype(e.dtype), name=f"{name}_{i}")
+                          for i, e in enumerate(schema.observation_dict.entries)}
+        else:
+            spec[name] = tf.TensorSpec((*lead, *shape), tf.as_dtype(dtype), name=name)
+    return spec
+
+
+def leaf_paths(spec: dict[str, Any]) -> list[tuple[str, ...]]:
+    """Every tensor of an element, as ``(field,)`` or ``(field, key)`` (a Dict store's observations)."""
+    paths: list[tuple[str, ...]] = []
+    for name, value in spec.items():
+        paths += [(name, key) for key in value] if isinstance(value, dict) else [(name,)]
+    return paths
+
+
+def nested(paths: list[tuple[str, ...]], values: Any) -> dict[str, Any]:
+    """The element's dict from its tensors in ``paths`` order."""
+    out: dict[str, Any] = {}
+    for path, value in zip(paths, values):
+        if len(path) == 1:
+            out[path[0]] = value
+        else:
+            out.setdefault(path[0], {})[path[1]] = value
+    return out
 
 
 def as_dataset(source: Source, sampler: Sampler, batch_size: int, *, prefetch: int = 4, threads: int = 2,
@@ -57,16 +84,17 @@ def as_dataset(source: Source, sampler: Sampler, batch_size: int, *, prefetch: i
     prefetcher = Prefetcher(source, sampler, batch_size, batches_per_block=batches_per_call, threads=threads,
                             depth=max(2, -(-prefetch // batches_per_call) + threads), seed=seed, processes=processes)
     block_spec = element_spec(sampler, source.schema, batch_size, batches_per_call)
-    names = list(block_spec)
-    out_types = [block_spec[name].dtype for name in names]
+    paths = leaf_paths(block_spec)
+    leaves = [_at(block_spec, path) for path in paths]
+    out_types = [leaf.dtype for leaf in leaves]
 
     def fetch() -> list[np.ndarray]:
         with prefetcher.next_block() as block:  # released once handed over: TensorFlow holds the arrays
-            return [block[name] for name in names]
+            return [_at(block, path) for path in paths]
 
-    def to_block(_: tf.Tensor) -> dict[str, tf.Tensor]:
+    def to_block(_: tf.Tensor) -> dict[str, Any]:
         values = tf.numpy_function(fetch, [], out_types, stateful=True, name="replaystore_sample")
-        return {name: tf.ensure_shape(value, block_spec[name].shape) for name, value in zip(names, values)}
+        return nested(paths, [tf.ensure_shape(value, leaf.shape) for value, leaf in zip(values, leaves)])
 
     # A plain (sequential) map: the consumer's own thread calls ``fetch`` once per block, and the
     # slices of a block are taken on that same thread; no per-batch function and no hand-over
@@ -101,7 +129,7 @@ class ReplayDataset(tf.data.Dataset):
         return [self._pipeline]
 
     @property
-    def element_spec(self) -> dict[str, tf.TensorSpec]:
+    def element_spec(self) -> dict[str, Any]:
         return self._pipeline.element_spec
 
     def __iter__(self) -> iterator_ops.OwnedIterator:
@@ -124,8 +152,13 @@ class BatchIterator(iterator_ops.OwnedIterator):
 
     def __init__(self, dataset: ReplayDataset) -> None:
         super().__init__(dataset)
-        self._names = list(dataset.element_spec)  # the element_spec's order, as the stock iterator gives
-        flat = tf.nest.flatten({name: i for i, name in enumerate(self._names)})  # the order tf.data flattens in
+        spec = dataset.element_spec
+        self._paths = leaf_paths(spec)  # the element_spec's order, as the stock iterator gives
+        self._names = [path[0] for path in self._paths]
+        self._nested = len(self._paths) > len(spec)  # a Dict store's observations
+        ids = iter(range(len(self._paths)))
+        flat = tf.nest.flatten({name: {key: next(ids) for key in value} if isinstance(value, dict) else next(ids)
+                                for name, value in spec.items()})  # the order tf.data flattens in
         self._pick = operator.itemgetter(*[flat.index(i) for i in range(len(flat))])
         # the op's attributes as plain ints and lists, which the eager fast path reads quicker than
         # DType and TensorShape objects (the shapes are all fully known here)
@@ -138,9 +171,17 @@ class BatchIterator(iterator_ops.OwnedIterator):
         # it matters.
         self._stock = context.context().is_async()
 
-    def _next_internal(self) -> dict[str, tf.Tensor]:
+    def _next_internal(self) -> dict[str, Any]:
         if self._stock or not context.executing_eagerly():
             return super()._next_internal()
         flat = gen_dataset_ops.iterator_get_next(self._iterator_resource, output_types=self._types,
                                                  output_shapes=self._shapes)
+        if self._nested:
+            return nested(self._paths, self._pick(flat))
         return dict(zip(self._names, self._pick(flat)))
+
+
+def _at(element: Any, path: tuple[str, ...]) -> Any:
+    """The tensor (or array) at ``path`` of an element or a block."""
+    value = element[path[0]]
+    return value if len(path) == 1 else value[path[1]]

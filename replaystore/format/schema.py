@@ -10,10 +10,11 @@ The group's ``zarr.json`` carries one attribute, ``replaystore``::
 Each stream commits its own state in ``streams/<k>/zarr.json`` (``stream_doc``), so writers of
 different streams never rewrite the same file. A store of one stream on a file system is version 1:
 its one commit is ``"state"`` here, with no ``num_streams`` (storage/local reads it as stream 0's).
-Version 3 is a store on object storage (storage/objects). Everything read back from disk is validated here, so a hostile or
-truncated ``zarr.json`` becomes a ``CorruptStoreError`` naming the bad key rather than a crash deep
-inside numpy. The spaces themselves (``BoxSpec``, ``DiscreteSpec``, from and to gymnasium) are
-spaces.py's.
+Version 3 is a store on object storage (storage/objects). A ``Dict`` observation space is written
+as ``{"type": "Dict", "spaces": [[key, Box], ...]}`` in any version (format/dictobs.py). Everything
+read back from disk is validated here, so a hostile or truncated ``zarr.json`` becomes a
+``CorruptStoreError`` naming the bad key rather than a crash deep inside numpy. The spaces
+themselves (``BoxSpec``, ``DiscreteSpec``, from and to gymnasium) are spaces.py's.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from replaystore.errors import CorruptStoreError, FormatVersionError
+from replaystore.format.dictobs import MAX_ENTRIES, DictSpec
 from replaystore.format.spaces import (
     MAX_ACTION_SIZE,
     ActionSpec,
@@ -74,6 +76,18 @@ class Schema:
     #: what a stack holds before its episode's first step: ``"reset"`` (that first frame again,
     #: gymnasium's ``FrameStackObservation`` default) or ``"zero"`` (zeros, SB3's ``VecFrameStack``)
     frame_padding: str = "reset"
+    #: a ``Dict`` observation space (dictobs.py): ``observation`` is then the flat frame each step's
+    #: dict is kept in, and the store takes and gives dicts
+    observation_dict: DictSpec | None = None
+
+    def observation_space(self) -> Any:
+        """The gymnasium space of the observations the store takes and gives (a Box, or a Dict)."""
+        return (self.observation_dict or self.observation).to_space()
+
+    def obs_view(self, frames: np.ndarray) -> Any:
+        """Stored frames ``(..., *observation.shape)`` as the store gives them: as they are, or a
+        Dict store's as a dict of views (``DictSpec.unpack``)."""
+        return frames if self.observation_dict is None else self.observation_dict.unpack(frames)
 
     @property
     def stream_capacity(self) -> int:
@@ -171,7 +185,8 @@ def to_attrs(schema: Schema, layout: Layout, version: int) -> dict[str, Any]:
     return {
         "format_version": version,
         "schema": {
-            "observation_space": space_attrs(schema.observation),
+            "observation_space": (schema.observation_dict.attrs() if schema.observation_dict is not None
+                                  else space_attrs(schema.observation)),
             "action_space": space_attrs(schema.action),
             "capacity": schema.capacity,
             "frame_stack": schema.frame_stack,
@@ -248,10 +263,11 @@ def from_attrs(attrs: Any, *, path: str) -> tuple[Schema, Layout, int]:
     s = _get(root, "schema", dict, where)
     obs = _get(s, "observation_space", dict, f"{where}.schema")
     act = _get(s, "action_space", dict, f"{where}.schema")
-    if obs.get("type") != "Box" or act.get("type") not in ("Discrete", "Box"):
+    if obs.get("type") not in ("Box", "Dict") or act.get("type") not in ("Discrete", "Box"):
         raise CorruptStoreError(f"{where}.schema holds space types {obs.get('type')!r}/{act.get('type')!r}, expected "
-                                "Box/Discrete or Box/Box")
-    box = _parse_box(obs, f"{where}.observation_space")
+                                "Box or Dict observations and Discrete or Box actions")
+    obs_dict = _parse_dict(obs, f"{where}.observation_space") if obs["type"] == "Dict" else None
+    box = obs_dict.stored if obs_dict is not None else _parse_box(obs, f"{where}.observation_space")
     action: ActionSpec
     if act["type"] == "Box":
         action = _parse_box(act, f"{where}.action_space")
@@ -291,7 +307,29 @@ def from_attrs(attrs: Any, *, path: str) -> tuple[Schema, Layout, int]:
         raise CorruptStoreError(f"{where}.layout {layout} does not fit capacity {capacity}")
     if version == ROOT_STATE_VERSION:
         root_state(attrs, path=path)  # checked now: the store's one commit
-    return Schema(box, action, capacity, frame_stack, num_streams, padding), layout, version
+    return Schema(box, action, capacity, frame_stack, num_streams, padding, obs_dict), layout, version
+
+
+def _parse_dict(d: dict[str, Any], where: str) -> DictSpec:
+    """A Dict observation space's entry in the attributes, checked: ``spaces``, a list of
+    ``[key, Box]`` pairs with distinct non-empty keys."""
+    pairs = _get(d, "spaces", list, where)
+    if not 0 < len(pairs) <= MAX_ENTRIES:
+        raise CorruptStoreError(f"{where}.spaces holds {len(pairs)} entries, expected 1 to {MAX_ENTRIES}; the "
+                                "store's zarr.json is damaged")
+    spaces: list[tuple[str, BoxSpec]] = []
+    for i, pair in enumerate(pairs):
+        if (not isinstance(pair, list) or len(pair) != 2 or not isinstance(pair[0], str) or not pair[0]
+                or not isinstance(pair[1], dict) or pair[1].get("type") != "Box"):
+            raise CorruptStoreError(f"{where}.spaces[{i}] is {pair!r:.200}, expected [key, {{\"type\": \"Box\", ...}}]; "
+                                    "the store's zarr.json is damaged")
+        spaces.append((pair[0], _parse_box(pair[1], f"{where}.spaces[{i}]")))
+    if len({key for key, _ in spaces}) < len(spaces):
+        raise CorruptStoreError(f"{where}.spaces names a key twice; the store's zarr.json is damaged")
+    nbytes = sum(math.prod(box.shape) * np.dtype(box.dtype).itemsize for _, box in spaces)
+    if nbytes > 2**32:
+        raise CorruptStoreError(f"{where}.spaces describe frames of {nbytes} bytes; absurd size")
+    return DictSpec(tuple(spaces))
 
 
 def _parse_box(d: dict[str, Any], where: str) -> BoxSpec:

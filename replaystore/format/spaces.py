@@ -100,8 +100,8 @@ def box_from_space(space: Any) -> BoxSpec:
 
     if not isinstance(space, gym.spaces.Box):
         raise ConfigError(
-            f"observation_space is {space!r}, but replaystore stores Box observations only; "
-            "wrap the env (e.g. FlattenObservation) so it yields a Box"
+            f"observation_space is {space!r}, but replaystore stores Box observations, or Dict observations of "
+            "Box entries; wrap the env (e.g. FlattenObservation) so it yields one of those"
         )
     return BoxSpec(
         shape=tuple(int(s) for s in space.shape),

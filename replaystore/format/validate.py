@@ -20,6 +20,7 @@ from replaystore.errors import (
     CorruptStoreError,
     InvalidTransitionError,
 )
+from replaystore.format.dictobs import dict_from_space, is_dict_space
 from replaystore.format.schema import (
     FRAME_PADDINGS,
     MAX_CAPACITY,
@@ -46,6 +47,9 @@ def parse_group_doc(raw: bytes, where: str) -> dict[str, Any]:
 
 
 def check_obs(schema: Schema, path: str | Path, value: Any, name: str) -> np.ndarray:
+    """One observation checked, as the store keeps it: in its dtype, or a Dict's packed into a frame."""
+    if schema.observation_dict is not None:
+        return schema.observation_dict.pack(value, name=name, path=path)
     arr = np.asarray(value)
     spec = schema.observation
     if arr.shape != spec.shape:
@@ -157,7 +161,8 @@ def check_flag(flag: Any, name: str) -> bool:
 def new_schema(capacity: Any, observation_space: Any, action_space: Any, frame_stack: Any, num_streams: Any,
                layout: Layout | None, frame_padding: Any = "reset") -> tuple[Schema, Layout]:
     """The schema and layout of a new store, every argument of ``ReplayStore.create`` checked."""
-    box = box_from_space(observation_space)
+    obs_dict = dict_from_space(observation_space) if is_dict_space(observation_space) else None
+    box = obs_dict.stored if obs_dict is not None else box_from_space(observation_space)
     action = action_from_space(action_space)
     cap = int_in(capacity, 2, MAX_CAPACITY)
     if cap is None:
@@ -178,7 +183,7 @@ def new_schema(capacity: Any, observation_space: Any, action_space: Any, frame_s
                           f"such as {lower} or {upper}")
     layout = layout or default_layout(box.frame_bytes, cap // n)
     validate_layout(layout, cap // n)
-    return Schema(box, action, cap, stack, n, str(frame_padding)), layout
+    return Schema(box, action, cap, stack, n, str(frame_padding), obs_dict), layout
 
 
 def int_in(value: Any, lo: int, hi: int) -> int | None:
@@ -262,8 +267,12 @@ def check_rows(schema: Schema, path: str | Path, n: int, obs: Any, action: Any, 
                 f"{(n, *shape)} (one row per stream, as the vector env returns it)")
         return arr
 
-    obs_a = check_obs_rows(spec, path, rows(obs, "obs", spec.shape), "obs")
-    next_a = check_obs_rows(spec, path, rows(next_obs, "next_obs", spec.shape), "next_obs")
+    if schema.observation_dict is not None:
+        obs_a = schema.observation_dict.pack(obs, name="obs", path=path, lead=(n,))
+        next_a = schema.observation_dict.pack(next_obs, name="next_obs", path=path, lead=(n,))
+    else:
+        obs_a = check_obs_rows(spec, path, rows(obs, "obs", spec.shape), "obs")
+        next_a = check_obs_rows(spec, path, rows(next_obs, "next_obs", spec.shape), "next_obs")
     a = schema.action
     actions: list[int] | np.ndarray
     if isinstance(a, BoxSpec):

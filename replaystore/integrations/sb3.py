@@ -1,7 +1,8 @@
 """A replay store as Stable-Baselines3's replay buffer: ``ReplayStoreBuffer``.
 
-For SB3's off-policy algorithms on a Box observation space: DQN and QR-DQN (Discrete actions), SAC,
-TD3, DDPG and TQC (Box actions)::
+For SB3's off-policy algorithms on a Box observation space, or a Dict of Boxes (``MultiInputPolicy``:
+``sample`` then returns ``DictReplayBufferSamples``, each step's dict stored whole): DQN and QR-DQN
+(Discrete actions), SAC, TD3, DDPG and TQC (Box actions)::
 
     from replaystore.integrations.sb3 import ReplayStoreBuffer
     model = DQN("CnnPolicy", env, buffer_size=1_000_000,
@@ -66,10 +67,10 @@ def buffer_class() -> Any:
         try:
             import torch
             from stable_baselines3.common.buffers import BaseBuffer, ReplayBuffer
-            from stable_baselines3.common.type_aliases import ReplayBufferSamples
+            from stable_baselines3.common.type_aliases import DictReplayBufferSamples, ReplayBufferSamples
         except ImportError as exc:
             raise ImportError("ReplayStoreBuffer needs Stable-Baselines3 and torch: pip install 'replaystore[sb3]'") from exc
-        _CLASS = _define(torch, BaseBuffer, ReplayBuffer, ReplayBufferSamples)
+        _CLASS = _define(torch, BaseBuffer, ReplayBuffer, ReplayBufferSamples, DictReplayBufferSamples)
     return _CLASS
 
 
@@ -101,7 +102,7 @@ def _triton_before_tensorflow() -> None:
         pass
 
 
-def _define(torch: Any, base_buffer: Any, replay_buffer: Any, samples: Any) -> Any:
+def _define(torch: Any, base_buffer: Any, replay_buffer: Any, samples: Any, dict_samples: Any) -> Any:
     class ReplayStoreBuffer(replay_buffer):
         """SB3's ``ReplayBuffer`` interface over a replay store on disk (module docstring)."""
 
@@ -135,8 +136,14 @@ def _define(torch: Any, base_buffer: Any, replay_buffer: Any, samples: Any) -> A
         def sample(self, batch_size: int, env: Any = None) -> Any:
             data = self.side.sample(batch_size, env)
             device = self.device
-            fields = {k: None if v is None else torch.as_tensor(v, device=device) for k, v in data.items()}
-            return samples(**fields)
+
+            def tensor(value: Any) -> Any:
+                if isinstance(value, dict):  # a Dict observation space's
+                    return {key: torch.as_tensor(v, device=device) for key, v in value.items()}
+                return None if value is None else torch.as_tensor(value, device=device)
+
+            fields = {k: tensor(v) for k, v in data.items()}
+            return (dict_samples if self.side.dict_spec is not None else samples)(**fields)
 
         def size(self) -> int:
             """Sampleable transitions in the store."""

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from replaystore.errors import ConfigError, InvalidTransitionError, StoreNotFoundError
+from replaystore.format.dictobs import dict_from_space, is_dict_space
 from replaystore.format.spaces import action_from_space, box_from_space
 from replaystore.integrations.stacking import StackChecker, StackLayout, choose, from_frames
 from replaystore.store import ReplayStore
@@ -40,7 +41,13 @@ class StoreSide:
                  storage_options: dict[str, Any] | None = None, seed: int | None = None) -> None:
         if path is None or str(path) == "":
             raise ConfigError("ReplayStoreBuffer needs a path: replay_buffer_kwargs={'path': 'runs/replay.zarr'}")
-        box_from_space(observation_space)  # refuses what a store cannot hold, before anything is made
+        # a Dict's steps are packed into the store's frames here and stored whole (no stack to find)
+        self.dict_spec = dict_from_space(observation_space) if is_dict_space(observation_space) else None
+        if self.dict_spec is None:
+            box_from_space(observation_space)  # refuses what a store cannot hold, before anything is made
+        elif frame_stack not in ("auto", None, 1):
+            raise ConfigError(f"frame_stack is {frame_stack!r}, but Dict observations are stored whole; leave "
+                              "frame_stack out (a VecFrameStack's stacked keys are stored as they are)")
         self.stored_actions = buffer_action_space(action_space)
         if isinstance(n_steps, bool) or not isinstance(n_steps, (int, np.integer)) or not 1 <= n_steps <= 1000:
             raise ConfigError(f"n_steps is {n_steps!r}; it must be an int from 1 (one-step returns) to 1000")
@@ -49,8 +56,10 @@ class StoreSide:
         self.path = path
         self.buffer_size, self.n_envs = int(buffer_size), int(n_envs)
         self.observation_space, self.action_space = observation_space, action_space
-        self.obs_shape = tuple(int(s) for s in observation_space.shape)
-        self.options = {"frame_stack": frame_stack, "stack_axis": stack_axis, "padding": padding}
+        self.obs_shape = (self.dict_spec.stored.shape if self.dict_spec is not None
+                          else tuple(int(s) for s in observation_space.shape))
+        self.options = {"frame_stack": 1 if self.dict_spec is not None else frame_stack, "stack_axis": stack_axis,
+                        "padding": padding}
         self.n_steps, self.gamma = int(n_steps), float(gamma)
         self.handle_timeout_termination = bool(handle_timeout_termination)
         self.overwrite = bool(overwrite)
@@ -105,7 +114,11 @@ class StoreSide:
         if schema.num_streams != self.n_envs:
             raise ConfigError(f"the store at {where} has {schema.num_streams} streams, one per env, but this run has "
                               f"{self.n_envs} envs; use as many envs, or a new path")
-        if np.dtype(schema.observation.dtype) != np.dtype(self.observation_space.dtype):
+        if schema.observation_dict != self.dict_spec:
+            held = "Box" if schema.observation_dict is None else schema.observation_dict.describe()
+            gives = "Box" if self.dict_spec is None else self.dict_spec.describe()
+            raise ConfigError(f"the store at {where} holds {held} observations, this env gives {gives}; use a new path")
+        if np.dtype(schema.observation.dtype) != np.dtype(self.observation_space.dtype) and self.dict_spec is None:
             raise ConfigError(f"the store at {where} holds {schema.observation.dtype} observations, this env gives "
                               f"{np.dtype(self.observation_space.dtype)}; use a new path")
         if action_from_space(self.stored_actions) != schema.action:
@@ -166,12 +179,16 @@ class StoreSide:
         if end:
             store.end_episode(streams=end)
         stacks = self.stacks
-        store.add_batch(stacks.newest(obs_a), act.reshape(shape), np.asarray(reward).reshape(n), stacks.newest(next_a),
+        store.add_batch(self._given(stacks.newest(obs_a)), act.reshape(shape), np.asarray(reward).reshape(n),
+                        self._given(stacks.newest(next_a)),
                         done_b & ~timeouts, done_b & timeouts, autoreset_mode="disabled", skip=skip)
         self.checker.advance(next_a, done_b, skip)
         self.skipped += len(skip)
 
     def _rows(self, value: Any, name: str) -> np.ndarray:
+        """``value`` as one row per env: a Dict's packed into the store's frames (checked there)."""
+        if self.dict_spec is not None:
+            return self.dict_spec.pack(value, name=name, path=self.path, lead=(self.n_envs,))
         arr = np.asarray(value)
         if arr.shape != (self.n_envs, *self.obs_shape):
             if arr.size == self.n_envs * math.prod(self.obs_shape):
@@ -179,6 +196,17 @@ class StoreSide:
             raise InvalidTransitionError(f"{name} has shape {arr.shape}; this buffer takes "
                                          f"{(self.n_envs, *self.obs_shape)} (one row per env)")
         return arr
+
+    def _given(self, frames: np.ndarray) -> Any:
+        """Rows of frames as ``add_batch`` takes them: a Dict store's as dicts."""
+        return frames if self.dict_spec is None else self.dict_spec.unpack(frames)
+
+    def _observations(self, stacks: Any) -> Any:
+        """Sampled stacks as SB3's observations: rebuilt, or a Dict store's per key, ``(n, *shape)``."""
+        if isinstance(stacks, dict):
+            return {key: value.reshape(len(value), *value.shape[2:]) for key, value in stacks.items()}
+        assert self.stacks is not None
+        return self.stacks.rebuild(stacks)
 
     def sample(self, batch_size: int, env: Any = None) -> dict[str, Any]:
         """A batch as numpy arrays shaped as SB3's ``ReplayBufferSamples`` fields."""
@@ -189,12 +217,10 @@ class StoreSide:
         held = len(store)
         if 0 < held < batch_size:  # SB3 draws with replacement from what it has
             parts = [self._draw(held) for _ in range(-(-batch_size // held))]
-            batch = {k: np.concatenate([p[k] for p in parts])[:batch_size] for k in parts[0]}
+            batch = {k: _join([p[k] for p in parts], batch_size) for k in parts[0]}
         else:
             batch = self._draw(batch_size)
-        stacks = self.stacks
-        assert stacks is not None
-        obs, next_obs = stacks.rebuild(batch["obs"]), stacks.rebuild(batch["next_obs"])
+        obs, next_obs = self._observations(batch["obs"]), self._observations(batch["next_obs"])
         reward = batch["reward"].reshape(-1, 1)
         if env is not None:
             obs, next_obs = env.normalize_obs(obs), env.normalize_obs(next_obs)
@@ -211,7 +237,7 @@ class StoreSide:
             out["discounts"] = np.where(terminated, full, batch["discount"].reshape(-1, 1)).astype(np.float32)
         return out
 
-    def _draw(self, n: int) -> dict[str, np.ndarray]:
+    def _draw(self, n: int) -> dict[str, Any]:
         assert self.store is not None
         b = self.store.sample(n, rng=self.rng, n_step=self.n_steps, gamma=self.gamma)
         return {"obs": b.obs, "next_obs": b.next_obs, "action": b.action, "reward": b.reward,
@@ -219,6 +245,13 @@ class StoreSide:
 
     def __len__(self) -> int:
         return 0 if self.store is None else len(self.store)
+
+
+def _join(parts: list[Any], n: int) -> Any:
+    """The first ``n`` rows of ``parts`` (arrays, or dicts of them) one after another."""
+    if isinstance(parts[0], dict):
+        return {key: np.concatenate([p[key] for p in parts])[:n] for key in parts[0]}
+    return np.concatenate(parts)[:n]
 
 
 def buffer_action_space(action_space: Any) -> Any:

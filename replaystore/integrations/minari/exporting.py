@@ -37,7 +37,7 @@ class MinariExport:
     moves: int
     partial: int  # live episodes whose first steps the ring had overwritten, left out
     in_progress: int  # episodes still being written, left out
-    observation_shape: tuple[int, ...]
+    observation_shape: tuple[int, ...]  # () for a Dict
 
 
 def minari_from_store(src: str | Path | ReplayStore, dataset_id: str, *, stacks: bool = False, env: Any = None,
@@ -117,7 +117,7 @@ def minari_from_store(src: str | Path | ReplayStore, dataset_id: str, *, stacks:
         if store is not src:
             store.close()
     return MinariExport(dataset_id=dataset_id, path=str(final), episodes=count, moves=moves, partial=partial,
-                        in_progress=in_progress, observation_shape=tuple(int(s) for s in obs_space.shape))
+                        in_progress=in_progress, observation_shape=tuple(int(s) for s in obs_space.shape or ()))
 
 
 def _staging(root: Path) -> Path:
@@ -161,7 +161,8 @@ def _whole_episodes(store: ReplayStore) -> tuple[int, int, int, int]:
 def _check_room(root: Path, dataset_id: str, episodes: int, moves: int, store: ReplayStore, obs_space: Any) -> None:
     """Refuse, before anything is written, an export that the disk under ``root`` cannot hold: Minari's
     HDF5 is not compressed, and HDF5 may crash the process (not raise) when the disk fills mid-write."""
-    obs_bytes = int(np.prod(obs_space.shape)) * np.dtype(obs_space.dtype).itemsize
+    boxes = obs_space.spaces.values() if obs_space.shape is None else [obs_space]  # (a Dict's entries)
+    obs_bytes = sum(int(np.prod(box.shape)) * np.dtype(box.dtype).itemsize for box in boxes)
     action_bytes = max(1, int(np.prod(store.action_space.shape or (1,)))) * 8
     need = (moves + episodes) * obs_bytes + moves * (action_bytes + 4 + 2) + episodes * 16_384 + (1 << 20)
     free = shutil.disk_usage(root).free
@@ -184,10 +185,15 @@ def _buffers(store: ReplayStore, count: int, stacks: bool, progress: Progress | 
             progress(done + 1, count)
 
 
-def _stacked(episode: Episode, k: int, padding: str) -> np.ndarray:
+def _stacked(episode: Episode, k: int, padding: str) -> Any:
     """The episode's observations as the stacks of ``k`` frames the agent saw, ``(moves + 1, k, *frame)``:
-    before the first frame, that frame again (``"reset"``) or zeros (``"zero"``)."""
-    frames = episode.obs
+    before the first frame, that frame again (``"reset"``) or zeros (``"zero"``). A Dict's per key."""
+    if isinstance(episode.obs, dict):
+        return {key: _stack(frames, k, padding) for key, frames in episode.obs.items()}
+    return _stack(episode.obs, k, padding)
+
+
+def _stack(frames: np.ndarray, k: int, padding: str) -> np.ndarray:
     back = np.arange(len(frames))[:, None] - np.arange(k - 1, -1, -1)[None, :]
     out = frames[np.maximum(back, 0)]
     if padding == "zero":
@@ -199,6 +205,14 @@ def _stack_space(store: ReplayStore) -> Any:
     import gymnasium as gym
 
     space, k = store.observation_space, store.frame_stack
+    if isinstance(space, gym.spaces.Dict):
+        return gym.spaces.Dict([(key, _box_stack(box, k)) for key, box in space.spaces.items()])
+    return _box_stack(space, k)
+
+
+def _box_stack(space: Any, k: int) -> Any:
+    import gymnasium as gym
+
     shape = (k, *space.shape)
     return gym.spaces.Box(low=np.broadcast_to(space.low, shape), high=np.broadcast_to(space.high, shape),
                           shape=shape, dtype=space.dtype)

@@ -19,6 +19,7 @@ from replaystore.errors import (
     StoreExistsError,
     StoreNotFoundError,
 )
+from replaystore.format.dictobs import DictSpec, dict_from_space, is_dict_space
 from replaystore.format.spaces import action_from_space, box_from_space
 from replaystore.integrations.minari.common import Progress, minari_module
 from replaystore.integrations.stacking import StackLayout, choose
@@ -58,12 +59,19 @@ def store_from_minari(dataset: Any, path: str | Path, *, frame_stack: Any = "aut
     """
     data, name = _load(dataset)
     obs_space, action_space = data.observation_space, data.action_space
-    try:
-        box_from_space(obs_space)
+    try:  # a Dict's observations are packed into the store's frames (format/dictobs.py) and stored whole
+        spec = dict_from_space(obs_space) if is_dict_space(obs_space) else None
+        if spec is None:
+            box_from_space(obs_space)
         action_from_space(action_space)
     except ConfigError as exc:
         raise ConfigError(f"the Minari dataset {name} cannot be stored: {exc}") from None
-    obs_shape = tuple(int(s) for s in obs_space.shape)
+    if spec is not None:
+        if frame_stack not in ("auto", None, 1):
+            raise ConfigError(f"frame_stack is {frame_stack!r}, but the Minari dataset {name} has Dict observations, "
+                              "which are stored whole; leave frame_stack out")
+        frame_stack = 1
+    obs_shape = spec.stored.shape if spec is not None else tuple(int(s) for s in obs_space.shape)
     total_moves, total_episodes = int(data.total_steps), len(data)
     if total_episodes == 0:
         raise ConfigError(f"the Minari dataset {name} holds no episodes")
@@ -75,18 +83,19 @@ def store_from_minari(dataset: Any, path: str | Path, *, frame_stack: Any = "aut
                                "path, or delete what is there")
     episodes = _read(data, name)
     first = next(episodes)
-    stack = _detect(first, obs_shape, name, frame_stack=frame_stack, stack_axis=stack_axis, padding=padding)
+    stack = _detect(first, obs_shape, name, spec, frame_stack=frame_stack, stack_axis=stack_axis, padding=padding)
     staged = target.staging()
     if staged.exists():
         staged.destroy()  # this process's own leftover
     counts = {"episodes": 0, "moves": 0, "closed": 0, "empty": 0}
     try:
-        store = ReplayStore.create(staged.where, capacity, _frame_space(stack, obs_space), action_space,
+        space = obs_space if spec is not None else _frame_space(stack, obs_space)
+        store = ReplayStore.create(staged.where, capacity, space, action_space,
                                    stack.frame_stack, layout=layout, cache_bytes=0, frame_padding=stack.padding,
                                    storage_options=storage_options)
         with store:
             for episode in chain([first], episodes):
-                _add_episode(store, episode, stack, f"the Minari dataset {name}, episode {episode.id}", counts)
+                _add_episode(store, episode, stack, f"the Minari dataset {name}, episode {episode.id}", counts, spec)
                 if progress is not None:
                     progress(counts["moves"], total_moves)
             store.flush()
@@ -139,9 +148,20 @@ def _read(data: Any, name: str) -> Iterator[Any]:
         yield episode
 
 
-def _detect(first: Any, obs_shape: tuple[int, ...], name: str, **options: Any) -> StackLayout:
+def _observations(episode: Any, spec: DictSpec | None, where: str) -> np.ndarray:
+    """An episode's observations: as they are, or a Dict dataset's packed into the store's frames."""
+    if spec is None:
+        return np.asarray(episode.observations)
+    steps = len(np.asarray(episode.rewards)) + 1
+    try:
+        return spec.pack(episode.observations, name="observations", path="the store", lead=(steps,))
+    except InvalidTransitionError as exc:
+        raise InvalidTransitionError(f"{where} ({steps - 1} moves): {exc}") from None
+
+
+def _detect(first: Any, obs_shape: tuple[int, ...], name: str, spec: DictSpec | None, **options: Any) -> StackLayout:
     """How the dataset's observations are kept, from its first episode's first observation."""
-    obs = np.asarray(first.observations)
+    obs = _observations(first, spec, f"the Minari dataset {name}, episode {first.id}")
     if obs.ndim == 0 or obs.shape[1:] != obs_shape:
         raise InvalidTransitionError(f"the Minari dataset {name}, episode {first.id}: observations are "
                                      f"{_shape(obs)}, not (moves + 1, *{obs_shape})")
@@ -174,9 +194,10 @@ def _frame_space(stack: StackLayout, space: Any) -> Any:
     return gym.spaces.Box(low=frame.low.reshape(shape), high=frame.high.reshape(shape), dtype=frame.dtype)
 
 
-def _add_episode(store: ReplayStore, episode: Any, stack: StackLayout, where: str, counts: dict[str, int]) -> None:
+def _add_episode(store: ReplayStore, episode: Any, stack: StackLayout, where: str, counts: dict[str, int],
+                 spec: DictSpec | None = None) -> None:
     """One Minari episode into ``store``'s stream, checked whole before its first move is added."""
-    obs = np.asarray(episode.observations)
+    obs = _observations(episode, spec, where)
     action = np.asarray(episode.actions)
     reward = np.asarray(episode.rewards)
     terminated = np.asarray(episode.terminations)
@@ -203,9 +224,10 @@ def _add_episode(store: ReplayStore, episode: Any, stack: StackLayout, where: st
                                          "episode's are, so the store could not rebuild them exactly; pass "
                                          "frame_stack=1 to store whole observations")
         obs = stack.newest(obs).reshape(len(obs), *_frame_shape(stack))
+    given = store.schema.obs_view(obs)  # (a Dict store's: dicts of views)
     for t in range(moves):
         try:
-            store.add(obs[t], action[t], reward[t], obs[t + 1], terminated[t], truncated[t])
+            store.add(_step(given, t), action[t], reward[t], _step(given, t + 1), terminated[t], truncated[t])
         except InvalidTransitionError as exc:  # (the staged store is then discarded whole)
             raise InvalidTransitionError(f"{where}, move {t}: {exc}") from None
     if not done[-1]:
@@ -213,6 +235,10 @@ def _add_episode(store: ReplayStore, episode: Any, stack: StackLayout, where: st
         counts["closed"] += 1
     counts["episodes"] += 1
     counts["moves"] += moves
+
+
+def _step(obs: Any, t: int) -> Any:
+    return {key: value[t] for key, value in obs.items()} if isinstance(obs, dict) else obs[t]
 
 
 def _discard(staged: Backend) -> None:

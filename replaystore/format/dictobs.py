@@ -1,0 +1,181 @@
+"""Dict observation spaces: a gymnasium ``Dict`` of ``Box`` entries, kept as one flat frame a step.
+
+Goal-conditioned envs (``observation``, ``achieved_goal``, ``desired_goal``), Minari's maze datasets
+and SB3's ``MultiInputPolicy`` observe dicts. The store keeps every step's dict as one frame, so that
+everything below the facade (rings, shards, chunk cache, decode processes, stacking, padding) is the
+same code that serves Box stores, and each step's entries are fetched together with one chunk read:
+
+- the entries are laid side by side in the space's key order, each as its own bytes in its own
+  dtype, each starting at a multiple of its item size (zero bytes pad between them), and the frame's
+  length is padded to a multiple of the largest item size, so every entry of a frame whose start is
+  aligned is itself aligned;
+- where every entry has the same dtype the frame is a 1-D array of that dtype (a plain zarr reader
+  sees ``(slots, D)`` values, and no padding is ever needed); with mixed dtypes it is the frame's
+  bytes, ``uint8``, so nothing is cast and nothing is stored wider than the env gave it;
+- ``pack`` checks a dict (the keys, each entry's shape, a dtype that casts safely, no NaN) and
+  writes it into a frame, ``unpack`` views stacked frames as a dict of arrays, without copying.
+
+The group attributes describe the space as ``{"type": "Dict", "spaces": [[key, Box], ...]}``;
+replaystore versions before Dict support refuse such a store at open instead of reading flat frames.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from replaystore.errors import ConfigError, InvalidTransitionError
+from replaystore.format.spaces import BoxSpec, box_from_space, compact_bound, parse_bound, space_attrs
+
+#: Most entries in one Dict observation.
+MAX_ENTRIES = 256
+
+
+@dataclass(frozen=True)
+class Entry:
+    """Where one key's values lie in a stored frame: ``offset`` bytes in, ``shape`` of ``dtype``."""
+
+    key: str
+    offset: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+@dataclass(frozen=True)
+class DictSpec:
+    """A gymnasium ``Dict`` of ``Box`` entries, in its key order, and ``stored``, the flat Box frame
+    that holds one step's dict in the store."""
+
+    spaces: tuple[tuple[str, BoxSpec], ...]
+    stored: BoxSpec = field(init=False, compare=False, repr=False)
+    entries: tuple[Entry, ...] = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        dtypes = [np.dtype(box.dtype) for _, box in self.spaces]
+        entries, offset = [], 0
+        for (key, box), dtype in zip(self.spaces, dtypes):
+            offset = -(-offset // dtype.itemsize) * dtype.itemsize  # aligned to its item size
+            entries.append(Entry(key, offset, box.shape, dtype))
+            offset += entries[-1].nbytes
+        widest = max(d.itemsize for d in dtypes)
+        nbytes = -(-offset // widest) * widest
+        if all(d == dtypes[0] for d in dtypes):  # one dtype: no padding, the values as they are
+            lows = [np.broadcast_to(np.asarray(parse_bound(b.low), dtypes[0]), b.shape).ravel() for _, b in self.spaces]
+            highs = [np.broadcast_to(np.asarray(parse_bound(b.high), dtypes[0]), b.shape).ravel() for _, b in self.spaces]
+            stored = BoxSpec((nbytes // widest,), dtypes[0].name, parse_bound(compact_bound(np.concatenate(lows))),
+                             parse_bound(compact_bound(np.concatenate(highs))))
+        else:  # the frame's bytes
+            stored = BoxSpec((nbytes,), "uint8", 0, 255)
+        object.__setattr__(self, "stored", stored)
+        object.__setattr__(self, "entries", tuple(entries))
+
+    @property
+    def keys(self) -> list[str]:
+        return [key for key, _ in self.spaces]
+
+    def to_space(self) -> Any:
+        """The gymnasium ``Dict`` space, its keys in the stored order."""
+        import gymnasium as gym
+
+        return gym.spaces.Dict([(key, box.to_space()) for key, box in self.spaces])
+
+    def describe(self) -> str:
+        """``Dict(observation: float64(4,), desired_goal: float64(2,))``, for messages and ``inspect``."""
+        return "Dict(" + ", ".join(f"{k}: {b.dtype}{tuple(b.shape)}" for k, b in self.spaces) + ")"
+
+    # ---------------------------------------------------------------------------------------------
+    # Observations in and out
+
+    def pack(self, value: Any, *, name: str, path: str | Path, lead: tuple[int, ...] = (),
+             out: np.ndarray | None = None) -> np.ndarray:
+        """``value`` (a mapping of this space's keys to arrays of ``lead + shape``) checked and written
+        into stored frames ``(*lead, *stored.shape)`` (``out``, or a new array). Raises
+        ``InvalidTransitionError`` naming the key that is wrong, before anything is written."""
+        if not isinstance(value, Mapping):
+            raise InvalidTransitionError(f"{name} is a {type(value).__name__}, but {path} stores Dict observations "
+                                         f"{self.describe()}: pass a dict of those keys")
+        missing = [k for k in self.keys if k not in value]
+        extra = [str(k) for k in value if k not in self.keys]
+        if missing or extra:
+            raise InvalidTransitionError(
+                f"{name} has the keys {sorted(map(str, value))}, but {path} stores Dict observations of the keys "
+                f"{self.keys}" + (f"; missing {missing}" if missing else "") + (f"; unknown {extra}" if extra else "")
+                + ": pass the env's observation dict as it is, or create a store for its space")
+        arrays = []
+        for entry in self.entries:
+            arr = np.asarray(value[entry.key])
+            where = f"{name}[{entry.key!r}]"
+            if arr.shape != (*lead, *entry.shape):
+                raise InvalidTransitionError(f"{where} has shape {arr.shape}, but {path} stores it as "
+                                             f"{(*lead, *entry.shape)}; pass the env's observation as it is")
+            if arr.dtype != entry.dtype:
+                if not np.can_cast(arr.dtype, entry.dtype, casting="safe"):
+                    raise InvalidTransitionError(f"{where} has dtype {arr.dtype}, but {path} stores {entry.dtype}; "
+                                                 f"convert it with .astype({entry.dtype.name!r}) or create a store "
+                                                 f"for {arr.dtype}")
+                arr = arr.astype(entry.dtype)
+            if arr.dtype.kind == "f" and np.isnan(arr).any():
+                raise InvalidTransitionError(f"{where} holds NaN ({int(np.isnan(arr).sum())} values); {path} refuses "
+                                             "NaN observations (one poisons every Q-value computed from it): check the "
+                                             "env's observation, or replace NaN before adding; nothing was written")
+            arrays.append(arr)
+        stored = np.dtype(self.stored.dtype)
+        frames = np.zeros((*lead, *self.stored.shape), dtype=stored) if out is None else out
+        raw = frames.view(np.uint8)
+        for entry, arr in zip(self.entries, arrays):
+            raw[..., entry.offset : entry.offset + entry.nbytes] = arr.reshape(*lead, -1).view(np.uint8)
+        return frames
+
+    def unpack(self, frames: np.ndarray) -> dict[str, np.ndarray]:
+        """Stored frames ``(..., *stored.shape)`` as this space's dict: each key's values shaped
+        ``(..., *shape)`` in its dtype, views of ``frames`` (no copy)."""
+        raw = frames.view(np.uint8)
+        lead = frames.shape[:-1]
+        return {e.key: raw[..., e.offset : e.offset + e.nbytes].view(e.dtype).reshape(*lead, *e.shape)
+                for e in self.entries}
+
+    # ---------------------------------------------------------------------------------------------
+    # To and from the group attributes
+
+    def attrs(self) -> dict[str, Any]:
+        """The space's entry in the group attributes."""
+        return {"type": "Dict", "spaces": [[key, space_attrs(box)] for key, box in self.spaces]}
+
+
+def dict_from_space(space: Any) -> DictSpec:
+    """Describe a gymnasium ``Dict`` of ``Box`` entries (``ConfigError`` for any other entry)."""
+    spaces = []
+    for key, sub in space.spaces.items():
+        if not isinstance(key, str) or not key:
+            raise ConfigError(f"observation_space has the key {key!r}; a Dict store's keys must be non-empty strings")
+        try:
+            box = box_from_space(sub)
+        except ConfigError:
+            raise ConfigError(f"observation_space[{key!r}] is {sub!r}, but a Dict observation is stored when every "
+                              "entry is a Box; wrap the env so each entry is one (a nested Dict: gymnasium's "
+                              "FlattenObservation on it; a Discrete: a one-hot Box)") from None
+        if np.dtype(box.dtype).kind not in "biuf":
+            raise ConfigError(f"observation_space[{key!r}] has dtype {box.dtype}; entries must be bool, int or float")
+        spaces.append((key, box))
+    if not 0 < len(spaces) <= MAX_ENTRIES:
+        raise ConfigError(f"observation_space is a Dict of {len(spaces)} entries; a store takes 1 to {MAX_ENTRIES}")
+    return DictSpec(tuple(spaces))
+
+
+def is_dict_space(space: Any) -> bool:
+    """Whether ``space`` is a gymnasium ``Dict`` (without importing gymnasium for other spaces)."""
+    try:
+        import gymnasium as gym
+    except ImportError:
+        return False
+    return isinstance(space, gym.spaces.Dict)
+

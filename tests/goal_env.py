@@ -1,0 +1,62 @@
+"""A small goal-conditioned env with a ``Dict`` observation space, as gymnasium-robotics' envs give
+(``observation``, ``achieved_goal``, ``desired_goal``), plus entries of other dtypes and shapes so
+that a store's packing of mixed dtypes is exercised: ``steps`` (int64) and ``seen`` (a uint8 image).
+
+A point moves in the square [-1, 1]^2 by ``0.1 * action`` (a Box action in [-1, 1]^2, or one of four
+directions with ``discrete=True``); the episode ends when it is within 0.1 of the goal, or after
+``limit`` moves. Every next observation follows from the observation and the action alone
+(``follows``), so a test can check any sampled transition without knowing where it came from.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+
+DIRECTIONS = np.array([[1, 0], [-1, 0], [0, 1], [0, -1]], np.float32)
+
+
+def goal_space() -> gym.spaces.Dict:
+    point = gym.spaces.Box(-1, 1, (2,), np.float32)
+    return gym.spaces.Dict({"observation": point, "achieved_goal": point, "desired_goal": point,
+                            "steps": gym.spaces.Box(0, 10_000, (1,), np.int64),
+                            "seen": gym.spaces.Box(0, 255, (3, 3), np.uint8)})
+
+
+class Reach(gym.Env):
+    def __init__(self, discrete: bool = False, limit: int = 30) -> None:
+        self.observation_space = goal_space()
+        self.action_space = gym.spaces.Discrete(4) if discrete else gym.spaces.Box(-1, 1, (2,), np.float32)
+        self.discrete, self.limit = discrete, limit
+
+    def _obs(self) -> dict:
+        seen = np.zeros((3, 3), np.uint8)
+        seen[1 + int(np.sign(self.goal[1] - self.pos[1])), 1 + int(np.sign(self.goal[0] - self.pos[0]))] = 255
+        return {"observation": self.pos.copy(), "achieved_goal": self.pos.copy(), "desired_goal": self.goal.copy(),
+                "steps": np.array([self.t], np.int64), "seen": seen}
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
+        super().reset(seed=seed)
+        self.pos = self.np_random.uniform(-1, 1, 2).astype(np.float32)
+        self.goal = self.np_random.uniform(-1, 1, 2).astype(np.float32)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.pos = move(self.pos, DIRECTIONS[int(action)] if self.discrete else np.asarray(action, np.float32))
+        self.t += 1
+        distance = float(np.linalg.norm(self.pos - self.goal))
+        return self._obs(), -distance, distance < 0.1, self.t >= self.limit, {}
+
+
+def move(pos: np.ndarray, action: np.ndarray) -> np.ndarray:
+    return np.clip(pos + np.float32(0.1) * action, -1, 1).astype(np.float32)
+
+
+def follows(obs: dict, action: np.ndarray, next_obs: dict, i: int, *, discrete: bool = False) -> bool:
+    """Whether row ``i``'s ``next_obs`` is the step after ``obs`` with ``action`` (entries ``(n, ...)``)."""
+    a = DIRECTIONS[int(action[i])] if discrete else np.asarray(action[i], np.float32)
+    return (np.allclose(next_obs["observation"][i], move(obs["observation"][i], a))
+            and np.array_equal(next_obs["desired_goal"][i], obs["desired_goal"][i])
+            and np.array_equal(next_obs["achieved_goal"][i], next_obs["observation"][i])
+            and int(next_obs["steps"][i][0]) == int(obs["steps"][i][0]) + 1)
