@@ -31,7 +31,7 @@ def test_packing_keeps_every_dtype_and_aligns_each_entry() -> None:
     frames = spec.pack(value, name="obs", path="p", lead=(5,))
     assert frames.shape == (5, *spec.stored.shape)
     back = spec.unpack(frames)
-    assert list(back) == spec.keys
+    assert list(back) == list(spec.keys)
     for key, array in value.items():
         assert back[key].dtype == array.dtype and back[key].tobytes() == array.tobytes()  # -0.0, inf, 2**42 exact
         assert back[key].base is not None  # a view of the frames, not a copy

@@ -38,16 +38,13 @@ MAX_ENTRIES = 256
 
 @dataclass(frozen=True)
 class Entry:
-    """Where one key's values lie in a stored frame: ``offset`` bytes in, ``shape`` of ``dtype``."""
+    """Where one key's values lie in a stored frame: ``nbytes`` from ``offset`` bytes in, ``shape`` of ``dtype``."""
 
     key: str
     offset: int
     shape: tuple[int, ...]
     dtype: np.dtype
-
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * self.dtype.itemsize
+    nbytes: int
 
 
 @dataclass(frozen=True)
@@ -58,13 +55,14 @@ class DictSpec:
     spaces: tuple[tuple[str, BoxSpec], ...]
     stored: BoxSpec = field(init=False, compare=False, repr=False)
     entries: tuple[Entry, ...] = field(init=False, compare=False, repr=False)
+    keys: tuple[str, ...] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         dtypes = [np.dtype(box.dtype) for _, box in self.spaces]
         entries, offset = [], 0
         for (key, box), dtype in zip(self.spaces, dtypes):
             offset = -(-offset // dtype.itemsize) * dtype.itemsize  # aligned to its item size
-            entries.append(Entry(key, offset, box.shape, dtype))
+            entries.append(Entry(key, offset, box.shape, dtype, math.prod(box.shape) * dtype.itemsize))
             offset += entries[-1].nbytes
         widest = max(d.itemsize for d in dtypes)
         nbytes = -(-offset // widest) * widest
@@ -77,10 +75,7 @@ class DictSpec:
             stored = BoxSpec((nbytes,), "uint8", 0, 255)
         object.__setattr__(self, "stored", stored)
         object.__setattr__(self, "entries", tuple(entries))
-
-    @property
-    def keys(self) -> list[str]:
-        return [key for key, _ in self.spaces]
+        object.__setattr__(self, "keys", tuple(key for key, _ in self.spaces))
 
     def to_space(self) -> Any:
         """The gymnasium ``Dict`` space, its keys in the stored order."""
@@ -103,30 +98,30 @@ class DictSpec:
         if not isinstance(value, Mapping):
             raise InvalidTransitionError(f"{name} is a {type(value).__name__}, but {path} stores Dict observations "
                                          f"{self.describe()}: pass a dict of those keys")
-        missing = [k for k in self.keys if k not in value]
-        extra = [str(k) for k in value if k not in self.keys]
-        if missing or extra:
+        if len(value) != len(self.keys) or any(k not in value for k in self.keys):
+            missing = [k for k in self.keys if k not in value]
+            extra = [str(k) for k in value if k not in self.keys]
             raise InvalidTransitionError(
                 f"{name} has the keys {sorted(map(str, value))}, but {path} stores Dict observations of the keys "
-                f"{self.keys}" + (f"; missing {missing}" if missing else "") + (f"; unknown {extra}" if extra else "")
+                f"{list(self.keys)}" + (f"; missing {missing}" if missing else "") + (f"; unknown {extra}" if extra else "")
                 + ": pass the env's observation dict as it is, or create a store for its space")
         arrays = []
         for entry in self.entries:
             arr = np.asarray(value[entry.key])
-            where = f"{name}[{entry.key!r}]"
             if arr.shape != (*lead, *entry.shape):
-                raise InvalidTransitionError(f"{where} has shape {arr.shape}, but {path} stores it as "
+                raise InvalidTransitionError(f"{name}[{entry.key!r}] has shape {arr.shape}, but {path} stores it as "
                                              f"{(*lead, *entry.shape)}; pass the env's observation as it is")
             if arr.dtype != entry.dtype:
                 if not np.can_cast(arr.dtype, entry.dtype, casting="safe"):
-                    raise InvalidTransitionError(f"{where} has dtype {arr.dtype}, but {path} stores {entry.dtype}; "
-                                                 f"convert it with .astype({entry.dtype.name!r}) or create a store "
-                                                 f"for {arr.dtype}")
+                    raise InvalidTransitionError(f"{name}[{entry.key!r}] has dtype {arr.dtype}, but {path} stores "
+                                                 f"{entry.dtype}; convert it with .astype({entry.dtype.name!r}) or "
+                                                 f"create a store for {arr.dtype}")
                 arr = arr.astype(entry.dtype)
             if arr.dtype.kind == "f" and np.isnan(arr).any():
-                raise InvalidTransitionError(f"{where} holds NaN ({int(np.isnan(arr).sum())} values); {path} refuses "
-                                             "NaN observations (one poisons every Q-value computed from it): check the "
-                                             "env's observation, or replace NaN before adding; nothing was written")
+                raise InvalidTransitionError(f"{name}[{entry.key!r}] holds NaN ({int(np.isnan(arr).sum())} values); "
+                                             f"{path} refuses NaN observations (one poisons every Q-value computed "
+                                             "from it): check the env's observation, or replace NaN before adding; "
+                                             "nothing was written")
             arrays.append(arr)
         stored = np.dtype(self.stored.dtype)
         frames = np.zeros((*lead, *self.stored.shape), dtype=stored) if out is None else out
