@@ -32,7 +32,8 @@ class Batch:
     """A batch of transitions; every field has the batch as its first axis.
 
     ``index`` holds the ring slots sampled (pass it to ``update_priorities``); ``weight`` holds
-    importance-sampling weights (all ones for uniform sampling).
+    importance-sampling weights (all ones for uniform sampling). A Dict store's ``obs`` and
+    ``next_obs`` are dicts of such arrays, one per key (format/dictobs.py).
     """
 
     obs: np.ndarray

@@ -42,7 +42,8 @@ class Episode:
     whether that is the episode's first (False: the ring overwrote its start). Read in part
     (``episode(..., moves=slice(a, b))``), it holds moves ``a..b-1`` of the live ones and
     observations ``a..b``: ``first_move`` is ``a`` and ``first_step`` the position of observation
-    ``a``; ``ended`` and ``from_start`` still describe the whole episode."""
+    ``a``; ``ended`` and ``from_start`` still describe the whole episode. A Dict store's ``obs`` is a
+    dict of such arrays, one per key."""
 
     obs: np.ndarray
     action: np.ndarray  # (moves,) int64; a Box store's (moves, *shape) in its dtype

@@ -40,7 +40,7 @@ class SequenceBatch:
     ``obs[i, t]`` is the frame stack at the window's step ``t`` (``t = length``: the observation
     after its last move), built as ``sample`` builds stacks; ``action``, ``reward``,
     ``terminated`` and ``truncated`` are the window's ``length`` moves; ``index`` holds the slot of
-    each window's first step."""
+    each window's first step. A Dict store's ``obs`` is a dict of such arrays, one per key."""
 
     obs: np.ndarray  # (batch, length + 1, frame_stack, *obs_shape)
     action: np.ndarray  # (batch, length) int64; a Box store's (batch, length, *shape) in its dtype
