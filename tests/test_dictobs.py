@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 from conftest import snapshot
 from goal_env import Reach, follows, goal_space
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from replaystore import ConfigError, CorruptStoreError, InvalidTransitionError, Layout, ReplayStore
 from replaystore.format.dictobs import DictSpec, dict_from_space
@@ -35,6 +37,34 @@ def test_packing_keeps_every_dtype_and_aligns_each_entry() -> None:
     for key, array in value.items():
         assert back[key].dtype == array.dtype and back[key].tobytes() == array.tobytes()  # -0.0, inf, 2**42 exact
         assert back[key].base is not None  # a view of the frames, not a copy
+
+
+DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "float16", "int32", "float32", "int64", "uint64", "float64"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(DTYPES), st.lists(st.integers(1, 4), max_size=3)), min_size=1, max_size=6),
+       st.integers(0, 2**32 - 1), st.integers(1, 3))
+def test_any_dict_of_boxes_packs_and_unpacks_bit_for_bit(entries, seed: int, rows: int) -> None:
+    space = gym.spaces.Dict([(f"k{i}", gym.spaces.Box(0, 1, tuple(shape), np.dtype(d))) for i, (d, shape) in enumerate(entries)])
+    spec = dict_from_space(space)
+    rng = np.random.default_rng(seed)
+    value = {}
+    for key, box in space.spaces.items():
+        raw = rng.integers(0, 256, (rows, *box.shape, box.dtype.itemsize), dtype=np.uint8)
+        array = raw.view(box.dtype).reshape(rows, *box.shape)
+        if box.dtype.kind == "f":
+            array[np.isnan(array)] = 0
+        value[key] = array.astype(bool) if box.dtype == bool else array
+    frames = spec.pack(value, name="obs", path="p", lead=(rows,))
+    widest = max(np.dtype(d).itemsize for d, _ in entries)
+    assert frames.nbytes // rows % widest == 0 and frames.nbytes // rows < sum(
+        np.dtype(d).itemsize * int(np.prod(s)) for d, s in entries) + widest * len(entries)
+    back = spec.unpack(frames)
+    for key, array in value.items():
+        assert back[key].dtype == array.dtype and back[key].tobytes() == array.tobytes()
+        assert back[key].ctypes.data % array.dtype.itemsize == 0  # aligned: tensors take it as it is
+    assert DictSpec(spec.spaces) == spec and spec.to_space() == space
 
 
 def test_one_dtype_is_stored_as_that_dtype() -> None:

@@ -240,3 +240,12 @@ def test_disk_full_raises_a_clear_error_and_keeps_the_last_commit(store_path: Pa
     store.close()
     again = ReplayStore.open(store_path)
     assert again.committed.added == store.added and len(again) == 35 and verify_store(store_path).ok
+
+
+@pytest.mark.parametrize("dtype", [bool, np.int8, np.float16], ids=["bool", "int8", "float16"])
+def test_the_observation_space_comes_back_for_every_dtype(tmp_path: Path, dtype) -> None:
+    """gymnasium takes a uniform bound as a number but not as a numpy bool: a store of bool frames
+    (a binary grid) gave no observation_space back before."""
+    space = gym.spaces.Box(0, 1, (3, 2), dtype)
+    ReplayStore.create(tmp_path / "r.zarr", 64, space, gym.spaces.Discrete(2)).close()
+    assert ReplayStore.open(tmp_path / "r.zarr").observation_space == space

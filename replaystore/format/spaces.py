@@ -34,8 +34,9 @@ class BoxSpec:
         import gymnasium as gym
 
         dtype = np.dtype(self.dtype)
-        low = np.asarray(self.low, dtype=dtype) if np.ndim(self.low) else dtype.type(self.low)
-        high = np.asarray(self.high, dtype=dtype) if np.ndim(self.high) else dtype.type(self.high)
+        # whole arrays: gymnasium takes a uniform bound as a number, but no numpy bool is one
+        low = np.broadcast_to(np.asarray(self.low, dtype=dtype), self.shape).copy()
+        high = np.broadcast_to(np.asarray(self.high, dtype=dtype), self.shape).copy()
         return gym.spaces.Box(low=low, high=high, shape=self.shape, dtype=dtype)
 
 
