@@ -81,15 +81,7 @@ class DQN:
     def _build(self, observation_space: Any, action_space: Any) -> Learner:
         """Check the model against the stacks and actions, and make the learner (once)."""
         if self.learner is None:
-            if not hasattr(action_space, "n"):
-                where = f"{self.store.path} holds" if self.store is not None else "the environment has"
-                raise TrainerError(f"{where} actions of {action_space}; DQN needs a Discrete action space (one Q-value "
-                                   "per action)")
-            if getattr(observation_space, "shape", None) is None:  # a Dict store's (format/dictobs.py)
-                raise TrainerError(f"{self.location} holds observations of {observation_space}; this DQN takes Box "
-                                   "observations (stacks of frames): learn from a Dict store with SB3's "
-                                   "MultiInputPolicy (docs/sb3.md) or your own loop over store.sample / as_dataset, "
-                                   "or flatten the env's (gymnasium's FlattenObservation) into a new store")
+            self.replay.check_learnable(observation_space, action_space)
             stack = self.store.frame_stack if self.store is not None else self.replay.default_stack(observation_space)
             self._make_learner((stack, *observation_space.shape), observation_space.dtype, int(action_space.n))
         assert self.learner is not None

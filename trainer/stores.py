@@ -142,6 +142,19 @@ class AgentStore:
         self.stacks: tuple[tuple[int, ...], Any] | None = None  # the Q-network's (stack shape, dtype), once made
         self.switch(store)
 
+    def check_learnable(self, observation_space: Any, action_space: Any) -> None:
+        """Refuse spaces a Q-network cannot be made for: actions that are not Discrete, and a Dict
+        store's observations (format/dictobs.py), saying what reads those."""
+        if not hasattr(action_space, "n"):
+            where = f"{self.store.path} holds" if self.store is not None else "the environment has"
+            raise TrainerError(f"{where} actions of {action_space}; DQN needs a Discrete action space (one Q-value "
+                               "per action)")
+        if getattr(observation_space, "shape", None) is None:
+            raise TrainerError(f"{self.location} holds observations of {observation_space}; this DQN takes Box "
+                               "observations (stacks of frames): learn from a Dict store with SB3's "
+                               "MultiInputPolicy (docs/sb3.md) or your own loop over store.sample / as_dataset, "
+                               "or flatten the env's (gymnasium's FlattenObservation) into a new store")
+
     def switch(self, store: ReplayStore | str | Path) -> None:
         """Use ``store`` from now on (the current one is closed first)."""
         if not isinstance(store, ReplayStore | str | Path):
