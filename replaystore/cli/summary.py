@@ -110,9 +110,13 @@ def _observations(schema: Schema) -> dict[str, Any]:
             "stored_as": {"shape": list(schema.observation.shape), "dtype": schema.observation.dtype}}
 
 
+def _describe_box(box: dict[str, Any]) -> str:
+    return f"Box{tuple(box['shape'])} {box['dtype']} [{box['low']}, {box['high']}]"
+
+
 def _describe_observations(obs: dict[str, Any]) -> str:
     if obs.get("type") != "Dict":
-        return f"Box{tuple(obs['shape'])} {obs['dtype']} [{obs['low']}, {obs['high']}]"
+        return _describe_box(obs)
     entries = ", ".join(f"{key}: {box['dtype']}{tuple(box['shape'])}" for key, box in obs["spaces"].items())
     stored = obs["stored_as"]
     return f"Dict({entries}), each step kept as one frame of {stored['shape'][0]} {stored['dtype']}"
@@ -120,7 +124,7 @@ def _describe_observations(obs: dict[str, Any]) -> str:
 
 def _actions(space: dict[str, Any]) -> str:
     if space.get("type") == "Box":
-        return f"Box{tuple(space['shape'])} {space['dtype']} [{space['low']}, {space['high']}]"
+        return _describe_box(space)
     return f"Discrete({space['n']}, start={space['start']})"
 
 
