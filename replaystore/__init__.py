@@ -20,6 +20,7 @@ from replaystore.errors import (
 from replaystore.format.schema import FORMAT_VERSION, CodecSpec, Layout
 from replaystore.sampling.assemble import Batch
 from replaystore.sampling.episodes import Episode
+from replaystore.sampling.hindsight import HindsightBatch, HindsightSampler
 from replaystore.sampling.sequences import SequenceBatch
 from replaystore.store import ReplayStore
 
@@ -33,6 +34,8 @@ __all__ = [
     "CorruptStoreError",
     "Episode",
     "FormatVersionError",
+    "HindsightBatch",
+    "HindsightSampler",
     "InvalidTransitionError",
     "Layout",
     "ReadOnlyError",

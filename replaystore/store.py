@@ -75,6 +75,10 @@ log = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_CACHE_BYTES", "ReplayStore"]
 
+#: The defaults of the arguments that describe a sampler (``sampler=`` replaces them all).
+_SAMPLER_DEFAULTS: dict[str, Any] = {"n_step": 1, "gamma": 0.99, "prioritized": False, "alpha": 0.6, "beta": 0.4,
+                                     "sequence_length": None}
+
 
 class ReplayStore:
     """A disk-backed replay buffer of steps in a zarr v3 group, in one or more episode streams.
@@ -364,21 +368,23 @@ class ReplayStore:
     # Sampling
 
     def sample(self, batch_size: int, *, rng: np.random.Generator | None = None, n_step: int = 1,
-               gamma: float = 0.99, prioritized: bool = False, alpha: float = 0.6, beta: float = 0.4) -> Batch:
+               gamma: float = 0.99, prioritized: bool = False, alpha: float = 0.6, beta: float = 0.4,
+               sampler: Sampler | None = None) -> Batch:
         """Sample ``batch_size`` transitions with replacement: uniformly, or by priority.
 
         ``n_step`` > 1 returns the discounted n-step reward, the observation up to ``n_step`` moves
         ahead and ``discount = gamma**k`` (0 after a termination). With ``prioritized=True`` a
         transition is drawn with probability ``p**alpha / sum p**alpha`` and ``weight`` holds its
         importance weight ``(N P(i))**-beta``, normalised so the largest possible weight is 1; set
-        priorities with ``update_priorities(batch.index, new_priorities)``. Safe to call from
-        several threads and alongside ``add`` (decoding runs outside the store's lock).
+        priorities with ``update_priorities(batch.index, new_priorities)``. ``sampler``: a sampler
+        made elsewhere in place of those arguments, such as a ``HindsightSampler`` (its batch type).
+        Safe to call from several threads and alongside ``add`` (decoding runs outside the store's lock).
 
         Example:
             >>> ReplayStore.open("/tmp/doc.zarr").sample(4, rng=np.random.default_rng(1), n_step=3).discount.shape
             (4,)
         """
-        sampler = self.sampler(n_step=n_step, gamma=gamma, prioritized=prioritized, alpha=alpha, beta=beta)
+        sampler = self._chosen(sampler, n_step=n_step, gamma=gamma, prioritized=prioritized, alpha=alpha, beta=beta)
         batch: Batch = self._viewed(self.plan(sampler, check_batch_size(batch_size), rng=rng).finish(self.reader))
         return batch
 
@@ -474,6 +480,18 @@ class ReplayStore:
             self._samplers[key] = sampler
         return sampler
 
+    def _chosen(self, sampler: Sampler | None, **arguments: Any) -> Sampler:
+        """``sampler`` bound to this store, or (None) the one ``arguments`` describe."""
+        if sampler is None:
+            return self.sampler(**arguments)
+        if not isinstance(sampler, Sampler):
+            raise ConfigError(f"sampler is {sampler!r}; pass a replaystore sampler (such as HindsightSampler) or None")
+        given = [name for name, value in arguments.items() if value != _SAMPLER_DEFAULTS[name]]
+        if given:
+            raise ConfigError(f"sampler= was passed together with {', '.join(given)}, which describe another sampler; "
+                              f"give the sampler its own settings (it samples as {sampler.describe()})")
+        return sampler.bind(self.schema)
+
     def plan(self, sampler: Sampler, batch_size: int, *, rng: np.random.Generator | None = None, batches: int = 1,
              out: list[np.ndarray] | None = None) -> Pending:
         """The locked half of sampling, for callers that decode the frames elsewhere (the
@@ -486,7 +504,8 @@ class ReplayStore:
 
     def blocks(self, batch_size: int, *, batches_per_block: int = 8, n_step: int = 1, gamma: float = 0.99,
                prioritized: bool = False, alpha: float = 0.6, beta: float = 0.4, threads: int = 2, depth: int = 4,
-               seed: int | None = None, processes: bool | None = None, sequence_length: int | None = None) -> Any:
+               seed: int | None = None, processes: bool | None = None, sequence_length: int | None = None,
+               sampler: Sampler | None = None) -> Any:
         """An endless iterator of sampled *blocks*, drawn in the background: each a ``feed.blocks.Block``
         (a mapping of numpy arrays with the ``Batch`` fields, or with ``sequence_length`` the
         ``SequenceBatch`` fields) shaped ``(batches_per_block, batch_size, ...)``: row ``i`` is batch
@@ -508,7 +527,7 @@ class ReplayStore:
         from replaystore.feed.blocks import BlockIterator
 
         self._check_open()
-        sampler = self.sampler(n_step=n_step, gamma=gamma, prioritized=prioritized, alpha=alpha, beta=beta,
+        sampler = self._chosen(sampler, n_step=n_step, gamma=gamma, prioritized=prioritized, alpha=alpha, beta=beta,
                                sequence_length=sequence_length)
         return BlockIterator(self, sampler, batch_size, batches_per_block=batches_per_block, threads=threads,
                              depth=depth, seed=seed, processes=processes)
@@ -516,7 +535,8 @@ class ReplayStore:
     def as_dataset(self, batch_size: int, *, n_step: int = 1, gamma: float = 0.99, prioritized: bool = False,
                    alpha: float = 0.6, beta: float = 0.4, prefetch: int = 4, threads: int = 2,
                    batches_per_call: int = 8, seed: int | None = None, device: str | None = "auto",
-                   processes: bool | None = None, blocks: bool = False, sequence_length: int | None = None) -> Any:
+                   processes: bool | None = None, blocks: bool = False, sequence_length: int | None = None,
+                   sampler: Sampler | None = None) -> Any:
         """An endless ``tf.data.Dataset`` of sampled batches, drawn in the background (imports TensorFlow).
 
         Each element is a dict with the ``Batch`` fields (with ``sequence_length``, the
@@ -540,7 +560,7 @@ class ReplayStore:
         from replaystore.feed.tfdata import as_dataset
 
         self._check_open()
-        sampler = self.sampler(n_step=n_step, gamma=gamma, prioritized=prioritized, alpha=alpha, beta=beta,
+        sampler = self._chosen(sampler, n_step=n_step, gamma=gamma, prioritized=prioritized, alpha=alpha, beta=beta,
                                sequence_length=sequence_length)
         return as_dataset(self, sampler, batch_size, prefetch=prefetch, threads=threads,
                           batches_per_call=batches_per_call, seed=seed, device=device, processes=processes,
@@ -561,7 +581,7 @@ class ReplayStore:
 
         self._check_open()
         names = ("n_step", "gamma", "prioritized", "alpha", "beta", "sequence_length")
-        sampler = self.sampler(**{name: kwargs.pop(name) for name in names if name in kwargs})
+        sampler = self._chosen(kwargs.pop("sampler", None), **{name: kwargs.pop(name) for name in names if name in kwargs})
         return DeviceBlocks(self, sampler, batch_size, device=device, depth=depth, batches_per_block=batches_per_block,
                             **kwargs)
 

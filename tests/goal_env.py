@@ -60,3 +60,34 @@ def follows(obs: dict, action: np.ndarray, next_obs: dict, i: int, *, discrete: 
             and np.array_equal(next_obs["desired_goal"][i], obs["desired_goal"][i])
             and np.array_equal(next_obs["achieved_goal"][i], next_obs["observation"][i])
             and int(next_obs["steps"][i][0]) == int(obs["steps"][i][0]) + 1)
+
+
+class BitFlip(gym.Env):
+    """Flip one of ``n`` bits a move to reach a goal pattern (HER's own test task, with Box entries):
+    the reward is 0 on the goal and -1 elsewhere, so without relabelling a random policy almost never
+    sees a reward to learn from. ``compute_reward`` is vectorised, as goal envs give it."""
+
+    def __init__(self, n: int = 8, limit: int | None = None) -> None:
+        bits = gym.spaces.Box(0, 1, (n,), np.float32)
+        self.observation_space = gym.spaces.Dict({"observation": bits, "achieved_goal": bits, "desired_goal": bits})
+        self.action_space = gym.spaces.Discrete(n)
+        self.n, self.limit = n, limit or n
+
+    def _obs(self) -> dict:
+        return {"observation": self.state.copy(), "achieved_goal": self.state.copy(), "desired_goal": self.goal.copy()}
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
+        super().reset(seed=seed)
+        self.state = self.np_random.integers(0, 2, self.n).astype(np.float32)
+        self.goal = self.np_random.integers(0, 2, self.n).astype(np.float32)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.state[int(action)] = 1 - self.state[int(action)]
+        self.t += 1
+        reward = float(self.compute_reward(self.state, self.goal, {}))
+        return self._obs(), reward, reward == 0.0, self.t >= self.limit, {"is_success": reward == 0.0}
+
+    def compute_reward(self, achieved_goal, desired_goal, info) -> np.ndarray:
+        return -(np.abs(np.asarray(achieved_goal) - np.asarray(desired_goal)).sum(axis=-1) > 0).astype(np.float32)

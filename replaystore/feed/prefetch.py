@@ -185,6 +185,8 @@ class Prefetcher:
         done = self.processes.fill(pending.plans, frames) if self.processes is not None and index is not None else 0
         for plan in pending.plans[done:]:  # on this thread: no processes, or a batch they could not decode
             reader.finish(plan)
+        if pending.complete is not None:  # (hindsight relabelling)
+            pending.complete(dict(zip(sampler.frames, frames)), pending.fields)
         view = self.source.schema.obs_view  # a Dict store's frames as dicts of views
         fields = {name: view(array) for name, array in zip(sampler.frames, frames)}
         for name, values in pending.fields.items():

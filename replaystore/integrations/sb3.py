@@ -43,26 +43,28 @@ from typing import Any
 
 from replaystore.errors import ConfigError
 from replaystore.integrations.sb3side import StoreSide, buffer_action_space
+from replaystore.sampling.hindsight import HindsightSampler
 from replaystore.store import ReplayStore
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ReplayStoreBuffer", "StoreSide", "buffer_action_space"]  # noqa: F822 (ReplayStoreBuffer: module __getattr__)
+__all__ = ["ReplayStoreBuffer", "ReplayStoreHerBuffer", "StoreSide", "buffer_action_space"]  # noqa: F822 (module __getattr__)
 
 
-_CLASS: Any = None
+_CLASSES: dict[str, Any] = {}
 
 
 def __getattr__(name: str) -> Any:
     if name == "ReplayStoreBuffer":
         return buffer_class()
+    if name == "ReplayStoreHerBuffer":
+        return her_buffer_class()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def buffer_class() -> Any:
     """``ReplayStoreBuffer``, a subclass of SB3's ``ReplayBuffer`` (defined on first use: it needs SB3)."""
-    global _CLASS
-    if _CLASS is None:
+    if "buffer" not in _CLASSES:
         _triton_before_tensorflow()
         try:
             import torch
@@ -70,8 +72,19 @@ def buffer_class() -> Any:
             from stable_baselines3.common.type_aliases import DictReplayBufferSamples, ReplayBufferSamples
         except ImportError as exc:
             raise ImportError("ReplayStoreBuffer needs Stable-Baselines3 and torch: pip install 'replaystore[sb3]'") from exc
-        _CLASS = _define(torch, BaseBuffer, ReplayBuffer, ReplayBufferSamples, DictReplayBufferSamples)
-    return _CLASS
+        _CLASSES["buffer"] = _define(torch, BaseBuffer, ReplayBuffer, ReplayBufferSamples, DictReplayBufferSamples)
+    return _CLASSES["buffer"]
+
+
+def her_buffer_class() -> Any:
+    """``ReplayStoreHerBuffer``, a subclass of ``ReplayStoreBuffer`` and of SB3's ``HerReplayBuffer``
+    (defined on first use)."""
+    if "her" not in _CLASSES:
+        base = buffer_class()
+        from stable_baselines3.her.her_replay_buffer import HerReplayBuffer
+
+        _CLASSES["her"] = _define_her(base, HerReplayBuffer)
+    return _CLASSES["her"]
 
 
 def _triton_before_tensorflow() -> None:
@@ -115,7 +128,12 @@ def _define(torch: Any, base_buffer: Any, replay_buffer: Any, samples: Any, dict
             self.optimize_memory_usage = optimize_memory_usage  # every frame is stored once anyway
             self.handle_timeout_termination = handle_timeout_termination
             self.side = StoreSide(buffer_size, observation_space, action_space, n_envs, path=path,
-                                  handle_timeout_termination=handle_timeout_termination, **kwargs)
+                                  handle_timeout_termination=handle_timeout_termination, **kwargs,
+                                  **self._side_options())
+
+        def _side_options(self) -> dict[str, Any]:
+            """More options of the ``StoreSide`` (a subclass's), not pickled with the buffer."""
+            return {}
 
         @property
         def path(self) -> Any:
@@ -188,10 +206,68 @@ def _define(torch: Any, base_buffer: Any, replay_buffer: Any, samples: Any, dict
         def __getattr__(self, name: str) -> Any:
             if name == "side" and "_pending" in self.__dict__:
                 args, config = self.__dict__.pop("_pending")
-                side = self.__dict__["side"] = StoreSide(*args, **config)
+                side = self.__dict__["side"] = StoreSide(*args, **{**config, **self._side_options()})
                 return side
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     ReplayStoreBuffer.__module__ = __name__
     ReplayStoreBuffer.__qualname__ = "ReplayStoreBuffer"
     return ReplayStoreBuffer
+
+
+def _define_her(store_buffer: Any, her_buffer: Any) -> Any:
+    from stable_baselines3.her.goal_selection_strategy import GoalSelectionStrategy
+
+    class ReplayStoreHerBuffer(store_buffer, her_buffer):
+        """SB3's ``HerReplayBuffer`` interface over a replay store on disk: ``ReplayStoreBuffer``
+        whose batches are drawn by a ``HindsightSampler`` (sampling/hindsight.py), the env's
+        ``compute_reward`` giving the relabelled rewards. SB3 passes ``env`` (it checks for a
+        ``HerReplayBuffer`` subclass); ``n_sampled_goal`` and ``goal_selection_strategy`` as in SB3.
+        ``copy_info_dict=True`` is refused: the store keeps no infos."""
+
+        def __init__(self, buffer_size: int, observation_space: Any, action_space: Any, env: Any, device: Any = "auto",
+                     n_envs: int = 1, optimize_memory_usage: bool = False, handle_timeout_termination: bool = True,
+                     n_sampled_goal: int = 4, goal_selection_strategy: Any = "future", copy_info_dict: bool = False,
+                     *, path: Any = None, **kwargs: Any) -> None:
+            if copy_info_dict:
+                raise ConfigError("copy_info_dict=True: the replay store keeps no infos, so compute_reward is called "
+                                  "with empty info dicts; use copy_info_dict=False (an env whose reward needs its "
+                                  "infos cannot be relabelled from the store)")
+            strategy = goal_selection_strategy
+            if isinstance(strategy, GoalSelectionStrategy):
+                strategy = strategy.name.lower()
+            if not isinstance(strategy, str) or strategy.lower() not in ("future", "final", "episode"):
+                raise ConfigError(f"goal_selection_strategy is {goal_selection_strategy!r}; it must be 'future', "
+                                  "'final' or 'episode'")
+            self.env = env
+            self.copy_info_dict = False
+            self.goal_selection_strategy = GoalSelectionStrategy[strategy.upper()]
+            self.n_sampled_goal = n_sampled_goal
+            super().__init__(buffer_size, observation_space, action_space, device, n_envs, optimize_memory_usage,
+                             handle_timeout_termination, path=path, **kwargs)  # (checks n_sampled_goal)
+            self.her_ratio = 1 - (1.0 / (n_sampled_goal + 1))
+
+        def _side_options(self) -> dict[str, Any]:
+            strategy = self.goal_selection_strategy.name.lower()
+            return {"hindsight": HindsightSampler(self._compute_reward, strategy=strategy,
+                                                  n_sampled_goal=self.n_sampled_goal)}
+
+        def _compute_reward(self, achieved: Any, desired: Any, infos: Any) -> Any:
+            """The env's ``compute_reward`` (of its first env, as SB3 calls it)."""
+            if self.env is None:
+                raise ConfigError("this buffer has no env to compute relabelled rewards with: pass env= when making "
+                                  "it, or env= to the model's load (load_replay_buffer then calls set_env)")
+            return self.env.env_method("compute_reward", achieved, desired, infos, indices=[0])[0]
+
+        def truncate_last_trajectory(self) -> None:
+            """Nothing to do: a store continued by a new buffer ended its episodes in progress when it
+            was opened (truncated), so they are sampled as finished episodes."""
+
+        def __getstate__(self) -> dict[str, Any]:
+            state = super().__getstate__()
+            state["env"] = None  # (not pickled: load_replay_buffer calls set_env)
+            return state
+
+    ReplayStoreHerBuffer.__module__ = __name__
+    ReplayStoreHerBuffer.__qualname__ = "ReplayStoreHerBuffer"
+    return ReplayStoreHerBuffer

@@ -18,6 +18,7 @@ from replaystore.errors import ConfigError, InvalidTransitionError, StoreNotFoun
 from replaystore.format.dictobs import dict_from_space, is_dict_space
 from replaystore.format.spaces import action_from_space, box_from_space
 from replaystore.integrations.stacking import StackChecker, StackLayout, choose, from_frames
+from replaystore.sampling.hindsight import HindsightSampler, goal_entries
 from replaystore.store import ReplayStore
 
 log = logging.getLogger("replaystore.integrations.sb3")
@@ -32,13 +33,16 @@ class StoreSide:
     ``frame_stack`` (``"auto"``, 1 or k), ``stack_axis`` (0, -1) and ``padding`` (``"zero"``,
     ``"reset"``): the stacking layout, see stacking.choose. ``overwrite``: replace a store at
     ``path`` instead of continuing it. ``layout``, ``cache_bytes``: as for ``ReplayStore.create``.
+    ``hindsight``: a ``HindsightSampler`` (not yet bound) that ``sample`` draws with, for
+    ``ReplayStoreHerBuffer``; it needs a Dict space with ``achieved_goal`` and ``desired_goal``.
     """
 
     def __init__(self, buffer_size: int, observation_space: Any, action_space: Any, n_envs: int, *, path: Any,
                  frame_stack: Any = "auto", stack_axis: Any = None, padding: Any = None, n_steps: int = 1,
                  gamma: float = 0.99, handle_timeout_termination: bool = True, overwrite: bool = False,
                  layout: Any = None, cache_bytes: int | None = None,
-                 storage_options: dict[str, Any] | None = None, seed: int | None = None) -> None:
+                 storage_options: dict[str, Any] | None = None, seed: int | None = None,
+                 hindsight: HindsightSampler | None = None) -> None:
         if path is None or str(path) == "":
             raise ConfigError("ReplayStoreBuffer needs a path: replay_buffer_kwargs={'path': 'runs/replay.zarr'}")
         # a Dict's steps are packed into the store's frames here and stored whole (no stack to find)
@@ -48,6 +52,16 @@ class StoreSide:
         elif frame_stack not in ("auto", None, 1):
             raise ConfigError(f"frame_stack is {frame_stack!r}, but Dict observations are stored whole; leave "
                               "frame_stack out (a VecFrameStack's stacked keys are stored as they are)")
+        if hindsight is not None:
+            if self.dict_spec is None:
+                raise ConfigError(f"hindsight relabelling (ReplayStoreHerBuffer) needs a Dict observation space with "
+                                  f"'achieved_goal' and 'desired_goal', but the env observes {observation_space}; "
+                                  "use ReplayStoreBuffer for it")
+            goal_entries(self.dict_spec)  # the goal entries there, of one shape and dtype
+            if n_steps != 1:
+                raise ConfigError(f"n_steps is {n_steps!r}, but a relabelled reward is one step's: hindsight "
+                                  "relabelling takes n_steps=1 (as SB3's HerReplayBuffer)")
+        self.hindsight = hindsight
         self.stored_actions = buffer_action_space(action_space)
         if isinstance(n_steps, bool) or not isinstance(n_steps, (int, np.integer)) or not 1 <= n_steps <= 1000:
             raise ConfigError(f"n_steps is {n_steps!r}; it must be an int from 1 (one-step returns) to 1000")
@@ -238,8 +252,13 @@ class StoreSide:
         return out
 
     def _draw(self, n: int) -> dict[str, Any]:
-        assert self.store is not None
-        b = self.store.sample(n, rng=self.rng, n_step=self.n_steps, gamma=self.gamma)
+        store = self.store
+        assert store is not None
+        if self.hindsight is not None:
+            self.hindsight = self.hindsight.bind(store.schema)  # (once: a bound sampler binds to itself)
+            b = store.sample(n, rng=self.rng, sampler=self.hindsight)
+        else:
+            b = store.sample(n, rng=self.rng, n_step=self.n_steps, gamma=self.gamma)
         return {"obs": b.obs, "next_obs": b.next_obs, "action": b.action, "reward": b.reward,
                 "terminated": b.terminated, "discount": b.discount}
 

@@ -52,12 +52,16 @@ class Batch:
 
 def prepare(ring: Rings, reader: FrameReader, positions: np.ndarray, *, n_step: int = 1, gamma: float = 0.99,
             weight: np.ndarray | None = None, out: list[np.ndarray] | None = None, batches: int = 1,
-            result: Callable[..., Any] = Batch) -> Pending:
+            result: Callable[..., Any] = Batch, single: dict[str, np.ndarray] | None = None,
+            extra: dict[str, np.ndarray] | None = None,
+            complete: Callable[[dict[str, np.ndarray], dict[str, np.ndarray]], None] | None = None) -> Pending:
     """Read everything ``batches`` batches need from the ring and plan their frame reads.
 
     ``positions`` holds the batches one after another. ``out`` (optional with one batch, required
-    with more) is a pair of C-contiguous ``(batches, n, frame_stack, *obs_shape)`` arrays that
-    receive the batches' ``obs`` and ``next_obs``."""
+    with more) is a list of C-contiguous ``(batches, n, frame_stack, *obs_shape)`` arrays that
+    receive the batches' ``obs`` and ``next_obs`` (and each of ``single``). ``single``: more frame
+    fields, each one frame a row (a position per row, filling its whole stack); ``extra``: more
+    fields, as they are; ``complete``: run on the frames and fields once decoded (``Pending``)."""
     positions = np.asarray(positions, dtype=np.int64)
     slots = ring.slots(positions)
     m, _ = n_step_span(ring, positions, n_step)
@@ -80,11 +84,14 @@ def prepare(ring: Rings, reader: FrameReader, positions: np.ndarray, *, n_step: 
     # (batches, 2, n, k): per batch, one plan whose two rows are ``obs`` and ``next_obs`` (without an
     # ``out``, one contiguous output split without a copy)
     n = positions.size // batches
-    both = ring.stack_positions(np.concatenate([positions, next_positions])).reshape(2, batches, n, -1)
-    both = both.transpose(1, 0, 2, 3)
+    stacks = [ring.stack_positions(np.concatenate([positions, next_positions]))]
+    single = single or {}
+    stacks += [np.repeat(np.asarray(at, dtype=np.int64)[:, None], ring.frame_stack, axis=1) for at in single.values()]
+    rows = 2 + len(single)
+    both = np.concatenate(stacks).reshape(rows, batches, n, -1).transpose(1, 0, 2, 3)
     if batches > 1 and out is None:
         raise ValueError("prepare(..., batches > 1) needs an out array for the frames")
-    outs: list = [None] if out is None else [[out[0][i], out[1][i]] for i in range(batches)]
+    outs: list = [None] if out is None else [[out[r][i] for r in range(rows)] for i in range(batches)]
     fields = {
         "action": ring.action[slots].astype(ring.action_dtype, copy=False),
         "reward": reward,
@@ -93,5 +100,6 @@ def prepare(ring: Rings, reader: FrameReader, positions: np.ndarray, *, n_step: 
         "discount": discount,
         "index": slots,
         "weight": np.ones(positions.size, dtype=np.float32) if weight is None else weight.astype(np.float32),
+        **(extra or {}),
     }
-    return Pending(fields, reader.plan_many(both, outs), ("obs", "next_obs"), out, result)
+    return Pending(fields, reader.plan_many(both, outs), ("obs", "next_obs", *single), out, result, complete)

@@ -26,6 +26,9 @@ class Pending:
     frames: tuple[str, ...]  # the frame fields, in the order of each plan's rows
     out: list[np.ndarray] | None
     result: Callable[..., Any]  # the fields (frames included) as keywords -> the batch
+    #: run on the decoded frames and the fields before the batch is made (hindsight relabelling);
+    #: frame fields named ``_...`` are its own and not part of the batch
+    complete: Callable[[dict[str, np.ndarray], dict[str, np.ndarray]], None] | None = None
 
     def finish(self, reader: FrameReader) -> Any:
         """Decode the frames (no lock needed) and return the batch. Given an ``out``, the frame
@@ -36,4 +39,6 @@ class Pending:
             frames = {name: done[0][i] for i, name in enumerate(self.frames)}
         else:
             frames = dict(zip(self.frames, self.out))
-        return self.result(**frames, **self.fields)
+        if self.complete is not None:
+            self.complete(frames, self.fields)
+        return self.result(**{k: v for k, v in frames.items() if not k.startswith("_")}, **self.fields)

@@ -10,7 +10,10 @@ batches hold (``spec``), so a new way of sampling is one new class here:
 - ``UniformSampler``: transitions drawn uniformly, with n-step returns (assemble.py);
 - ``PrioritizedSampler``: transitions drawn in proportion to their priorities (priority.py keeps
   the state it shares with the store: the sum tree and the priority new transitions get);
-- ``SequenceSampler``: windows of consecutive transitions inside one episode (sequences.py).
+- ``SequenceSampler``: windows of consecutive transitions inside one episode (sequences.py);
+- ``HindsightSampler``: transitions of a goal-conditioned Dict store, a share of each batch with its
+  goal relabelled (HER, hindsight.py); made by the user and passed as ``sampler=``, bound to the
+  store's schema (``bind``).
 """
 
 from __future__ import annotations
@@ -49,6 +52,12 @@ class Sampler(ABC):
         receives the frames (required with ``batches`` > 1). Raises ``SampleError`` when the store
         cannot give what is asked."""
 
+    def bind(self, schema: Schema) -> Sampler:
+        """This sampler for a store of ``schema`` (a store calls it on a sampler it is given): itself,
+        or a copy that knows what it needs of the schema. Raises ``ConfigError`` for a store it
+        cannot sample."""
+        return self
+
     def describe(self) -> str:
         """How error messages name this way of sampling."""
         return type(self).__name__
@@ -58,7 +67,7 @@ class UniformSampler(Sampler):
     """Transitions drawn uniformly (with replacement) over every stream, with ``n_step`` returns
     discounted by ``gamma`` (assemble.py)."""
 
-    frames = ("obs", "next_obs")
+    frames: tuple[str, ...] = ("obs", "next_obs")
     n_step: int
     gamma: float
 

@@ -1,0 +1,283 @@
+"""Hindsight experience replay: transitions of a goal-conditioned Dict store, their goals relabelled.
+
+Goal-conditioned envs (gymnasium-robotics' Fetch and maze tasks, anything SB3's ``HerReplayBuffer``
+serves) observe a dict with ``achieved_goal`` and ``desired_goal`` and give a sparse reward. HER
+(Andrychowicz et al. 2017) learns from failures by replaying a transition as if the goal had been
+one the episode reached later: ``HindsightSampler`` draws transitions uniformly, like
+``UniformSampler``, and relabels a fixed share of each batch, ``n_sampled_goal / (n_sampled_goal + 1)``
+(``int`` of it times the batch, the first rows), as SB3 does:
+
+- the new goal is the ``achieved_goal`` of a later observation of the same episode: for the
+  transition from step ``t`` of an episode whose last step is ``L``, the observation at a step drawn
+  uniformly from ``t + 1 .. L`` (``"future"``, the default), at ``L`` (``"final"``), or at any step
+  ``1 .. L`` of the episode still in the ring (``"episode"``) -- SB3's three strategies, which take
+  the ``next_obs`` of a transition of ``t .. L - 1``, ``L - 1`` and ``0 .. L - 1``;
+- it replaces ``desired_goal`` in ``obs`` and ``next_obs`` (every frame of a stack: the goal is the
+  episode's), and ``reward`` becomes ``compute_reward(next achieved_goal, new goal, infos)``, called
+  once a batch with ``(m, *goal_shape)`` arrays and ``m`` empty info dicts (the store keeps no
+  infos), as SB3 calls the env's ``compute_reward``; ``terminated`` stays as stored (as in SB3);
+- only transitions of *finished* episodes are drawn (their last step is stored), relabelled or not,
+  as in SB3: a goal drawn from an episode still in progress would be drawn from part of it.
+
+The goal's frame is planned with the batch, as a third frame field (``_goal``, not part of the
+batch), and fetched and decoded with the others through the store's ``FrameReader``; the
+relabelling (``Relabel``) runs after decoding, outside the store's lock, on the packed frames: the
+goal's bytes are copied from the ``achieved_goal`` entry to the ``desired_goal`` entry, which must
+have the same shape and dtype. So ``sample``, ``blocks``, ``as_dataset`` and ``jax_blocks`` all
+serve relabelled batches, on threads or with decode processes.
+
+A transition's episode end is found by scanning ``is_last`` forward from it in growing windows
+(64 steps, then 4x more each round, up to the stream's newest step): a draw costs what the episodes
+cost, ~64 lookups a transition for the 50-step episodes of Fetch.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from replaystore.errors import ConfigError, SampleError
+from replaystore.format.dictobs import DictSpec, Entry
+from replaystore.format.schema import Schema
+from replaystore.sampling.assemble import Batch, prepare
+from replaystore.sampling.draws import sample_uniform
+from replaystore.sampling.pending import FieldSpec, Pending
+from replaystore.sampling.samplers import UniformSampler, check_unit
+from replaystore.storage.reader import FrameReader
+from replaystore.storage.rings import SHIFT, Rings
+
+STRATEGIES = ("future", "final", "episode")
+MAX_ROUNDS = 4
+FIRST_WINDOW = 64
+MAX_WINDOW = 1 << 16
+
+
+@dataclass(frozen=True)
+class HindsightBatch(Batch):
+    """A ``Batch`` whose rows ``relabelled`` have a goal taken from later in their episode (their
+    ``desired_goal`` and ``reward`` are the relabelled ones)."""
+
+    relabelled: np.ndarray
+
+
+class HindsightSampler(UniformSampler):
+    """Uniform 1-step transitions of finished episodes, a share of each batch with its goal relabelled
+    (see the module docstring). ``compute_reward(achieved_goal, desired_goal, info)``: the env's,
+    vectorised over a batch (gymnasium-robotics' ``env.unwrapped.compute_reward``).
+    ``n_sampled_goal``: relabelled transitions per real one (HER's k; 4 relabels 80%).
+    ``strategy``: ``"future"``, ``"final"`` or ``"episode"``. ``achieved_key``/``desired_key``: the
+    Dict store's keys of the two goals. Pass it to a store's ``sample``, ``blocks``, ``as_dataset``
+    or ``jax_blocks`` as ``sampler=``; the store checks its keys against its space (``bind``)."""
+
+    frames = ("obs", "next_obs", "_goal")
+    compute_reward: Callable[..., Any]
+    strategy: str
+    n_sampled_goal: int
+    ratio: float
+    achieved_key: str
+    desired_key: str
+
+    def __init__(self, compute_reward: Callable[..., Any], *, strategy: str = "future", n_sampled_goal: int = 4,
+                 achieved_key: str = "achieved_goal", desired_key: str = "desired_goal", gamma: float = 0.99) -> None:
+        super().__init__(n_step=1, gamma=gamma)
+        if not callable(compute_reward):
+            raise ConfigError(f"compute_reward is {compute_reward!r}; pass the env's compute_reward(achieved_goal, "
+                              "desired_goal, info), e.g. env.unwrapped.compute_reward")
+        if strategy not in STRATEGIES:
+            raise ConfigError(f"strategy is {strategy!r}; it must be one of {', '.join(STRATEGIES)}")
+        if (isinstance(n_sampled_goal, bool) or not isinstance(n_sampled_goal, numbers.Integral)
+                or not 0 <= n_sampled_goal <= 1000):
+            raise ConfigError(f"n_sampled_goal is {n_sampled_goal!r}; it must be an int from 0 (no relabelling) to "
+                              "1000 (HER's k: relabelled transitions per real one)")
+        check_unit(gamma, "gamma")
+        self.compute_reward = compute_reward
+        self.strategy = strategy
+        self.n_sampled_goal = int(n_sampled_goal)
+        self.ratio = 1.0 - 1.0 / (self.n_sampled_goal + 1)
+        self.achieved_key, self.desired_key = str(achieved_key), str(desired_key)
+        self.goals: tuple[Entry, Entry] | None = None  # set by bind
+
+    def bind(self, schema: Schema) -> HindsightSampler:
+        """This sampler for a store of ``schema``: its two goal entries found and checked (the same
+        shape and dtype). Raises ``ConfigError`` for a store it cannot relabel."""
+        spec = schema.observation_dict
+        if spec is None:
+            raise ConfigError(f"hindsight relabelling needs a store of Dict observations with "
+                              f"{self.achieved_key!r} and {self.desired_key!r} entries, but this store holds "
+                              f"Box observations {schema.observation.dtype}{tuple(schema.observation.shape)}; create "
+                              "the store with the goal env's observation_space")
+        achieved, desired = goal_entries(spec, self.achieved_key, self.desired_key)
+        if self.goals == (achieved, desired):
+            return self
+        bound = HindsightSampler(self.compute_reward, strategy=self.strategy, n_sampled_goal=self.n_sampled_goal,
+                                 achieved_key=self.achieved_key, desired_key=self.desired_key, gamma=self.gamma)
+        bound.goals = (achieved, desired)
+        return bound
+
+    def spec(self, batch_size: int, schema: Schema) -> dict[str, FieldSpec]:
+        return {**super().spec(batch_size, schema), "relabelled": ((batch_size,), np.dtype(bool))}
+
+    def plan(self, rings: Rings, reader: FrameReader, batch_size: int, rng: np.random.Generator, *,
+             batches: int = 1, out: list[np.ndarray] | None = None) -> Pending:
+        if self.goals is None:
+            raise ConfigError("this HindsightSampler is not bound to a store: pass it to the store's sample, blocks, "
+                              "as_dataset or jax_blocks as sampler=")
+        available = self.available(rings)
+        if batch_size > available:
+            raise SampleError(f"asked for {batch_size} transitions but the store holds {available} sampleable; add "
+                              f"more transitions first or sample at most {available}")
+        positions, last = self.draw_finished(rings, batches * batch_size, rng)
+        rows = np.zeros((batches, batch_size), dtype=bool)
+        rows[:, : int(self.ratio * batch_size)] = True
+        relabelled = rows.reshape(-1)
+        goal = positions + 1  # (unused where not relabelled: the next observation, whose chunk is read anyway)
+        goal[relabelled] = self.goal_steps(rings, positions[relabelled], last[relabelled], rng)
+        relabel = Relabel(self.goals, self.compute_reward, relabelled, rings.frame_stack)
+        return prepare(rings, reader, positions, n_step=1, gamma=self.gamma, out=out, batches=batches,
+                       result=HindsightBatch, single={"_goal": goal}, extra={"relabelled": relabelled},
+                       complete=relabel)
+
+    def draw_finished(self, rings: Rings, count: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """``count`` positions drawn uniformly from the transitions of finished episodes, and the
+        position of each one's episode's last step."""
+        picked: list[np.ndarray] = []
+        ends: list[np.ndarray] = []
+        need, frac = count, 1.0
+        for _ in range(MAX_ROUNDS):
+            candidates = sample_uniform(rings, int(need / frac * 1.1) + 8, rng)
+            last = episode_last(rings, candidates)
+            ok = last >= 0
+            frac = max(float(ok.mean()), 1e-3)
+            picked.append(candidates[ok][:need])
+            ends.append(last[ok][:need])
+            need -= picked[-1].size
+            if need == 0:
+                return np.concatenate(picked), np.concatenate(ends)
+        everyone, their_ends = finished_transitions(rings)
+        if everyone.size == 0:
+            raise SampleError("no episode has ended in the store yet, and hindsight relabelling draws only from finished "
+                              "episodes (a goal comes from an episode's later steps): add steps until one ends (with "
+                              "SB3: a learning_starts larger than the env's episode length)")
+        chosen = rng.integers(0, everyone.size, size=need)
+        picked.append(everyone[chosen])
+        ends.append(their_ends[chosen])
+        return np.concatenate(picked), np.concatenate(ends)
+
+    def goal_steps(self, rings: Rings, positions: np.ndarray, last: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """The step whose ``achieved_goal`` becomes each transition's goal (``strategy``)."""
+        if self.strategy == "final":
+            return last.copy()
+        if self.strategy == "future":
+            return rng.integers(positions + 1, last + 1)
+        first = positions - rings.ep_step[rings.slots(positions)].astype(np.int64)
+        lo = rings.live_ranges()[0][positions >> SHIFT]
+        return rng.integers(np.maximum(first, lo - 1) + 1, last + 1)  # steps the ring still holds
+
+    def describe(self) -> str:
+        return f"hindsight sampling ({self.strategy}, n_sampled_goal={self.n_sampled_goal})"
+
+
+def goal_entries(spec: DictSpec, achieved_key: str = "achieved_goal",
+                 desired_key: str = "desired_goal") -> tuple[Entry, Entry]:
+    """The two goal entries of a Dict space, checked: both there, the same shape and dtype
+    (``ConfigError`` naming what is wrong)."""
+    entries = {e.key: e for e in spec.entries}
+    missing = [k for k in (achieved_key, desired_key) if k not in entries]
+    if missing:
+        raise ConfigError(f"hindsight relabelling needs the entries {achieved_key!r} and {desired_key!r}, but the "
+                          f"observations {spec.describe()} have no {missing}; name the goal entries with achieved_key= "
+                          "and desired_key=")
+    if achieved_key == desired_key:
+        raise ConfigError(f"achieved_key and desired_key are both {achieved_key!r}; they name two entries")
+    achieved, desired = entries[achieved_key], entries[desired_key]
+    if (achieved.shape, achieved.dtype) != (desired.shape, desired.dtype):
+        raise ConfigError(f"{achieved.key!r} is {achieved.dtype}{achieved.shape} but {desired.key!r} is "
+                          f"{desired.dtype}{desired.shape}; a goal replaces the other, so they must have the same "
+                          "shape and dtype")
+    return achieved, desired
+
+
+class Relabel:
+    """The relabelling of a planned batch, run by ``Pending`` once its frames are decoded: the goal
+    frames' ``achieved_goal`` bytes copied into ``desired_goal`` of the relabelled rows' ``obs`` and
+    ``next_obs`` stacks, and their rewards computed again."""
+
+    def __init__(self, goals: tuple[Entry, Entry], compute_reward: Callable[..., Any], relabelled: np.ndarray,
+                 frame_stack: int) -> None:
+        self.achieved, self.desired = goals
+        self.compute_reward = compute_reward
+        self.relabelled = relabelled
+        self.frame_stack = frame_stack
+
+    def __call__(self, frames: dict[str, np.ndarray], fields: dict[str, np.ndarray]) -> None:
+        rows = np.flatnonzero(self.relabelled)
+        if rows.size == 0:
+            return
+        a, d = self.achieved, self.desired
+        obs, next_obs, goal = (_rows(frames[name], self.frame_stack) for name in ("obs", "next_obs", "_goal"))
+        new = goal[rows, -1, a.offset : a.offset + a.nbytes]  # the goal frame's achieved_goal, bytes
+        obs[rows, :, d.offset : d.offset + d.nbytes] = new[:, None, :]
+        next_obs[rows, :, d.offset : d.offset + d.nbytes] = new[:, None, :]
+        achieved = next_obs[rows, -1, a.offset : a.offset + a.nbytes].copy().view(a.dtype).reshape(rows.size, *a.shape)
+        desired = new.copy().view(d.dtype).reshape(rows.size, *d.shape)
+        try:
+            reward = np.asarray(self.compute_reward(achieved, desired, [{} for _ in range(rows.size)]))
+        except Exception as exc:
+            raise SampleError(f"compute_reward raised {type(exc).__name__}: {exc} (called with achieved_goal and "
+                              f"desired_goal of shape {achieved.shape} and {rows.size} empty infos)") from exc
+        if reward.size != rows.size or reward.dtype.kind not in "biuf":
+            raise SampleError(f"compute_reward returned {reward.dtype} of shape {reward.shape} for {rows.size} goals; "
+                              f"it must return one number a goal (shape ({rows.size},))")
+        fields["reward"][rows] = reward.reshape(rows.size).astype(np.float32)
+
+
+def _rows(frames: np.ndarray, frame_stack: int) -> np.ndarray:
+    """Frame stacks ``(..., n, frame_stack, D)`` as ``(rows, frame_stack, nbytes)`` bytes, a view
+    (the arrays a plan fills are C-contiguous)."""
+    if not frames.flags.c_contiguous:
+        raise ValueError("hindsight relabelling writes into contiguous frame arrays")
+    raw = frames.view(np.uint8)
+    return raw.reshape(-1, frame_stack, raw.shape[-1])
+
+
+def episode_last(rings: Rings, positions: np.ndarray) -> np.ndarray:
+    """For each position (a transition), the position of its episode's last step, or -1 where the
+    episode has not ended among the stored steps (scanned forward in growing windows)."""
+    positions = np.asarray(positions, dtype=np.int64)
+    out = np.full(positions.size, -1, dtype=np.int64)
+    heads = np.broadcast_to(np.asarray(rings.heads(positions), dtype=np.int64), positions.shape)
+    start = positions + 1
+    todo = np.arange(positions.size)
+    window = FIRST_WINDOW
+    while todo.size:
+        ahead = start[todo, None] + np.arange(window, dtype=np.int64)[None, :]
+        stored = ahead < heads[todo, None]
+        hit = rings.is_last[rings.slots(ahead)] & stored
+        found = hit.any(axis=1)
+        first = np.argmax(hit, axis=1)
+        out[todo[found]] = ahead[found, first[found]]
+        start[todo] += window
+        todo = todo[~found & stored[:, -1]]  # neither ended nor at the stream's newest step: look further
+        window = min(window * 4, MAX_WINDOW)
+    return out
+
+
+def finished_transitions(rings: Rings) -> tuple[np.ndarray, np.ndarray]:
+    """Every sampleable transition of a finished episode and its episode's last step (the whole
+    live range: what the draw falls back on when few transitions are in finished episodes)."""
+    lo, hi = rings.live_ranges()
+    out, ends = [], []
+    for a, b, k in zip(lo.tolist(), hi.tolist(), range(rings.num_streams)):
+        ring = rings.streams[k]
+        positions = np.arange(a, b, dtype=np.int64)
+        positions = positions[rings.valid[rings.slots(positions)]]
+        last = ring.episode_ends() | (k << SHIFT if rings.num_streams > 1 else 0)
+        at = np.searchsorted(last, positions, side="right")
+        ok = at < last.size
+        out.append(positions[ok])
+        ends.append(last[at[ok]])
+    return np.concatenate(out), np.concatenate(ends)
