@@ -48,6 +48,14 @@ class Reach(gym.Env):
         distance = float(np.linalg.norm(self.pos - self.goal))
         return self._obs(), -distance, distance < 0.1, self.t >= self.limit, {}
 
+    def compute_reward(self, achieved_goal, desired_goal, info) -> np.ndarray:
+        """The reward of reaching ``achieved_goal`` when aiming at ``desired_goal`` (vectorised)."""
+        return reach_reward(achieved_goal, desired_goal, info)
+
+
+def reach_reward(achieved_goal, desired_goal, info) -> np.ndarray:
+    return -np.linalg.norm(np.asarray(achieved_goal, np.float32) - np.asarray(desired_goal, np.float32), axis=-1)
+
 
 def move(pos: np.ndarray, action: np.ndarray) -> np.ndarray:
     return np.clip(pos + np.float32(0.1) * action, -1, 1).astype(np.float32)
