@@ -271,3 +271,40 @@ def test_what_cannot_be_relabelled_is_refused(tmp_path):
     with pytest.raises(SampleError, match="returned <U1"):
         store.sample(8, sampler=HindsightSampler(lambda a, d, i: np.array(["x"] * len(a))))
     assert len(store) == before
+
+
+def test_episode_ends_found_by_the_scan_and_by_the_enumeration(tmp_path):
+    """``episode_last`` (the forward scan, episodes longer than its first window too) and
+    ``finished_transitions`` (the fallback over the whole live range) against a plain loop, on a
+    wrapped three-stream ring with an episode in progress in each stream."""
+    import gymnasium as gym
+
+    from replaystore.sampling.hindsight import episode_last, finished_transitions
+
+    envs = gym.vector.SyncVectorEnv([lambda limit=limit: Reach(limit=limit) for limit in (5, 90, 150)])
+    store = ReplayStore.create(tmp_path / "e.zarr", 3 * 256, envs.single_observation_space, envs.single_action_space,
+                               num_streams=3)
+    obs, _ = envs.reset(seed=1)
+    for _ in range(400):
+        action = np.zeros((3, 2), np.float32)  # (no move: no early success, every episode runs to its limit)
+        nxt, reward, terminated, truncated, _ = envs.step(action)
+        store.add_batch(obs, action, reward, nxt, terminated, truncated)
+        obs = nxt
+    rings = store.rings
+    lo, hi = rings.live_ranges()
+    positions = np.concatenate([np.arange(a, b) for a, b in zip(lo.tolist(), hi.tolist())])
+    positions = positions[rings.valid[rings.slots(positions)]]
+    expected = []
+    for p in positions.tolist():
+        head = rings.heads(np.array([p]))[0]
+        q = p + 1
+        while q < head and not rings.is_last[rings.slots(np.array([q]))[0]]:
+            q += 1
+        expected.append(q if q < head else -1)
+    expected_a = np.array(expected)
+    np.testing.assert_array_equal(episode_last(rings, positions), expected_a)
+    assert (expected_a == -1).any() and (expected_a - positions > 64).any()  # in progress, and beyond one window
+    everyone, ends = finished_transitions(rings)
+    finished = expected_a >= 0
+    np.testing.assert_array_equal(np.sort(everyone), np.sort(positions[finished]))
+    np.testing.assert_array_equal(ends[np.argsort(everyone)], expected_a[finished][np.argsort(positions[finished])])

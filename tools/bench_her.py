@@ -1,0 +1,164 @@
+"""Hindsight experience replay: SB3's ``HerReplayBuffer`` against ``ReplayStoreHerBuffer``, side by side.
+
+1. **Sampling.** The transitions of bench_dict_obs.py (FetchReach's shapes, 50-move episodes, a
+   random walk) added to both buffers as SAC adds them, one env, then ``sample(256)`` (80% of it
+   relabelled with ``future`` goals, rewards from the env's ``compute_reward``) timed in interleaved
+   rounds; also ``store.sample(256, sampler=HindsightSampler(...))``, the store's own call without
+   torch. It prints ms per sample, its ratio to SB3's, us per ``add`` and what each buffer holds.
+2. **Learning** (``--learn``). DQN on bit flipping (tests/goal_env.py ``BitFlip``: HER's own
+   sparse-reward task) with each buffer, and with SB3's plain buffer (no relabelling), the same
+   seed and settings: wall time and the share of 100 greedy episodes that reach the goal.
+
+    python tools/bench_her.py [--steps 100000 1000000] [--learn] [--bits 8 15] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "tests"))
+
+from bench_dict_obs import BATCH, fill, holds, rate, record, spaces  # noqa: E402
+
+
+class Walk:
+    """The goal env the random walk stands for: only its ``compute_reward`` is called (by the
+    buffers, through ``env_method``), so it is a gymnasium env that does nothing else."""
+
+    @staticmethod
+    def make() -> object:
+        import gymnasium as gym
+
+        class WalkEnv(gym.Env):
+            def __init__(self) -> None:
+                self.observation_space, self.action_space = spaces()
+
+            def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
+                return self.observation_space.sample(), {}
+
+            def step(self, action: object) -> tuple:
+                return self.observation_space.sample(), 0.0, False, False, {}
+
+            def compute_reward(self, achieved: np.ndarray, desired: np.ndarray, info: object) -> np.ndarray:
+                return -np.linalg.norm(achieved - desired, axis=-1).astype(np.float32)
+
+        return WalkEnv()
+
+
+def sampling(args: argparse.Namespace, results: dict) -> None:
+    from replaystore.integrations.sb3 import her_buffer_class
+
+    ReplayStoreHerBuffer = her_buffer_class()  # before SB3's own import: triton before tensorflow (sb3.py)
+    from stable_baselines3 import HerReplayBuffer
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from replaystore import HindsightSampler
+
+    space, actions = spaces()
+    env = DummyVecEnv([Walk.make])
+    for steps in args.steps:
+        data = record(steps)
+        with tempfile.TemporaryDirectory() as tmp:
+            kw = {"handle_timeout_termination": False, "n_sampled_goal": 4, "goal_selection_strategy": "future"}
+            sb3 = HerReplayBuffer(steps, space, actions, env, "cpu", **kw)
+            ours = ReplayStoreHerBuffer(steps, space, actions, env, "cpu", **kw, path=os.path.join(tmp, "her.zarr"))
+            adds = {"SB3 HerReplayBuffer": fill(sb3, data, False), "ReplayStoreHerBuffer": fill(ours, data, False)}
+            compute = env.envs[0].compute_reward  # type: ignore[attr-defined]
+            sampler = HindsightSampler(compute, n_sampled_goal=4).bind(ours.store.schema)
+            store = ours.store
+
+            class Direct:  # the store's own call: numpy out, no torch
+                def sample(self, n: int) -> object:
+                    return store.sample(n, sampler=sampler)
+
+            contenders = {"SB3 HerReplayBuffer": sb3, "ReplayStoreHerBuffer": ours,
+                          "store.sample(sampler=Hindsight)": Direct()}
+            for buffer in contenders.values():
+                rate(buffer, 50)  # warm: the caches filled
+            times: dict[str, list[float]] = {name: [] for name in contenders}
+            for r in range(args.rounds):
+                for name in (list(contenders) if r % 2 == 0 else list(contenders)[::-1]):
+                    times[name].append(rate(contenders[name], args.calls))
+            base = float(np.median(times["SB3 HerReplayBuffer"]))
+            print(f"\n{steps:,} transitions of FetchReach's shapes, sample({BATCH}) with 80% relabelled (future), "
+                  f"{args.rounds} rounds (median)", flush=True)
+            print(f"{'buffer':34s} {'ms per sample':>14s} {'x SB3':>7s} {'add us':>8s}  holds")
+            for name, ts in times.items():
+                med = float(np.median(ts))
+                held = holds(contenders[name]) if name in adds else "(the store above)"
+                add = f"{adds[name] / steps * 1e6:8.1f}" if name in adds else f"{'':8s}"
+                print(f"{name:34s} {med:14.3f} {med / base:7.2f} {add}  {held}")
+                results[f"sample {steps} {name}"] = {"ms_per_sample": ts, "median_ms": med, "x_sb3": med / base,
+                                                     "us_per_add": adds[name] / steps * 1e6 if name in adds else None,
+                                                     "holds": held}
+            ours.close()
+
+
+def learning(args: argparse.Namespace, results: dict) -> None:
+    from replaystore.integrations.sb3 import her_buffer_class
+
+    ReplayStoreHerBuffer = her_buffer_class()
+    from goal_env import BitFlip
+    from stable_baselines3 import DQN, HerReplayBuffer
+
+    print("\nDQN on bit flipping: the same seed and settings, greedy success over 100 episodes", flush=True)
+    print(f"{'bits':>4s} {'steps':>7s} {'buffer':22s} {'seconds':>8s} {'success':>8s}")
+    for bits, steps in zip(args.bits, args.learn_steps):
+        for name in ("ReplayStoreHerBuffer", "SB3 HerReplayBuffer", "SB3 ReplayBuffer"):
+            with tempfile.TemporaryDirectory() as tmp:
+                env = BitFlip(bits)
+                cls, kw = {"ReplayStoreHerBuffer": (ReplayStoreHerBuffer, {"path": os.path.join(tmp, "h.zarr")}),
+                           "SB3 HerReplayBuffer": (HerReplayBuffer, {}), "SB3 ReplayBuffer": (None, None)}[name]
+                if kw is not None:
+                    kw.update(n_sampled_goal=4, goal_selection_strategy="future")
+                model = DQN("MultiInputPolicy", env, replay_buffer_class=cls, replay_buffer_kwargs=kw, seed=0,
+                            learning_starts=200, buffer_size=100_000, exploration_fraction=0.5,
+                            exploration_final_eps=0.05, learning_rate=1e-3, target_update_interval=500, batch_size=64,
+                            gamma=0.95, policy_kwargs={"net_arch": [128, 128]}, device="cpu")
+                start = time.perf_counter()
+                model.learn(steps)
+                seconds = time.perf_counter() - start
+                wins = 0
+                for ep in range(100):
+                    obs, _ = env.reset(seed=10_000 + ep)
+                    for _ in range(bits):
+                        obs, _, terminated, truncated, _ = env.step(model.predict(obs, deterministic=True)[0])
+                        if terminated or truncated:
+                            wins += int(terminated)
+                            break
+                print(f"{bits:4d} {steps:7,d} {name:22s} {seconds:8.1f} {wins / 100:8.2f}", flush=True)
+                results[f"learn {bits} {name}"] = {"steps": steps, "seconds": seconds, "success": wins / 100}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, nargs="*", default=[100_000, 1_000_000])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--calls", type=int, default=300, help="sample calls timed per contender and round")
+    ap.add_argument("--learn", action="store_true", help="also the bit-flipping runs")
+    ap.add_argument("--bits", type=int, nargs="+", default=[8, 15])
+    ap.add_argument("--learn-steps", type=int, nargs="+", default=[5_000, 15_000])
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args()
+    results: dict[str, dict] = {}
+    sampling(args, results)
+    if args.learn:
+        learning(args, results)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"batch": BATCH, "results": results, "python": sys.version.split()[0],
+                       "when": time.strftime("%Y-%m-%d %H:%M")}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
