@@ -270,6 +270,8 @@ def test_what_cannot_be_relabelled_is_refused(tmp_path):
         store.sample(8, sampler=HindsightSampler(lambda a, d, i: np.zeros(2)))
     with pytest.raises(SampleError, match="returned <U1"):
         store.sample(8, sampler=HindsightSampler(lambda a, d, i: np.array(["x"] * len(a))))
+    with pytest.raises(SampleError, match="returned 6 rewards that are NaN or infinite"):
+        store.sample(8, sampler=HindsightSampler(lambda a, d, i: np.full(len(a), np.nan)))
     assert len(store) == before
 
 

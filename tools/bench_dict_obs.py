@@ -136,8 +136,13 @@ def main() -> None:
             for buffer, _ in buffers.values():
                 if hasattr(buffer, "close"):
                     buffer.close()
-    if args.json:
-        with open(args.json, "w") as f:
+    save(args.json, results)
+
+
+def save(path: str | None, results: dict) -> None:
+    """The results as JSON at ``path`` (None: nowhere), with the batch size, Python and the time."""
+    if path:
+        with open(path, "w") as f:
             json.dump({"batch": BATCH, "results": results, "python": sys.version.split()[0],
                        "when": time.strftime("%Y-%m-%d %H:%M")}, f, indent=1)
 

@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -28,7 +27,7 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-from bench_dict_obs import BATCH, fill, holds, rate, record, spaces  # noqa: E402
+from bench_dict_obs import BATCH, fill, holds, rate, record, save, spaces  # noqa: E402
 
 
 class Walk:
@@ -154,10 +153,7 @@ def main() -> None:
     sampling(args, results)
     if args.learn:
         learning(args, results)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"batch": BATCH, "results": results, "python": sys.version.split()[0],
-                       "when": time.strftime("%Y-%m-%d %H:%M")}, f, indent=1)
+    save(args.json, results)
 
 
 if __name__ == "__main__":

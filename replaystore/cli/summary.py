@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from replaystore.format.schema import Schema
-from replaystore.format.spaces import BoxSpec
+from replaystore.format.spaces import BoxSpec, EntrySpec, space_attrs, stored_box
 from replaystore.sampling.episodes import episode_table
 from replaystore.store import ReplayStore
 
@@ -102,11 +102,20 @@ def _box(spec: BoxSpec) -> dict[str, Any]:
     return {"type": "Box", **dataclasses.asdict(spec), "shape": list(spec.shape)}
 
 
+def _entry(spec: EntrySpec) -> dict[str, Any]:
+    """A Dict entry for the summary: a Box as ``_box``; a Discrete or MultiBinary as its space, with
+    the shape and dtype it is given back in."""
+    if isinstance(spec, BoxSpec):
+        return _box(spec)
+    box = stored_box(spec)
+    return {**space_attrs(spec), "shape": list(box.shape), "dtype": box.dtype}
+
+
 def _observations(schema: Schema) -> dict[str, Any]:
     """The observation space for the summary; a Dict's entries, and the frame a step is kept in."""
     if schema.observation_dict is None:
         return _box(schema.observation)
-    return {"type": "Dict", "spaces": {key: _box(box) for key, box in schema.observation_dict.spaces},
+    return {"type": "Dict", "spaces": {key: _entry(spec) for key, spec in schema.observation_dict.spaces},
             "stored_as": {"shape": list(schema.observation.shape), "dtype": schema.observation.dtype}}
 
 
@@ -114,10 +123,18 @@ def _describe_box(box: dict[str, Any]) -> str:
     return f"Box{tuple(box['shape'])} {box['dtype']} [{box['low']}, {box['high']}]"
 
 
+def _describe_entry(entry: dict[str, Any]) -> str:
+    if entry.get("type") == "Discrete":
+        return f"Discrete({entry['n']}" + (f", start={entry['start']})" if entry["start"] else ")")
+    if entry.get("type") == "MultiBinary":
+        return f"MultiBinary{tuple(entry['shape'])}"
+    return f"{entry['dtype']}{tuple(entry['shape'])}"
+
+
 def _describe_observations(obs: dict[str, Any]) -> str:
     if obs.get("type") != "Dict":
         return _describe_box(obs)
-    entries = ", ".join(f"{key}: {box['dtype']}{tuple(box['shape'])}" for key, box in obs["spaces"].items())
+    entries = ", ".join(f"{key}: {_describe_entry(box)}" for key, box in obs["spaces"].items())
     stored = obs["stored_as"]
     return f"Dict({entries}), each step kept as one frame of {stored['shape'][0]} {stored['dtype']}"
 

@@ -1,4 +1,6 @@
-"""Dict observation spaces: a gymnasium ``Dict`` of ``Box`` entries, kept as one flat frame a step.
+"""Dict observation spaces: a gymnasium ``Dict`` of ``Box``, ``Discrete`` and ``MultiBinary`` entries,
+kept as one flat frame a step (a ``Discrete`` as one int64, a ``MultiBinary`` as int8 0/1 values:
+spaces.stored_box; their values are checked to lie in the space).
 
 Goal-conditioned envs (``observation``, ``achieved_goal``, ``desired_goal``), Minari's maze datasets
 and SB3's ``MultiInputPolicy`` observe dicts. The store keeps every step's dict as one frame, so that
@@ -30,7 +32,17 @@ from typing import Any
 import numpy as np
 
 from replaystore.errors import ConfigError, InvalidTransitionError
-from replaystore.format.spaces import BoxSpec, box_from_space, compact_bound, parse_bound, space_attrs
+from replaystore.format.spaces import (
+    BoxSpec,
+    DiscreteSpec,
+    EntrySpec,
+    MultiBinarySpec,
+    compact_bound,
+    entry_from_space,
+    parse_bound,
+    space_attrs,
+    stored_box,
+)
 
 #: Most entries in one Dict observation.
 MAX_ENTRIES = 256
@@ -45,30 +57,34 @@ class Entry:
     shape: tuple[int, ...]
     dtype: np.dtype
     nbytes: int
+    #: the values a Discrete or MultiBinary entry may take (``pack`` refuses others); None for a Box
+    bounds: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
 class DictSpec:
-    """A gymnasium ``Dict`` of ``Box`` entries, in its key order, and ``stored``, the flat Box frame
-    that holds one step's dict in the store."""
+    """A gymnasium ``Dict`` of ``Box``, ``Discrete`` and ``MultiBinary`` entries, in its key order, and
+    ``stored``, the flat Box frame that holds one step's dict in the store."""
 
-    spaces: tuple[tuple[str, BoxSpec], ...]
+    spaces: tuple[tuple[str, EntrySpec], ...]
     stored: BoxSpec = field(init=False, compare=False, repr=False)
     entries: tuple[Entry, ...] = field(init=False, compare=False, repr=False)
     keys: tuple[str, ...] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        dtypes = [np.dtype(box.dtype) for _, box in self.spaces]
+        boxes = [stored_box(spec) for _, spec in self.spaces]
+        dtypes = [np.dtype(box.dtype) for box in boxes]
         entries, offset = [], 0
-        for (key, box), dtype in zip(self.spaces, dtypes):
+        for (key, spec), box, dtype in zip(self.spaces, boxes, dtypes):
             offset = -(-offset // dtype.itemsize) * dtype.itemsize  # aligned to its item size
-            entries.append(Entry(key, offset, box.shape, dtype, math.prod(box.shape) * dtype.itemsize))
+            bounds = None if isinstance(spec, BoxSpec) else (int(box.low), int(box.high))
+            entries.append(Entry(key, offset, box.shape, dtype, math.prod(box.shape) * dtype.itemsize, bounds))
             offset += entries[-1].nbytes
         widest = max(d.itemsize for d in dtypes)
         nbytes = -(-offset // widest) * widest
         if all(d == dtypes[0] for d in dtypes):  # one dtype: no padding, the values as they are
-            lows = [np.broadcast_to(np.asarray(parse_bound(b.low), dtypes[0]), b.shape).ravel() for _, b in self.spaces]
-            highs = [np.broadcast_to(np.asarray(parse_bound(b.high), dtypes[0]), b.shape).ravel() for _, b in self.spaces]
+            lows = [np.broadcast_to(np.asarray(parse_bound(b.low), dtypes[0]), b.shape).ravel() for b in boxes]
+            highs = [np.broadcast_to(np.asarray(parse_bound(b.high), dtypes[0]), b.shape).ravel() for b in boxes]
             stored = BoxSpec((nbytes // widest,), dtypes[0].name, parse_bound(compact_bound(np.concatenate(lows))),
                              parse_bound(compact_bound(np.concatenate(highs))))
         else:  # the frame's bytes
@@ -81,11 +97,11 @@ class DictSpec:
         """The gymnasium ``Dict`` space, its keys in the stored order."""
         import gymnasium as gym
 
-        return gym.spaces.Dict([(key, box.to_space()) for key, box in self.spaces])
+        return gym.spaces.Dict([(key, spec.to_space()) for key, spec in self.spaces])
 
     def describe(self) -> str:
-        """``Dict(observation: float64(4,), desired_goal: float64(2,))``, for messages and ``inspect``."""
-        return "Dict(" + ", ".join(f"{k}: {b.dtype}{tuple(b.shape)}" for k, b in self.spaces) + ")"
+        """``Dict(observation: float64(4,), mode: Discrete(3), bits: MultiBinary(8,))``, for messages and ``inspect``."""
+        return "Dict(" + ", ".join(f"{k}: {describe_entry(spec)}" for k, spec in self.spaces) + ")"
 
     # ---------------------------------------------------------------------------------------------
     # Observations in and out
@@ -117,6 +133,11 @@ class DictSpec:
                                                  f"{entry.dtype}; convert it with .astype({entry.dtype.name!r}) or "
                                                  f"create a store for {arr.dtype}")
                 arr = arr.astype(entry.dtype)
+            if entry.bounds is not None and arr.size and (arr.min() < entry.bounds[0] or arr.max() > entry.bounds[1]):
+                bad = arr[(arr < entry.bounds[0]) | (arr > entry.bounds[1])]
+                raise InvalidTransitionError(f"{name}[{entry.key!r}] holds {bad.ravel()[0]!r}, outside the "
+                                             f"{entry.bounds[0]}..{entry.bounds[1]} of its space in {path}; pass "
+                                             "the env's observation as it is; nothing was written")
             if arr.dtype.kind == "f" and np.isnan(arr).any():
                 raise InvalidTransitionError(f"{name}[{entry.key!r}] holds NaN ({int(np.isnan(arr).sum())} values); "
                                              f"{path} refuses NaN observations (one poisons every Q-value computed "
@@ -146,21 +167,31 @@ class DictSpec:
         return {"type": "Dict", "spaces": [[key, space_attrs(box)] for key, box in self.spaces]}
 
 
+def describe_entry(spec: EntrySpec) -> str:
+    """One entry as ``describe`` names it: ``float64(4,)``, ``Discrete(3)``, ``MultiBinary(8,)``."""
+    if isinstance(spec, DiscreteSpec):
+        return f"Discrete({spec.n}" + (f", start={spec.start})" if spec.start else ")")
+    if isinstance(spec, MultiBinarySpec):
+        return f"MultiBinary{tuple(spec.shape)}"
+    return f"{spec.dtype}{tuple(spec.shape)}"
+
+
 def dict_from_space(space: Any) -> DictSpec:
-    """Describe a gymnasium ``Dict`` of ``Box`` entries (``ConfigError`` for any other entry)."""
+    """Describe a gymnasium ``Dict`` of ``Box``, ``Discrete`` and ``MultiBinary`` entries
+    (``ConfigError`` for any other entry)."""
     spaces = []
     for key, sub in space.spaces.items():
         if not isinstance(key, str) or not key:
             raise ConfigError(f"observation_space has the key {key!r}; a Dict store's keys must be non-empty strings")
         try:
-            box = box_from_space(sub)
+            spec = entry_from_space(sub)
         except ConfigError:
             raise ConfigError(f"observation_space[{key!r}] is {sub!r}, but a Dict observation is stored when every "
-                              "entry is a Box; wrap the env so each entry is one (a nested Dict: gymnasium's "
-                              "FlattenObservation on it; a Discrete: a one-hot Box)") from None
-        if np.dtype(box.dtype).kind not in "biuf":
-            raise ConfigError(f"observation_space[{key!r}] has dtype {box.dtype}; entries must be bool, int or float")
-        spaces.append((key, box))
+                              "entry is a Box, Discrete or MultiBinary; wrap the env so each entry is one (a nested "
+                              "Dict: gymnasium's FlattenObservation on it; a MultiDiscrete: a Box of ints)") from None
+        if isinstance(spec, BoxSpec) and np.dtype(spec.dtype).kind not in "biuf":
+            raise ConfigError(f"observation_space[{key!r}] has dtype {spec.dtype}; entries must be bool, int or float")
+        spaces.append((key, spec))
     if not 0 < len(spaces) <= MAX_ENTRIES:
         raise ConfigError(f"observation_space is a Dict of {len(spaces)} entries; a store takes 1 to {MAX_ENTRIES}")
     return DictSpec(tuple(spaces))

@@ -33,9 +33,12 @@ from replaystore.format.spaces import (
     ActionSpec,
     BoxSpec,
     DiscreteSpec,
+    EntrySpec,
+    MultiBinarySpec,
     StepField,
     parse_bound,
     space_attrs,
+    stored_box,
 )
 
 FORMAT_VERSION = 3  # the newest format version written (and the highest read): see the versions below
@@ -317,19 +320,32 @@ def _parse_dict(d: dict[str, Any], where: str) -> DictSpec:
     if not 0 < len(pairs) <= MAX_ENTRIES:
         raise CorruptStoreError(f"{where}.spaces holds {len(pairs)} entries, expected 1 to {MAX_ENTRIES}; the "
                                 "store's zarr.json is damaged")
-    spaces: list[tuple[str, BoxSpec]] = []
+    spaces: list[tuple[str, EntrySpec]] = []
     for i, pair in enumerate(pairs):
         if (not isinstance(pair, list) or len(pair) != 2 or not isinstance(pair[0], str) or not pair[0]
-                or not isinstance(pair[1], dict) or pair[1].get("type") != "Box"):
-            raise CorruptStoreError(f"{where}.spaces[{i}] is {pair!r:.200}, expected [key, {{\"type\": \"Box\", ...}}]; "
-                                    "the store's zarr.json is damaged")
-        spaces.append((pair[0], _parse_box(pair[1], f"{where}.spaces[{i}]")))
+                or not isinstance(pair[1], dict) or pair[1].get("type") not in ("Box", "Discrete", "MultiBinary")):
+            raise CorruptStoreError(f"{where}.spaces[{i}] is {pair!r:.200}, expected [key, {{\"type\": \"Box\" (or "
+                                    "\"Discrete\", \"MultiBinary\"), ...}}]; the store's zarr.json is damaged, or "
+                                    "was written by a newer replaystore")
+        spaces.append((pair[0], _parse_entry(pair[1], f"{where}.spaces[{i}]")))
     if len({key for key, _ in spaces}) < len(spaces):
         raise CorruptStoreError(f"{where}.spaces names a key twice; the store's zarr.json is damaged")
-    nbytes = sum(math.prod(box.shape) * np.dtype(box.dtype).itemsize for _, box in spaces)
+    nbytes = sum(math.prod(box.shape) * np.dtype(box.dtype).itemsize for box in (stored_box(e) for _, e in spaces))
     if nbytes > 2**32:
         raise CorruptStoreError(f"{where}.spaces describe frames of {nbytes} bytes; absurd size")
     return DictSpec(tuple(spaces))
+
+
+def _parse_entry(d: dict[str, Any], where: str) -> EntrySpec:
+    """A Dict entry in the attributes, checked: a Box, a Discrete or a MultiBinary."""
+    if d["type"] == "Discrete":
+        return DiscreteSpec(n=_get_int(d, "n", where, 1, 2**62), start=_get_int(d, "start", where, -(2**62), 2**62))
+    if d["type"] == "MultiBinary":
+        shape = _get(d, "shape", list, where)
+        if not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v < 2**20 for v in shape) or len(shape) > 8:
+            raise CorruptStoreError(f"{where}.shape is {shape!r}, expected up to 8 positive ints")
+        return MultiBinarySpec(tuple(shape))
+    return _parse_box(d, where)
 
 
 def _parse_box(d: dict[str, Any], where: str) -> BoxSpec:

@@ -53,6 +53,43 @@ class DiscreteSpec:
         return gym.spaces.Discrete(self.n, start=self.start)
 
 
+@dataclass(frozen=True)
+class MultiBinarySpec:
+    """A gymnasium ``MultiBinary`` entry of a Dict observation: 0/1 values of ``shape``, kept as int8."""
+
+    shape: tuple[int, ...]
+
+    def to_space(self) -> Any:
+        import gymnasium as gym
+
+        return gym.spaces.MultiBinary(list(self.shape) if len(self.shape) != 1 else self.shape[0])
+
+
+#: What one entry of a Dict observation can be: a Box, a Discrete (one int) or a MultiBinary.
+EntrySpec = BoxSpec | DiscreteSpec | MultiBinarySpec
+
+
+def stored_box(spec: EntrySpec) -> BoxSpec:
+    """The Box a Dict entry is kept as: a Box as it is; a ``Discrete(n, start)`` as one int64 in
+    ``[start, start + n - 1]`` (gymnasium's dtype for it); a ``MultiBinary`` as int8 0/1 values."""
+    if isinstance(spec, DiscreteSpec):
+        return BoxSpec((), "int64", spec.start, spec.start + spec.n - 1)
+    if isinstance(spec, MultiBinarySpec):
+        return BoxSpec(spec.shape, "int8", 0, 1)
+    return spec
+
+
+def entry_from_space(space: Any) -> EntrySpec:
+    """Describe a Dict observation's entry: a Box, Discrete or MultiBinary (``ConfigError`` for any other)."""
+    import gymnasium as gym
+
+    if isinstance(space, gym.spaces.Discrete):
+        return DiscreteSpec(n=int(space.n), start=int(space.start))
+    if isinstance(space, gym.spaces.MultiBinary):
+        return MultiBinarySpec(tuple(int(s) for s in space.shape))
+    return box_from_space(space)
+
+
 #: An action space a store holds: ``Discrete`` (one int a step, stored as int32) or ``Box``
 #: (continuous control: an array of the Box's shape and dtype a step).
 ActionSpec = DiscreteSpec | BoxSpec
@@ -132,10 +169,12 @@ def action_from_space(space: Any) -> ActionSpec:
     return spec
 
 
-def space_attrs(spec: BoxSpec | DiscreteSpec) -> dict[str, Any]:
+def space_attrs(spec: EntrySpec) -> dict[str, Any]:
     """A space's entry in the attributes: its type, then its fields (a Box's bounds as strict JSON)."""
     if isinstance(spec, DiscreteSpec):
         return {"type": "Discrete", **dataclasses.asdict(spec)}
+    if isinstance(spec, MultiBinarySpec):
+        return {"type": "MultiBinary", "shape": list(spec.shape)}
     box = dataclasses.asdict(spec)
     box["shape"] = list(box["shape"])
     box["low"] = compact_bound(np.asarray(parse_bound(box["low"])))

@@ -253,10 +253,13 @@ def _define_her(store_buffer: Any, her_buffer: Any) -> Any:
                                                   n_sampled_goal=self.n_sampled_goal)}
 
         def _compute_reward(self, achieved: Any, desired: Any, infos: Any) -> Any:
-            """The env's ``compute_reward`` (of its first env, as SB3 calls it)."""
+            """The env's ``compute_reward`` (of its first env, as SB3 calls it, with the goals shaped as
+            SB3's buffers shape them)."""
             if self.env is None:
                 raise ConfigError("this buffer has no env to compute relabelled rewards with: pass env= when making "
                                   "it, or env= to the model's load (load_replay_buffer then calls set_env)")
+            if achieved.ndim == 1:  # goals that are Discrete entries: SB3's buffers give them as (batch, 1)
+                achieved, desired = achieved[:, None], desired[:, None]
             return self.env.env_method("compute_reward", achieved, desired, infos, indices=[0])[0]
 
         def truncate_last_trajectory(self) -> None:

@@ -232,7 +232,11 @@ class Relabel:
         if reward.size != rows.size or reward.dtype.kind not in "biuf":
             raise SampleError(f"compute_reward returned {reward.dtype} of shape {reward.shape} for {rows.size} goals; "
                               f"it must return one number a goal (shape ({rows.size},))")
-        fields["reward"][rows] = reward.reshape(rows.size).astype(np.float32)
+        reward = reward.reshape(rows.size).astype(np.float32)
+        if not np.isfinite(reward).all():
+            raise SampleError(f"compute_reward returned {int((~np.isfinite(reward)).sum())} rewards that are NaN or "
+                              "infinite (one poisons every Q-value learned from it); check the env's compute_reward")
+        fields["reward"][rows] = reward
 
 
 def _rows(frames: np.ndarray, frame_stack: int) -> np.ndarray:
