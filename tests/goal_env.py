@@ -99,3 +99,38 @@ class BitFlip(gym.Env):
 
     def compute_reward(self, achieved_goal, desired_goal, info) -> np.ndarray:
         return -(np.abs(np.asarray(achieved_goal) - np.asarray(desired_goal)).sum(axis=-1) > 0).astype(np.float32)
+
+
+class Rooms(gym.Env):
+    """A Dict observation with entries that are not Boxes: ``room`` a ``Discrete(5, start=1)``, ``lights``
+    a ``MultiBinary((2, 3))``, beside a float32 ``pos``. Action ``a`` < 6 toggles light ``a``; 6 moves
+    to the next room (1..5, round); 7 nudges ``pos``. Episodes end after ``limit`` moves."""
+
+    def __init__(self, limit: int = 12) -> None:
+        self.observation_space = gym.spaces.Dict({"pos": gym.spaces.Box(-1, 1, (2,), np.float32),
+                                                  "room": gym.spaces.Discrete(5, start=1),
+                                                  "lights": gym.spaces.MultiBinary([2, 3])})
+        self.action_space = gym.spaces.Discrete(8)
+        self.limit = limit
+
+    def _obs(self) -> dict:
+        return {"pos": self.pos.copy(), "room": self.room, "lights": self.lights.copy()}
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
+        super().reset(seed=seed)
+        self.pos = self.np_random.uniform(-1, 1, 2).astype(np.float32)
+        self.room = int(self.np_random.integers(1, 6))
+        self.lights = self.np_random.integers(0, 2, (2, 3)).astype(np.int8)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        a = int(action)
+        if a < 6:
+            self.lights[a // 3, a % 3] ^= 1
+        elif a == 6:
+            self.room = self.room % 5 + 1
+        else:
+            self.pos = move(self.pos, np.ones(2, np.float32))
+        self.t += 1
+        return self._obs(), float(self.lights.sum()), False, self.t >= self.limit, {}

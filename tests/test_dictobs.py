@@ -40,31 +40,50 @@ def test_packing_keeps_every_dtype_and_aligns_each_entry() -> None:
 
 
 DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "float16", "int32", "float32", "int64", "uint64", "float64"]
+#: entries that are not Boxes, and the dtype each is kept and given back in
+OTHERS = {"Discrete": "int64", "MultiBinary": "int8"}
+
+
+def _entry(kind: str, shape: list[int]) -> gym.Space:
+    if kind == "Discrete":
+        return gym.spaces.Discrete(5, start=-2)
+    if kind == "MultiBinary":
+        return gym.spaces.MultiBinary(shape or [1])
+    return gym.spaces.Box(0, 1, tuple(shape), np.dtype(kind))
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(DTYPES), st.lists(st.integers(1, 4), max_size=3)), min_size=1, max_size=6),
+@given(st.lists(st.tuples(st.sampled_from(DTYPES + list(OTHERS)), st.lists(st.integers(1, 4), max_size=3)),
+                min_size=1, max_size=6),
        st.integers(0, 2**32 - 1), st.integers(1, 3))
-def test_any_dict_of_boxes_packs_and_unpacks_bit_for_bit(entries, seed: int, rows: int) -> None:
-    space = gym.spaces.Dict([(f"k{i}", gym.spaces.Box(0, 1, tuple(shape), np.dtype(d))) for i, (d, shape) in enumerate(entries)])
+def test_any_dict_of_entries_packs_and_unpacks_bit_for_bit(entries, seed: int, rows: int) -> None:
+    space = gym.spaces.Dict([(f"k{i}", _entry(kind, shape)) for i, (kind, shape) in enumerate(entries)])
     spec = dict_from_space(space)
     rng = np.random.default_rng(seed)
     value = {}
-    for key, box in space.spaces.items():
-        raw = rng.integers(0, 256, (rows, *box.shape, box.dtype.itemsize), dtype=np.uint8)
-        array = raw.view(box.dtype).reshape(rows, *box.shape)
-        if box.dtype.kind == "f":
+    for key, sub in space.spaces.items():
+        if isinstance(sub, gym.spaces.Discrete):
+            value[key] = rng.integers(-2, 3, rows)
+            continue
+        if isinstance(sub, gym.spaces.MultiBinary):
+            value[key] = rng.integers(0, 2, (rows, *sub.shape)).astype(np.int8)
+            continue
+        raw = rng.integers(0, 256, (rows, *sub.shape, sub.dtype.itemsize), dtype=np.uint8)
+        array = raw.view(sub.dtype).reshape(rows, *sub.shape)
+        if sub.dtype.kind == "f":
             array[np.isnan(array)] = 0
-        value[key] = array.astype(bool) if box.dtype == bool else array
+        value[key] = array.astype(bool) if sub.dtype == bool else array
     frames = spec.pack(value, name="obs", path="p", lead=(rows,))
-    widest = max(np.dtype(d).itemsize for d, _ in entries)
+    sizes = [np.dtype(OTHERS.get(kind, kind)).itemsize for kind, _ in entries]
+    widest = max(sizes)
     assert frames.nbytes // rows % widest == 0 and frames.nbytes // rows < sum(
-        np.dtype(d).itemsize * int(np.prod(s)) for d, s in entries) + widest * len(entries)
+        size * int(np.prod(v.shape[1:])) for size, v in zip(sizes, value.values())) + widest * len(entries)
     back = spec.unpack(frames)
     for key, array in value.items():
         assert back[key].dtype == array.dtype and back[key].tobytes() == array.tobytes()
         assert back[key].ctypes.data % array.dtype.itemsize == 0  # aligned: tensors take it as it is
     assert DictSpec(spec.spaces) == spec and spec.to_space() == space
+    assert all(space[k].contains(back[k][0]) for k in space.spaces if not isinstance(space[k], gym.spaces.Box))
 
 
 def test_one_dtype_is_stored_as_that_dtype() -> None:
@@ -226,10 +245,10 @@ def _rows(value):
 
 @pytest.mark.parametrize(("space", "message"), [
     (gym.spaces.Dict({"a": gym.spaces.Dict({"b": gym.spaces.Box(0, 1, (2,))})}), r"observation_space\['a'\] is Dict"),
-    (gym.spaces.Dict({"a": gym.spaces.Discrete(3)}), r"observation_space\['a'\] is Discrete"),
+    (gym.spaces.Dict({"a": gym.spaces.MultiDiscrete([3, 2])}), r"observation_space\['a'\] is MultiDiscrete"),
     (gym.spaces.Dict({}), "Dict of 0 entries"),
     (gym.spaces.Dict([(1, gym.spaces.Box(0, 1, (2,)))]), "the key 1"),
-], ids=["nested", "discrete", "empty", "int-key"])
+], ids=["nested", "multidiscrete", "empty", "int-key"])
 def test_a_space_a_store_cannot_hold_is_refused(tmp_path: Path, space: gym.Space, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         ReplayStore.create(tmp_path / "r.zarr", 64, space, gym.spaces.Discrete(2))

@@ -127,7 +127,7 @@ def _describe_entry(entry: dict[str, Any]) -> str:
     if entry.get("type") == "Discrete":
         return f"Discrete({entry['n']}" + (f", start={entry['start']})" if entry["start"] else ")")
     if entry.get("type") == "MultiBinary":
-        return f"MultiBinary{tuple(entry['shape'])}"
+        return f"MultiBinary({entry['n']})" if isinstance(entry["n"], int) else f"MultiBinary{tuple(entry['n'])}"
     return f"{entry['dtype']}{tuple(entry['shape'])}"
 
 

@@ -135,7 +135,7 @@ class DictSpec:
                 arr = arr.astype(entry.dtype)
             if entry.bounds is not None and arr.size and (arr.min() < entry.bounds[0] or arr.max() > entry.bounds[1]):
                 bad = arr[(arr < entry.bounds[0]) | (arr > entry.bounds[1])]
-                raise InvalidTransitionError(f"{name}[{entry.key!r}] holds {bad.ravel()[0]!r}, outside the "
+                raise InvalidTransitionError(f"{name}[{entry.key!r}] holds {bad.ravel()[0].item()!r}, outside the "
                                              f"{entry.bounds[0]}..{entry.bounds[1]} of its space in {path}; pass "
                                              "the env's observation as it is; nothing was written")
             if arr.dtype.kind == "f" and np.isnan(arr).any():
@@ -172,7 +172,7 @@ def describe_entry(spec: EntrySpec) -> str:
     if isinstance(spec, DiscreteSpec):
         return f"Discrete({spec.n}" + (f", start={spec.start})" if spec.start else ")")
     if isinstance(spec, MultiBinarySpec):
-        return f"MultiBinary{tuple(spec.shape)}"
+        return f"MultiBinary({spec.n})" if isinstance(spec.n, int) else f"MultiBinary{spec.n}"
     return f"{spec.dtype}{tuple(spec.shape)}"
 
 

@@ -341,10 +341,12 @@ def _parse_entry(d: dict[str, Any], where: str) -> EntrySpec:
     if d["type"] == "Discrete":
         return DiscreteSpec(n=_get_int(d, "n", where, 1, 2**62), start=_get_int(d, "start", where, -(2**62), 2**62))
     if d["type"] == "MultiBinary":
-        shape = _get(d, "shape", list, where)
-        if not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v < 2**20 for v in shape) or len(shape) > 8:
-            raise CorruptStoreError(f"{where}.shape is {shape!r}, expected up to 8 positive ints")
-        return MultiBinarySpec(tuple(shape))
+        n = _get(d, "n", (int, list), where)
+        shape = [n] if isinstance(n, int) else n
+        if (not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v < 2**20 for v in shape)
+                or not 0 < len(shape) <= 8):
+            raise CorruptStoreError(f"{where}.n is {n!r}, expected a positive int or up to 8 of them")
+        return MultiBinarySpec(n if isinstance(n, int) else tuple(n))
     return _parse_box(d, where)
 
 

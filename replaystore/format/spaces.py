@@ -55,14 +55,20 @@ class DiscreteSpec:
 
 @dataclass(frozen=True)
 class MultiBinarySpec:
-    """A gymnasium ``MultiBinary`` entry of a Dict observation: 0/1 values of ``shape``, kept as int8."""
+    """A gymnasium ``MultiBinary`` entry of a Dict observation: 0/1 values, kept as int8. ``n`` as
+    gymnasium holds it (an int, or a tuple of ints: ``MultiBinary(8)`` and ``MultiBinary([8])`` are
+    different spaces to gymnasium)."""
 
-    shape: tuple[int, ...]
+    n: int | tuple[int, ...]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.n,) if isinstance(self.n, int) else self.n
 
     def to_space(self) -> Any:
         import gymnasium as gym
 
-        return gym.spaces.MultiBinary(list(self.shape) if len(self.shape) != 1 else self.shape[0])
+        return gym.spaces.MultiBinary(self.n if isinstance(self.n, int) else list(self.n))
 
 
 #: What one entry of a Dict observation can be: a Box, a Discrete (one int) or a MultiBinary.
@@ -86,7 +92,7 @@ def entry_from_space(space: Any) -> EntrySpec:
     if isinstance(space, gym.spaces.Discrete):
         return DiscreteSpec(n=int(space.n), start=int(space.start))
     if isinstance(space, gym.spaces.MultiBinary):
-        return MultiBinarySpec(tuple(int(s) for s in space.shape))
+        return MultiBinarySpec(int(space.n) if isinstance(space.n, (int, np.integer)) else tuple(int(s) for s in space.n))
     return box_from_space(space)
 
 
@@ -139,7 +145,7 @@ def box_from_space(space: Any) -> BoxSpec:
     if not isinstance(space, gym.spaces.Box):
         raise ConfigError(
             f"observation_space is {space!r}, but replaystore stores Box observations, or Dict observations of "
-            "Box entries; wrap the env (e.g. FlattenObservation) so it yields one of those"
+            "Box, Discrete and MultiBinary entries; wrap the env (e.g. FlattenObservation) so it yields one of those"
         )
     return BoxSpec(
         shape=tuple(int(s) for s in space.shape),
@@ -174,7 +180,7 @@ def space_attrs(spec: EntrySpec) -> dict[str, Any]:
     if isinstance(spec, DiscreteSpec):
         return {"type": "Discrete", **dataclasses.asdict(spec)}
     if isinstance(spec, MultiBinarySpec):
-        return {"type": "MultiBinary", "shape": list(spec.shape)}
+        return {"type": "MultiBinary", "n": spec.n if isinstance(spec.n, int) else list(spec.n)}
     box = dataclasses.asdict(spec)
     box["shape"] = list(box["shape"])
     box["low"] = compact_bound(np.asarray(parse_bound(box["low"])))
