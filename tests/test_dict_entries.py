@@ -168,3 +168,28 @@ def test_minari_export_of_stacks(tmp_path) -> None:
         want = np.stack([rooms[np.maximum(np.arange(len(rooms)) - 1, 0)], rooms], axis=1)  # reset padding
         assert np.array_equal(got.observations["room"], want)
         assert data.observation_space.contains({k: v[0] for k, v in got.observations.items()})
+
+
+def test_gif_of_an_image_entry(tmp_path, capsys) -> None:
+    """``episodes --save FILE.gif``: a Dict store's one image entry (here the MultiBinary lights, 0/1
+    shown as 0/255 from the space's bounds); a Dict without one is refused, naming what to do."""
+    from goal_env import BitFlip
+    from PIL import Image
+
+    from replaystore.cli import main
+
+    env = Rooms(limit=5)
+    path = tmp_path / "rooms.zarr"
+    with ReplayStore.create(path, 100, env.observation_space, env.action_space) as store:
+        episodes = _run(store, env, 12)
+    assert main(["episodes", str(path), "--save", "0", str(tmp_path / "r.gif")]) == 0
+    with Image.open(tmp_path / "r.gif") as gif:
+        assert np.array_equal(np.asarray(gif.convert("L")), episodes[0][0]["lights"].astype(np.uint8) * 255)
+    bits = BitFlip(4)
+    with ReplayStore.create(tmp_path / "bits.zarr", 100, bits.observation_space, bits.action_space) as store:
+        obs, _ = bits.reset(seed=0)
+        nxt, reward, terminated, truncated, _ = bits.step(0)
+        store.add(obs, 0, reward, nxt, True, False)
+    capsys.readouterr()
+    assert main(["episodes", str(tmp_path / "bits.zarr"), "--save", "0", str(tmp_path / "b.gif")]) == 1
+    assert "which entry to show: none is an image, so save the episode as .npz" in capsys.readouterr().err

@@ -296,8 +296,19 @@ def test_the_command_line_reads_and_compacts_a_dict_store(tmp_path: Path, capsys
     for key, values in episode.obs.items():
         np.testing.assert_array_equal(saved[f"obs.{key}"], values)
     capsys.readouterr()
-    assert main(["episodes", path, "--save", "-2", str(tmp_path / "e.gif")]) == 1
-    assert "holds observations of Dict(" in capsys.readouterr().err and not (tmp_path / "e.gif").exists()
+    # a .gif shows an image entry: the one there is ("seen", (3, 3) uint8), or the one --key names
+    assert main(["episodes", path, "--save", "-2", str(tmp_path / "e.gif"), "--key", "observation"]) == 1
+    assert "--key 'observation' is not an image entry: pass --key with one of ['seen']" in capsys.readouterr().err
+    assert not (tmp_path / "e.gif").exists()
+    from PIL import Image, ImageSequence
+
+    for args in ([], ["--key", "seen"]):
+        assert main(["episodes", path, "--save", "-2", str(tmp_path / "e.gif"), *args]) == 0
+        with Image.open(tmp_path / "e.gif") as gif:
+            frames = [np.asarray(f.convert("L")) for f in ImageSequence.Iterator(gif)]
+        # (Pillow merges equal consecutive frames into one shown longer)
+        assert frames[0].shape == (3, 3) and 1 <= len(frames) <= len(episode.obs["seen"])
+        assert np.array_equal(frames[0], episode.obs["seen"][0])  # uint8 frames as they are
     assert main(["compact", path, str(tmp_path / "c.zarr"), "--streams", "2"]) == 0
     with ReplayStore.open(tmp_path / "c.zarr") as compacted:
         assert compacted.observation_space == goal_space() and compacted.num_streams == 2

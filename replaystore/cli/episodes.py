@@ -7,7 +7,8 @@ reads one episode's frames (``ReplayStore.episode``) and writes them, with its m
   ``truncated``, and ``stream``, ``index``, ``first_step``, ``from_start``, ``ended``,
   ``first_move``;
 - ``.gif``: the observations as an animation, for frames that are images (``(H, W)``,
-  ``(H, W, 1|3|4)`` or channels first), through Pillow (which matplotlib brings).
+  ``(H, W, 1|3|4)`` or channels first), through Pillow (which matplotlib brings); of a Dict store,
+  its entry ``key`` (``--key``; without it, the one entry that is an image, if there is one).
 
 The file is written beside its final name and renamed onto it, so a crash or a full disk leaves no
 half-written file; FILE must not be inside the store. ``--moves A:B`` saves a part; an episode whose
@@ -26,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from replaystore.errors import ConfigError, UnsafePathError
+from replaystore.format.spaces import BoxSpec, stored_box
 from replaystore.sampling.episodes import Episode, episode_table, how_it_ended, stream_ring, window
 from replaystore.sampling.memory import check_episode
 from replaystore.store import ReplayStore
@@ -69,10 +71,11 @@ def format_episodes(info: dict[str, Any]) -> list[str]:
 
 
 def save_episode(path: str | Path, index: int, out: str | Path, *, stream: int = 0, fps: float = 15.0,
-                 moves: slice | None = None) -> tuple[Path, Episode]:
+                 moves: slice | None = None, key: str | None = None) -> tuple[Path, Episode]:
     """Write episode ``index`` of ``stream`` (or its ``moves``) to ``out`` (.npz or .gif); returns the
-    file and the episode. An episode whose frames, with the .gif's images beside them, would take
-    more than half of the memory this process may use is refused before it is read."""
+    file and the episode. ``key``: the entry of a Dict store a .gif shows. An episode whose frames,
+    with the .gif's images beside them, would take more than half of the memory this process may
+    use is refused before it is read."""
     out = Path(out)
     if out.suffix.lower() not in SUFFIXES:
         raise ConfigError(f"cannot save an episode as {out.name!r}: name the file .npz (every array) or .gif (the "
@@ -87,14 +90,12 @@ def save_episode(path: str | Path, index: int, out: str | Path, *, stream: int =
         raise ConfigError(f"{out} is a directory; give a file name ending in .npz or .gif")
     with ReplayStore.open(path, cache_bytes=0) as store:  # (each chunk is read once: no cache to hold)
         gif = out.suffix.lower() == ".gif"
-        if gif and store.schema.observation_dict is not None:
-            raise ConfigError(f"{path} holds observations of {store.schema.observation_dict.describe()}, which are "
-                              "not one image a step; save the episode as .npz (each key as obs.KEY)")
+        key, box = _shown(store, path, key) if gif else (None, store.schema.observation)
         if gif:
-            _frames_as_images(np.zeros((1, *store.schema.observation.shape), dtype=np.uint8))  # refuse early
+            _frames_as_images(np.zeros((1, *box.shape), dtype=np.uint8))  # refuse early
             _check_images(store, index, stream, moves)
         episode = store.episode(index, stream=stream, moves=moves)
-        low, high = store.schema.observation.low, store.schema.observation.high
+        low, high = box.low, box.high
     data = io.BytesIO()
     if out.suffix.lower() == ".npz":
         obs = {f"obs.{key}": v for key, v in episode.obs.items()} if isinstance(episode.obs, dict) else {"obs": episode.obs}
@@ -103,7 +104,8 @@ def save_episode(path: str | Path, index: int, out: str | Path, *, stream: int =
                             index=episode.index, first_step=episode.first_step, from_start=episode.from_start,
                             ended=np.str_(episode.ended), first_move=episode.first_move)
     else:
-        _write_gif(data, _to_uint8(episode.obs, low, high), fps)
+        frames = episode.obs[key] if key is not None else episode.obs
+        _write_gif(data, _to_uint8(frames, low, high), fps)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:
@@ -117,6 +119,35 @@ def save_episode(path: str | Path, index: int, out: str | Path, *, stream: int =
     return out, episode
 
 
+def _shown(store: ReplayStore, path: str | Path, key: str | None) -> tuple[str | None, BoxSpec]:
+    """What a .gif shows: the store's observations (no key), or a Dict store's entry ``key`` and its
+    Box (``ConfigError`` naming the image entries when ``key`` is missing or not one of them)."""
+    spec = store.schema.observation_dict
+    if spec is None:
+        if key is not None:
+            raise ConfigError(f"--key {key!r} names an entry of a Dict observation, but {path} holds Box "
+                              "observations; leave --key out")
+        return None, store.schema.observation
+    boxes = {k: stored_box(e) for k, e in spec.spaces}
+    images = [k for k, b in boxes.items() if _is_image(b.shape)]
+    if key is None and len(images) == 1:
+        return images[0], boxes[images[0]]
+    if key is None or key not in boxes or key not in images:
+        what = "which entry to show" if key is None else f"--key {key!r} is not an image entry"
+        raise ConfigError(f"{path} holds observations of {spec.describe()}; {what}: "
+                          + (f"pass --key with one of {images}" if images else "none is an image, so save the episode "
+                             "as .npz (each key as obs.KEY)"))
+    return key, boxes[key]
+
+
+def _is_image(shape: tuple[int, ...]) -> bool:
+    try:
+        _frames_as_images(np.zeros((1, *shape), dtype=np.uint8))
+    except ConfigError:
+        return False
+    return True
+
+
 def _check_images(store: ReplayStore, index: int, stream: int, moves: slice | None) -> None:
     """Refuse a .gif whose frames and images (uint8 copies, and Pillow's) would not fit: three times
     the frames' bytes, against half of the memory this process may use."""
@@ -125,6 +156,7 @@ def _check_images(store: ReplayStore, index: int, stream: int, moves: slice | No
         return  # (store.episode says what is wrong with the index)
     a, b = window(moves, int(lengths[index]), f"episode {index}")
     frame = int(np.prod(store.schema.observation.shape, dtype=np.int64)) * np.dtype(store.schema.observation.dtype).itemsize
+    # (a Dict store's whole frame: the episode is read whole, every entry of it)
     check_episode(3 * (b - a + 1) * frame, None, what=f"episode {index} of stream {stream} as a .gif ({b - a:,} moves)")
 
 

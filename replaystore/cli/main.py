@@ -50,7 +50,7 @@ def _episodes(args: argparse.Namespace) -> int:
             raise ConfigError(f"--save takes INDEX FILE; {index!r} is not an episode index (an integer, "
                               "negative from the newest)") from None
         written, episode = save_episode(args.path, number, out, stream=args.stream, fps=args.fps,
-                                        moves=parse_moves(args.moves))
+                                        moves=parse_moves(args.moves), key=args.key)
         info = {"file": str(written), "stream": episode.stream, "index": episode.index, "moves": len(episode),
                 "first_move": episode.first_move, "return": episode.episode_return, "ended": episode.ended,
                 "first_step": episode.first_step}
@@ -198,6 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--moves", metavar="A:B", help="with --save: only the episode's moves A..B-1 and the observations "
                    "around them (Python's slice rules: 0:1000, 5000:, -1000:); for an episode too large to save whole")
     p.add_argument("--fps", type=float, default=15.0, help="frames per second of a saved .gif (default 15)")
+    p.add_argument("--key", help="with --save FILE.gif of a Dict store: the image entry to show (default: the one "
+                   "entry that is an image)")
     p.add_argument("--json", action="store_true", help="print the listing (or what was saved) as JSON")
     p.set_defaults(func=_episodes)
     p = sub.add_parser("verify", help="read every chunk and check checksums and metadata")
