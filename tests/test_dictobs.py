@@ -316,3 +316,20 @@ def test_the_command_line_reads_and_compacts_a_dict_store(tmp_path: Path, capsys
         newest = {k: v[:, -1] for k, v in batch.obs.items()}
         after = {k: v[:, -1] for k, v in batch.next_obs.items()}
         assert all(follows(newest, batch.action, after, i) for i in range(32))
+
+
+def test_frames_packed_once_are_taken_as_they_are() -> None:
+    """``Packed`` (the SB3 buffer packs a dict to check its stacks): the same spec's frames of the right
+    shape pass through ``pack`` untouched; anything else is checked as a dict would be, and refused."""
+    from replaystore.format.dictobs import Packed
+
+    spec = dict_from_space(goal_space())
+    env = Reach()
+    obs, _ = env.reset(seed=0)
+    frames = spec.pack({k: v[None] for k, v in obs.items()}, name="obs", path="p", lead=(1,))
+    assert spec.pack(Packed(spec, frames), name="obs", path="p", lead=(1,)) is frames
+    with pytest.raises(InvalidTransitionError, match="obs is a Packed, but p stores Dict observations"):
+        spec.pack(Packed(spec, frames), name="obs", path="p", lead=(2,))
+    other = dict_from_space(gym.spaces.Dict({"a": gym.spaces.Box(0, 1, (48,), np.uint8)}))
+    with pytest.raises(InvalidTransitionError, match="obs is a Packed"):
+        spec.pack(Packed(other, frames), name="obs", path="p", lead=(1,))

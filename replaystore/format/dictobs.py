@@ -62,6 +62,16 @@ class Entry:
 
 
 @dataclass(frozen=True)
+class Packed:
+    """Frames that ``pack`` of the same ``DictSpec`` made (checked already): ``pack`` takes them as
+    they are, so a caller that packed a dict to look at it (the SB3 buffer's stack checks) does not
+    pack it twice. Internal: only ``DictSpec.pack``'s output belongs in one."""
+
+    spec: DictSpec
+    frames: np.ndarray
+
+
+@dataclass(frozen=True)
 class DictSpec:
     """A gymnasium ``Dict`` of ``Box``, ``Discrete`` and ``MultiBinary`` entries, in its key order, and
     ``stored``, the flat Box frame that holds one step's dict in the store."""
@@ -111,6 +121,12 @@ class DictSpec:
         """``value`` (a mapping of this space's keys to arrays of ``lead + shape``) checked and written
         into stored frames ``(*lead, *stored.shape)`` (``out``, or a new array). Raises
         ``InvalidTransitionError`` naming the key that is wrong, before anything is written."""
+        if (isinstance(value, Packed) and (value.spec is self or value.spec == self)
+                and value.frames.shape == (*lead, *self.stored.shape)):
+            if out is None:
+                return value.frames
+            out[...] = value.frames
+            return out
         if not isinstance(value, Mapping):
             raise InvalidTransitionError(f"{name} is a {type(value).__name__}, but {path} stores Dict observations "
                                          f"{self.describe()}: pass a dict of those keys")

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from replaystore.errors import ConfigError, InvalidTransitionError, StoreNotFoundError
-from replaystore.format.dictobs import dict_from_space, is_dict_space
+from replaystore.format.dictobs import Packed, dict_from_space, is_dict_space
 from replaystore.format.spaces import action_from_space, box_from_space
 from replaystore.integrations.stacking import StackChecker, StackLayout, choose, from_frames
 from replaystore.sampling.hindsight import HindsightSampler, goal_entries
@@ -212,8 +212,12 @@ class StoreSide:
         return arr
 
     def _given(self, frames: np.ndarray) -> Any:
-        """Rows of frames as ``add_batch`` takes them: a Dict store's as dicts."""
-        return frames if self.dict_spec is None else self.dict_spec.unpack(frames)
+        """Rows of frames as ``add_batch`` takes them: a Dict store's as the frames ``_rows`` packed
+        (and checked), which the store takes without packing them again."""
+        if self.dict_spec is None:
+            return frames
+        assert self.store is not None and self.store.schema.observation_dict is not None
+        return Packed(self.store.schema.observation_dict, frames)  # (the store's own spec: found by identity)
 
     def _observations(self, stacks: Any) -> Any:
         """Sampled stacks as SB3's observations: rebuilt, or a Dict store's per key, ``(n, *shape)``."""
