@@ -103,24 +103,27 @@ class BitFlip(gym.Env):
 
 class Rooms(gym.Env):
     """A Dict observation with entries that are not Boxes: ``room`` a ``Discrete(5, start=1)``, ``lights``
-    a ``MultiBinary((2, 3))``, beside a float32 ``pos``. Action ``a`` < 6 toggles light ``a``; 6 moves
-    to the next room (1..5, round); 7 nudges ``pos``. Episodes end after ``limit`` moves."""
+    a ``MultiBinary((2, 3))``, ``doors`` a ``MultiDiscrete([3, 2], start=[0, 1])``, beside a float32
+    ``pos``. Action ``a`` < 6 toggles light ``a``; 6 moves to the next room (1..5, round); 7 nudges
+    ``pos`` and turns the first door. Episodes end after ``limit`` moves."""
 
     def __init__(self, limit: int = 12) -> None:
         self.observation_space = gym.spaces.Dict({"pos": gym.spaces.Box(-1, 1, (2,), np.float32),
                                                   "room": gym.spaces.Discrete(5, start=1),
-                                                  "lights": gym.spaces.MultiBinary([2, 3])})
+                                                  "lights": gym.spaces.MultiBinary([2, 3]),
+                                                  "doors": gym.spaces.MultiDiscrete([3, 2], start=[0, 1])})
         self.action_space = gym.spaces.Discrete(8)
         self.limit = limit
 
     def _obs(self) -> dict:
-        return {"pos": self.pos.copy(), "room": self.room, "lights": self.lights.copy()}
+        return {"pos": self.pos.copy(), "room": self.room, "lights": self.lights.copy(), "doors": self.doors.copy()}
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
         super().reset(seed=seed)
         self.pos = self.np_random.uniform(-1, 1, 2).astype(np.float32)
         self.room = int(self.np_random.integers(1, 6))
         self.lights = self.np_random.integers(0, 2, (2, 3)).astype(np.int8)
+        self.doors = np.array([self.np_random.integers(0, 3), self.np_random.integers(1, 3)], np.int64)
         self.t = 0
         return self._obs(), {}
 
@@ -132,5 +135,6 @@ class Rooms(gym.Env):
             self.room = self.room % 5 + 1
         else:
             self.pos = move(self.pos, np.ones(2, np.float32))
+            self.doors[0] = (self.doors[0] + 1) % 3
         self.t += 1
         return self._obs(), float(self.lights.sum()), False, self.t >= self.limit, {}

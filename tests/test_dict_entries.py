@@ -44,7 +44,7 @@ def test_entries_round_trip_with_the_space(tmp_path) -> None:
         assert store.observation_space == env.observation_space  # Discrete(5, start=1), MultiBinary([2, 3])
         for i, recorded in enumerate(e for e in episodes if len(e) > 1):
             got = store.episode(i)
-            for key in ("pos", "room", "lights"):
+            for key in ("pos", "room", "lights", "doors"):
                 want = np.stack([np.asarray(o[key]) for o in recorded[: len(got.obs[key])]])
                 assert np.array_equal(got.obs[key], want), key
             assert got.obs["room"].dtype == np.int64 and got.obs["lights"].dtype == np.int8
@@ -60,6 +60,8 @@ def test_entries_round_trip_with_the_space(tmp_path) -> None:
     ("lights", np.array([[0, 2, 0], [1, 1, 1]], np.int8), r"obs\['lights'\] holds 2, outside the 0\.\.1"),
     ("lights", np.zeros(6, np.int8), r"obs\['lights'\] has shape \((1, )?6,?\)"),
     ("room", 2.0, r"obs\['room'\] has dtype float64, but .* stores int64"),
+    ("doors", np.array([2, 0]), r"obs\['doors'\] holds 0, outside the 1\.\.2 of its space"),
+    ("doors", np.array([3, 1]), r"obs\['doors'\] holds 3, outside the 0\.\.2"),
 ])
 def test_values_outside_their_space_are_refused(tmp_path, key, value, message) -> None:
     env = Rooms()
@@ -84,21 +86,30 @@ def test_inspect_and_damaged_attributes(tmp_path) -> None:
         _run(store, env, 20)
     cli = [sys.executable, "-m", "replaystore.cli"]
     text = subprocess.run([*cli, "inspect", str(path)], capture_output=True, text=True, check=True).stdout
-    assert "Dict(lights: MultiBinary(2, 3), pos: float32(2,), room: Discrete(5, start=1))" in text
+    assert ("Dict(doors: MultiDiscrete(2,), lights: MultiBinary(2, 3), pos: float32(2,), room: Discrete(5, start=1))"
+            in text)
     summary = json.loads(subprocess.run([*cli, "inspect", "--json", str(path)], capture_output=True, text=True,
                                         check=True).stdout)
     spaces = summary["schema"]["observation_space"]["spaces"]
     assert spaces["room"] == {"type": "Discrete", "n": 5, "start": 1, "shape": [], "dtype": "int64"}
     assert spaces["lights"] == {"type": "MultiBinary", "n": [2, 3], "shape": [2, 3], "dtype": "int8"}
+    assert spaces["doors"] == {"type": "MultiDiscrete", "shape": [2], "nvec": [3, 2], "start": [0, 1], "dtype": "int64"}
     meta = path / "zarr.json"
     doc = json.loads(meta.read_text())
     entries = doc["attributes"]["replaystore"]["schema"]["observation_space"]["spaces"]
-    assert entries[0] == ["lights", {"type": "MultiBinary", "n": [2, 3]}]
-    entry = entries[2]
+    assert entries[1] == ["lights", {"type": "MultiBinary", "n": [2, 3]}]
+    entry = entries[3]
     assert entry == ["room", {"type": "Discrete", "n": 5, "start": 1}]
-    entry[1]["type"] = "MultiDiscrete"
+    doors = entries[0]
+    assert doors == ["doors", {"type": "MultiDiscrete", "shape": [2], "nvec": [3, 2], "start": [0, 1], "dtype": "int64"}]
+    doors[1]["nvec"] = [3]
     meta.write_text(json.dumps(doc))
-    with pytest.raises(CorruptStoreError, match=r"spaces\[2\] is .*MultiDiscrete.*written by a newer replaystore"):
+    with pytest.raises(CorruptStoreError, match=r"spaces\[0\]\.nvec is \[3\], expected 2 ints"):
+        ReplayStore.open(path)
+    doors[1]["nvec"] = [3, 2]
+    entry[1]["type"] = "Graph"
+    meta.write_text(json.dumps(doc))
+    with pytest.raises(CorruptStoreError, match=r"spaces\[3\] is .*Graph.*written by a newer replaystore"):
         ReplayStore.open(path)
 
 

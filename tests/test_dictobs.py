@@ -41,7 +41,7 @@ def test_packing_keeps_every_dtype_and_aligns_each_entry() -> None:
 
 DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "float16", "int32", "float32", "int64", "uint64", "float64"]
 #: entries that are not Boxes, and the dtype each is kept and given back in
-OTHERS = {"Discrete": "int64", "MultiBinary": "int8"}
+OTHERS = {"Discrete": "int64", "MultiBinary": "int8", "MultiDiscrete": "int32"}
 
 
 def _entry(kind: str, shape: list[int]) -> gym.Space:
@@ -49,6 +49,9 @@ def _entry(kind: str, shape: list[int]) -> gym.Space:
         return gym.spaces.Discrete(5, start=-2)
     if kind == "MultiBinary":
         return gym.spaces.MultiBinary(shape or [1])
+    if kind == "MultiDiscrete":
+        nvec = np.arange(2, 2 + int(np.prod(shape or [1]))).reshape(shape or [1])
+        return gym.spaces.MultiDiscrete(nvec, dtype=np.int32, start=-nvec // 2)
     return gym.spaces.Box(0, 1, tuple(shape), np.dtype(kind))
 
 
@@ -67,6 +70,9 @@ def test_any_dict_of_entries_packs_and_unpacks_bit_for_bit(entries, seed: int, r
             continue
         if isinstance(sub, gym.spaces.MultiBinary):
             value[key] = rng.integers(0, 2, (rows, *sub.shape)).astype(np.int8)
+            continue
+        if isinstance(sub, gym.spaces.MultiDiscrete):
+            value[key] = (sub.start + rng.integers(0, sub.nvec, (rows, *sub.shape))).astype(np.int32)
             continue
         raw = rng.integers(0, 256, (rows, *sub.shape, sub.dtype.itemsize), dtype=np.uint8)
         array = raw.view(sub.dtype).reshape(rows, *sub.shape)
@@ -245,10 +251,10 @@ def _rows(value):
 
 @pytest.mark.parametrize(("space", "message"), [
     (gym.spaces.Dict({"a": gym.spaces.Dict({"b": gym.spaces.Box(0, 1, (2,))})}), r"observation_space\['a'\] is Dict"),
-    (gym.spaces.Dict({"a": gym.spaces.MultiDiscrete([3, 2])}), r"observation_space\['a'\] is MultiDiscrete"),
+    (gym.spaces.Dict({"a": gym.spaces.Tuple([gym.spaces.Discrete(2)])}), r"observation_space\['a'\] is Tuple"),
     (gym.spaces.Dict({}), "Dict of 0 entries"),
     (gym.spaces.Dict([(1, gym.spaces.Box(0, 1, (2,)))]), "the key 1"),
-], ids=["nested", "multidiscrete", "empty", "int-key"])
+], ids=["nested", "tuple", "empty", "int-key"])
 def test_a_space_a_store_cannot_hold_is_refused(tmp_path: Path, space: gym.Space, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         ReplayStore.create(tmp_path / "r.zarr", 64, space, gym.spaces.Discrete(2))

@@ -103,7 +103,7 @@ def _box(spec: BoxSpec) -> dict[str, Any]:
 
 
 def _entry(spec: EntrySpec) -> dict[str, Any]:
-    """A Dict entry for the summary: a Box as ``_box``; a Discrete or MultiBinary as its space, with
+    """A Dict entry for the summary: a Box as ``_box``; a Discrete, MultiBinary or MultiDiscrete as its space, with
     the shape and dtype it is given back in."""
     if isinstance(spec, BoxSpec):
         return _box(spec)
@@ -128,6 +128,8 @@ def _describe_entry(entry: dict[str, Any]) -> str:
         return f"Discrete({entry['n']}" + (f", start={entry['start']})" if entry["start"] else ")")
     if entry.get("type") == "MultiBinary":
         return f"MultiBinary({entry['n']})" if isinstance(entry["n"], int) else f"MultiBinary{tuple(entry['n'])}"
+    if entry.get("type") == "MultiDiscrete":
+        return f"MultiDiscrete{tuple(entry['shape'])}"
     return f"{entry['dtype']}{tuple(entry['shape'])}"
 
 

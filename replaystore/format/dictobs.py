@@ -1,6 +1,7 @@
-"""Dict observation spaces: a gymnasium ``Dict`` of ``Box``, ``Discrete`` and ``MultiBinary`` entries,
-kept as one flat frame a step (a ``Discrete`` as one int64, a ``MultiBinary`` as int8 0/1 values:
-spaces.stored_box; their values are checked to lie in the space).
+"""Dict observation spaces: a gymnasium ``Dict`` of ``Box``, ``Discrete``, ``MultiBinary`` and
+``MultiDiscrete`` entries, kept as one flat frame a step (a ``Discrete`` as one int64, a
+``MultiBinary`` as int8 0/1 values, a ``MultiDiscrete`` as its ints: spaces.stored_box; their values
+are checked to lie in the space).
 
 Goal-conditioned envs (``observation``, ``achieved_goal``, ``desired_goal``), Minari's maze datasets
 and SB3's ``MultiInputPolicy`` observe dicts. The store keeps every step's dict as one frame, so that
@@ -37,6 +38,7 @@ from replaystore.format.spaces import (
     DiscreteSpec,
     EntrySpec,
     MultiBinarySpec,
+    MultiDiscreteSpec,
     compact_bound,
     entry_from_space,
     parse_bound,
@@ -57,8 +59,9 @@ class Entry:
     shape: tuple[int, ...]
     dtype: np.dtype
     nbytes: int
-    #: the values a Discrete or MultiBinary entry may take (``pack`` refuses others); None for a Box
-    bounds: tuple[int, int] | None = None
+    #: the values a Discrete, MultiBinary or MultiDiscrete entry may take, lowest and highest (each an
+    #: int, or a MultiDiscrete's per element, flattened); ``pack`` refuses others. None for a Box.
+    bounds: tuple[Any, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -87,7 +90,7 @@ class DictSpec:
         entries, offset = [], 0
         for (key, spec), box, dtype in zip(self.spaces, boxes, dtypes):
             offset = -(-offset // dtype.itemsize) * dtype.itemsize  # aligned to its item size
-            bounds = None if isinstance(spec, BoxSpec) else (int(box.low), int(box.high))
+            bounds = None if isinstance(spec, BoxSpec) else (_flat(box.low), _flat(box.high))
             entries.append(Entry(key, offset, box.shape, dtype, math.prod(box.shape) * dtype.itemsize, bounds))
             offset += entries[-1].nbytes
         widest = max(d.itemsize for d in dtypes)
@@ -149,11 +152,15 @@ class DictSpec:
                                                  f"{entry.dtype}; convert it with .astype({entry.dtype.name!r}) or "
                                                  f"create a store for {arr.dtype}")
                 arr = arr.astype(entry.dtype)
-            if entry.bounds is not None and arr.size and (arr.min() < entry.bounds[0] or arr.max() > entry.bounds[1]):
-                bad = arr[(arr < entry.bounds[0]) | (arr > entry.bounds[1])]
-                raise InvalidTransitionError(f"{name}[{entry.key!r}] holds {bad.ravel()[0].item()!r}, outside the "
-                                             f"{entry.bounds[0]}..{entry.bounds[1]} of its space in {path}; pass "
-                                             "the env's observation as it is; nothing was written")
+            if entry.bounds is not None and arr.size:
+                low, high = (b if isinstance(b, int) else np.reshape(b, entry.shape) for b in entry.bounds)
+                outside = (arr < low) | (arr > high)
+                if outside.any():
+                    at = np.unravel_index(int(np.argmax(outside)), outside.shape)
+                    lo, hi = (b if isinstance(b, int) else int(np.broadcast_to(b, arr.shape)[at]) for b in (low, high))
+                    raise InvalidTransitionError(f"{name}[{entry.key!r}] holds {arr[at].item()!r}, outside the "
+                                                 f"{lo}..{hi} of its space in {path}; pass the env's observation as "
+                                                 "it is; nothing was written")
             if arr.dtype.kind == "f" and np.isnan(arr).any():
                 raise InvalidTransitionError(f"{name}[{entry.key!r}] holds NaN ({int(np.isnan(arr).sum())} values); "
                                              f"{path} refuses NaN observations (one poisons every Q-value computed "
@@ -183,12 +190,19 @@ class DictSpec:
         return {"type": "Dict", "spaces": [[key, space_attrs(box)] for key, box in self.spaces]}
 
 
+def _flat(bound: Any) -> Any:
+    """A stored Box bound as ``Entry.bounds`` holds it: an int, or a tuple of ints (flattened)."""
+    return int(bound) if not isinstance(bound, list) else tuple(int(v) for v in np.ravel(bound))
+
+
 def describe_entry(spec: EntrySpec) -> str:
     """One entry as ``describe`` names it: ``float64(4,)``, ``Discrete(3)``, ``MultiBinary(8,)``."""
     if isinstance(spec, DiscreteSpec):
         return f"Discrete({spec.n}" + (f", start={spec.start})" if spec.start else ")")
     if isinstance(spec, MultiBinarySpec):
         return f"MultiBinary({spec.n})" if isinstance(spec.n, int) else f"MultiBinary{spec.n}"
+    if isinstance(spec, MultiDiscreteSpec):
+        return f"MultiDiscrete{tuple(spec.shape)}"
     return f"{spec.dtype}{tuple(spec.shape)}"
 
 
@@ -203,8 +217,8 @@ def dict_from_space(space: Any) -> DictSpec:
             spec = entry_from_space(sub)
         except ConfigError:
             raise ConfigError(f"observation_space[{key!r}] is {sub!r}, but a Dict observation is stored when every "
-                              "entry is a Box, Discrete or MultiBinary; wrap the env so each entry is one (a nested "
-                              "Dict: gymnasium's FlattenObservation on it; a MultiDiscrete: a Box of ints)") from None
+                              "entry is a Box, Discrete, MultiBinary or MultiDiscrete; wrap the env so each entry is "
+                              "one (a nested Dict: gymnasium's FlattenObservation on it)") from None
         if isinstance(spec, BoxSpec) and np.dtype(spec.dtype).kind not in "biuf":
             raise ConfigError(f"observation_space[{key!r}] has dtype {spec.dtype}; entries must be bool, int or float")
         spaces.append((key, spec))

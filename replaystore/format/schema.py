@@ -35,6 +35,7 @@ from replaystore.format.spaces import (
     DiscreteSpec,
     EntrySpec,
     MultiBinarySpec,
+    MultiDiscreteSpec,
     StepField,
     parse_bound,
     space_attrs,
@@ -323,10 +324,11 @@ def _parse_dict(d: dict[str, Any], where: str) -> DictSpec:
     spaces: list[tuple[str, EntrySpec]] = []
     for i, pair in enumerate(pairs):
         if (not isinstance(pair, list) or len(pair) != 2 or not isinstance(pair[0], str) or not pair[0]
-                or not isinstance(pair[1], dict) or pair[1].get("type") not in ("Box", "Discrete", "MultiBinary")):
+                or not isinstance(pair[1], dict)
+                or pair[1].get("type") not in ("Box", "Discrete", "MultiBinary", "MultiDiscrete")):
             raise CorruptStoreError(f"{where}.spaces[{i}] is {pair!r:.200}, expected [key, {{\"type\": \"Box\" (or "
-                                    "\"Discrete\", \"MultiBinary\"), ...}}]; the store's zarr.json is damaged, or "
-                                    "was written by a newer replaystore")
+                                    "\"Discrete\", \"MultiBinary\", \"MultiDiscrete\"), ...}}]; the store's zarr.json "
+                                    "is damaged, or was written by a newer replaystore")
         spaces.append((pair[0], _parse_entry(pair[1], f"{where}.spaces[{i}]")))
     if len({key for key, _ in spaces}) < len(spaces):
         raise CorruptStoreError(f"{where}.spaces names a key twice; the store's zarr.json is damaged")
@@ -347,7 +349,25 @@ def _parse_entry(d: dict[str, Any], where: str) -> EntrySpec:
                 or not 0 < len(shape) <= 8):
             raise CorruptStoreError(f"{where}.n is {n!r}, expected a positive int or up to 8 of them")
         return MultiBinarySpec(n if isinstance(n, int) else tuple(n))
+    if d["type"] == "MultiDiscrete":
+        return _parse_multi_discrete(d, where)
     return _parse_box(d, where)
+
+
+def _parse_multi_discrete(d: dict[str, Any], where: str) -> MultiDiscreteSpec:
+    shape = _get(d, "shape", list, where)
+    if not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v < 2**20 for v in shape) or len(shape) > 8:
+        raise CorruptStoreError(f"{where}.shape is {shape!r}, expected up to 8 positive ints")
+    size = math.prod(shape)
+    nvec, start = _get(d, "nvec", list, where), _get(d, "start", list, where)
+    dtype = _get(d, "dtype", str, where)
+    if dtype not in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"):
+        raise CorruptStoreError(f"{where}.dtype is {dtype!r}, expected an integer dtype")
+    for name, values, least in (("nvec", nvec, 1), ("start", start, -(2**62))):
+        if len(values) != size or not all(isinstance(v, int) and not isinstance(v, bool) and least <= v < 2**62
+                                          for v in values):
+            raise CorruptStoreError(f"{where}.{name} is {values!r:.200}, expected {size} ints (the shape's elements)")
+    return MultiDiscreteSpec(tuple(shape), tuple(nvec), tuple(start), dtype)
 
 
 def _parse_box(d: dict[str, Any], where: str) -> BoxSpec:

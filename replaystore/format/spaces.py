@@ -71,8 +71,26 @@ class MultiBinarySpec:
         return gym.spaces.MultiBinary(self.n if isinstance(self.n, int) else list(self.n))
 
 
-#: What one entry of a Dict observation can be: a Box, a Discrete (one int) or a MultiBinary.
-EntrySpec = BoxSpec | DiscreteSpec | MultiBinarySpec
+@dataclass(frozen=True)
+class MultiDiscreteSpec:
+    """A gymnasium ``MultiDiscrete`` entry of a Dict observation: ints of ``shape`` in ``dtype``,
+    element ``i`` in ``start[i] .. start[i] + nvec[i] - 1`` (``nvec`` and ``start`` flattened)."""
+
+    shape: tuple[int, ...]
+    nvec: tuple[int, ...]
+    start: tuple[int, ...]
+    dtype: str = "int64"
+
+    def to_space(self) -> Any:
+        import gymnasium as gym
+
+        return gym.spaces.MultiDiscrete(np.array(self.nvec, dtype=self.dtype).reshape(self.shape),
+                                        dtype=np.dtype(self.dtype),
+                                        start=np.array(self.start, dtype=self.dtype).reshape(self.shape))
+
+
+#: What one entry of a Dict observation can be: a Box, a Discrete (one int), a MultiBinary or a MultiDiscrete.
+EntrySpec = BoxSpec | DiscreteSpec | MultiBinarySpec | MultiDiscreteSpec
 
 
 def stored_box(spec: EntrySpec) -> BoxSpec:
@@ -82,17 +100,24 @@ def stored_box(spec: EntrySpec) -> BoxSpec:
         return BoxSpec((), "int64", spec.start, spec.start + spec.n - 1)
     if isinstance(spec, MultiBinarySpec):
         return BoxSpec(spec.shape, "int8", 0, 1)
+    if isinstance(spec, MultiDiscreteSpec):
+        low = np.array(spec.start, dtype=np.int64).reshape(spec.shape)
+        return BoxSpec(spec.shape, spec.dtype, _bound(low), _bound(low + np.array(spec.nvec).reshape(spec.shape) - 1))
     return spec
 
 
 def entry_from_space(space: Any) -> EntrySpec:
-    """Describe a Dict observation's entry: a Box, Discrete or MultiBinary (``ConfigError`` for any other)."""
+    """Describe a Dict observation's entry: a Box, Discrete, MultiBinary or MultiDiscrete
+    (``ConfigError`` for any other)."""
     import gymnasium as gym
 
     if isinstance(space, gym.spaces.Discrete):
         return DiscreteSpec(n=int(space.n), start=int(space.start))
     if isinstance(space, gym.spaces.MultiBinary):
         return MultiBinarySpec(int(space.n) if isinstance(space.n, (int, np.integer)) else tuple(int(s) for s in space.n))
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return MultiDiscreteSpec(tuple(int(s) for s in space.shape), tuple(int(v) for v in space.nvec.ravel()),
+                                 tuple(int(v) for v in space.start.ravel()), np.dtype(space.dtype).name)
     return box_from_space(space)
 
 
@@ -145,7 +170,7 @@ def box_from_space(space: Any) -> BoxSpec:
     if not isinstance(space, gym.spaces.Box):
         raise ConfigError(
             f"observation_space is {space!r}, but replaystore stores Box observations, or Dict observations of "
-            "Box, Discrete and MultiBinary entries; wrap the env (e.g. FlattenObservation) so it yields one of those"
+            "Box, Discrete, MultiBinary and MultiDiscrete entries; wrap the env (e.g. FlattenObservation) so it yields one of those"
         )
     return BoxSpec(
         shape=tuple(int(s) for s in space.shape),
@@ -181,6 +206,9 @@ def space_attrs(spec: EntrySpec) -> dict[str, Any]:
         return {"type": "Discrete", **dataclasses.asdict(spec)}
     if isinstance(spec, MultiBinarySpec):
         return {"type": "MultiBinary", "n": spec.n if isinstance(spec.n, int) else list(spec.n)}
+    if isinstance(spec, MultiDiscreteSpec):
+        return {"type": "MultiDiscrete", "shape": list(spec.shape), "nvec": list(spec.nvec), "start": list(spec.start),
+                "dtype": spec.dtype}
     box = dataclasses.asdict(spec)
     box["shape"] = list(box["shape"])
     box["low"] = compact_bound(np.asarray(parse_bound(box["low"])))

@@ -1,7 +1,7 @@
 """A replay store as Stable-Baselines3's replay buffer: ``ReplayStoreBuffer``.
 
-For SB3's off-policy algorithms on a Box observation space, or a Dict of Box, Discrete and
-MultiBinary entries (``MultiInputPolicy``:
+For SB3's off-policy algorithms on a Box observation space, or a Dict of Box, Discrete, MultiBinary
+and MultiDiscrete entries (``MultiInputPolicy``:
 ``sample`` then returns ``DictReplayBufferSamples``, each step's dict stored whole): DQN and QR-DQN
 (Discrete actions), SAC, TD3, DDPG and TQC (Box actions)::
 

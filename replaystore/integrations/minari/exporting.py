@@ -205,7 +205,7 @@ def _stack_space(store: ReplayStore) -> Any:
     import gymnasium as gym
 
     space, k = store.observation_space, store.frame_stack
-    if isinstance(space, gym.spaces.Dict):  # (a Discrete or MultiBinary entry: gymnasium's own stack of it)
+    if isinstance(space, gym.spaces.Dict):  # (another entry: gymnasium's own stack of it)
         return gym.spaces.Dict([(key, _box_stack(box, k) if isinstance(box, gym.spaces.Box)
                                  else gym.vector.utils.batch_space(box, k)) for key, box in space.spaces.items()])
     return _box_stack(space, k)
