@@ -310,3 +310,22 @@ def test_episode_ends_found_by_the_scan_and_by_the_enumeration(tmp_path):
     finished = expected_a >= 0
     np.testing.assert_array_equal(np.sort(everyone), np.sort(positions[finished]))
     np.testing.assert_array_equal(ends[np.argsort(everyone)], expected_a[finished][np.argsort(positions[finished])])
+
+
+def test_a_zero_padded_stacks_padding_stays_zeros(tmp_path):
+    """Relabelling writes the new goal into a stack's real frames only: a zero-padded store's padding
+    frames (before the episode's first step) keep their zeros, as the rows not relabelled show them."""
+    store = ReplayStore.create(tmp_path / "z.zarr", 500, Reach().observation_space, Reach().action_space, 3,
+                               frame_padding="zero")
+    fill(store, 20, limit=6)
+    batch = store.sample(100, sampler=HindsightSampler(reach_reward), rng=np.random.default_rng(0))
+    for name in ("obs", "next_obs"):
+        frames = getattr(batch, name)
+        padding = (frames["observation"] == 0).all(axis=-1)  # (the points are random floats: never exactly 0)
+        assert padding[batch.relabelled].any() and (~padding).all(axis=1).any()
+        assert (frames["desired_goal"][padding] == 0).all()
+        real = frames["desired_goal"][~padding].reshape(-1, 2)
+        assert (real != 0).all()
+        newest = frames["desired_goal"][:, -1]
+        assert np.array_equal(np.broadcast_to(newest[:, None], frames["desired_goal"].shape)[~padding],
+                              frames["desired_goal"][~padding])

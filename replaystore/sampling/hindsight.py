@@ -48,7 +48,7 @@ from replaystore.sampling.draws import sample_uniform
 from replaystore.sampling.pending import FieldSpec, Pending
 from replaystore.sampling.samplers import UniformSampler, check_unit
 from replaystore.storage.reader import FrameReader
-from replaystore.storage.rings import SHIFT, Rings
+from replaystore.storage.rings import SHIFT, ZERO_FRAME, Rings
 
 STRATEGIES = ("future", "final", "episode")
 MAX_ROUNDS = 4
@@ -136,7 +136,11 @@ class HindsightSampler(UniformSampler):
         relabelled = rows.reshape(-1)
         goal = positions + 1  # (unused where not relabelled: the next observation, whose chunk is read anyway)
         goal[relabelled] = self.goal_steps(rings, positions[relabelled], last[relabelled], rng)
-        relabel = Relabel(self.goals, self.compute_reward, relabelled, rings.frame_stack)
+        padding = None
+        if rings.zero_padding and rings.frame_stack > 1:  # a zero-padded stack's padding frames stay zeros
+            at = positions[relabelled]
+            padding = (rings.stack_positions(at) == ZERO_FRAME, rings.stack_positions(at + 1) == ZERO_FRAME)
+        relabel = Relabel(self.goals, self.compute_reward, relabelled, rings.frame_stack, padding)
         return prepare(rings, reader, positions, n_step=1, gamma=self.gamma, out=out, batches=batches,
                        result=HindsightBatch, single={"_goal": goal}, extra={"relabelled": relabelled},
                        complete=relabel)
@@ -207,11 +211,14 @@ class Relabel:
     ``next_obs`` stacks, and their rewards computed again."""
 
     def __init__(self, goals: tuple[Entry, Entry], compute_reward: Callable[..., Any], relabelled: np.ndarray,
-                 frame_stack: int) -> None:
+                 frame_stack: int, padding: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        """``padding``: for a zero-padded store, which frames of the relabelled rows' ``obs`` and
+        ``next_obs`` stacks are padding (``(rows, frame_stack)`` each): they keep their zeros."""
         self.achieved, self.desired = goals
         self.compute_reward = compute_reward
         self.relabelled = relabelled
         self.frame_stack = frame_stack
+        self.padding = padding
 
     def __call__(self, frames: dict[str, np.ndarray], fields: dict[str, np.ndarray]) -> None:
         rows = np.flatnonzero(self.relabelled)
@@ -220,8 +227,13 @@ class Relabel:
         a, d = self.achieved, self.desired
         obs, next_obs, goal = (_rows(frames[name], self.frame_stack) for name in ("obs", "next_obs", "_goal"))
         new = goal[rows, -1, a.offset : a.offset + a.nbytes]  # the goal frame's achieved_goal, bytes
-        obs[rows, :, d.offset : d.offset + d.nbytes] = new[:, None, :]
-        next_obs[rows, :, d.offset : d.offset + d.nbytes] = new[:, None, :]
+        for stacks, pad in zip((obs, next_obs), self.padding or (None, None)):
+            if pad is None:
+                stacks[rows, :, d.offset : d.offset + d.nbytes] = new[:, None, :]
+            else:
+                keep = ~pad
+                stacks[rows[:, None].repeat(self.frame_stack, 1)[keep], np.nonzero(keep)[1],
+                       d.offset : d.offset + d.nbytes] = np.repeat(new[:, None, :], self.frame_stack, 1)[keep]
         achieved = next_obs[rows, -1, a.offset : a.offset + a.nbytes].copy().view(a.dtype).reshape(rows.size, *a.shape)
         desired = new.copy().view(d.dtype).reshape(rows.size, *d.shape)
         try:
