@@ -13,7 +13,7 @@ one the episode reached later: ``HindsightSampler`` draws transitions uniformly,
   ``1 .. L`` of the episode still in the ring (``"episode"``) -- SB3's three strategies, which take
   the ``next_obs`` of a transition of ``t .. L - 1``, ``L - 1`` and ``0 .. L - 1``;
 - it replaces ``desired_goal`` in ``obs`` and ``next_obs`` (every frame of a stack: the goal is the
-  episode's), and ``reward`` becomes ``compute_reward(next achieved_goal, new goal, infos)``, called
+  episode's; a zero-padded stack's padding frames keep their zeros), and ``reward`` becomes ``compute_reward(next achieved_goal, new goal, infos)``, called
   once a batch with ``(m, *goal_shape)`` arrays and ``m`` empty info dicts (the store keeps no
   infos), as SB3 calls the env's ``compute_reward``; ``terminated`` stays as stored (as in SB3);
 - only transitions of *finished* episodes are drawn (their last step is stored), relabelled or not,
