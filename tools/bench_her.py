@@ -8,8 +8,12 @@
 2. **Learning** (``--learn``). DQN on bit flipping (tests/goal_env.py ``BitFlip``: HER's own
    sparse-reward task) with each buffer, and with SB3's plain buffer (no relabelling), the same
    seed and settings: wall time and the share of 100 greedy episodes that reach the goal.
+3. **A robot arm** (``--fetch``, needs ``pip install gymnasium-robotics 'mujoco<3.3'``): SAC on
+   gymnasium-robotics' ``FetchReach-v4`` (MuJoCo, sparse reward) with each HER buffer,
+   rl-baselines3-zoo's settings for it, the success rate of 20 deterministic episodes every
+   ``--fetch-every`` steps, and the wall time.
 
-    python tools/bench_her.py [--steps 100000 1000000] [--learn] [--bits 8 15] [--json out.json]
+    python tools/bench_her.py [--steps 100000 1000000] [--learn] [--bits 8 15] [--fetch] [--json out.json]
 """
 
 from __future__ import annotations
@@ -139,6 +143,66 @@ def learning(args: argparse.Namespace, results: dict) -> None:
                 results[f"learn {bits} {name}"] = {"steps": steps, "seconds": seconds, "success": wins / 100}
 
 
+def fetch(args: argparse.Namespace, results: dict) -> None:
+    from replaystore.integrations.sb3 import her_buffer_class
+
+    ReplayStoreHerBuffer = her_buffer_class()
+    import gymnasium as gym
+    import gymnasium_robotics
+    from stable_baselines3 import SAC, HerReplayBuffer
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize, sync_envs_normalization
+
+    gym.register_envs(gymnasium_robotics)
+    print(f"\nSAC + HER on FetchReach-v4 (zoo settings: observations normalized), success of 20 deterministic "
+          f"episodes every {args.fetch_every:,} steps", flush=True)
+
+    def make() -> object:
+        return VecNormalize(DummyVecEnv([lambda: gym.make("FetchReach-v4")]), norm_reward=False, gamma=0.95)
+
+    class Evaluate(BaseCallback):
+        """The success rate of 20 deterministic episodes on an env of its own (the training env's
+        normalization copied in), with the time since the start."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.curve: list[tuple[int, float, float]] = []
+            self.start = time.perf_counter()
+            self.env = make()
+            self.env.training = False  # type: ignore[attr-defined]
+            self.env.seed(50_000)  # type: ignore[attr-defined]
+
+        def _on_step(self) -> bool:
+            if self.num_timesteps % args.fetch_every == 0:
+                sync_envs_normalization(self.training_env, self.env)
+                wins = 0
+                for _ in range(20):
+                    obs = self.env.reset()  # type: ignore[attr-defined]
+                    for _ in range(50):
+                        obs, _, done, infos = self.env.step(self.model.predict(obs, deterministic=True)[0])  # type: ignore[attr-defined]
+                        if done[0]:
+                            break
+                    wins += int(infos[0].get("is_success", 0.0) > 0)
+                self.curve.append((self.num_timesteps, wins / 20, time.perf_counter() - self.start))
+            return True
+
+    for name in ("ReplayStoreHerBuffer", "SB3 HerReplayBuffer"):
+        with tempfile.TemporaryDirectory() as tmp:
+            cls, kw = ((ReplayStoreHerBuffer, {"path": os.path.join(tmp, "fetch.zarr")}) if name.startswith("Replay")
+                       else (HerReplayBuffer, {}))
+            kw.update(goal_selection_strategy="future", n_sampled_goal=4)
+            model = SAC("MultiInputPolicy", make(), replay_buffer_class=cls, replay_buffer_kwargs=kw,
+                        buffer_size=1_000_000, batch_size=256, gamma=0.95, learning_rate=1e-3, learning_starts=1000,
+                        policy_kwargs={"net_arch": [64, 64], "n_critics": 1}, seed=0, device="cpu")
+            callback = Evaluate()
+            start = time.perf_counter()
+            model.learn(args.fetch_steps, callback=callback)
+            seconds = time.perf_counter() - start
+            curve = ", ".join(f"{s:.2f}" for _, s, _ in callback.curve)
+            print(f"{name:22s} success at every {args.fetch_every:,} steps: {curve}; {seconds:.0f} s in all", flush=True)
+            results[f"fetch {name}"] = {"curve": callback.curve, "seconds": seconds}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, nargs="*", default=[100_000, 1_000_000])
@@ -147,12 +211,18 @@ def main() -> None:
     ap.add_argument("--learn", action="store_true", help="also the bit-flipping runs")
     ap.add_argument("--bits", type=int, nargs="+", default=[8, 15])
     ap.add_argument("--learn-steps", type=int, nargs="+", default=[5_000, 15_000])
+    ap.add_argument("--fetch", action="store_true", help="also SAC on FetchReach-v4 (needs gymnasium-robotics)")
+    ap.add_argument("--fetch-steps", type=int, default=10_000)
+    ap.add_argument("--fetch-every", type=int, default=1_000)
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     results: dict[str, dict] = {}
-    sampling(args, results)
+    if args.steps:
+        sampling(args, results)
     if args.learn:
         learning(args, results)
+    if args.fetch:
+        fetch(args, results)
     save(args.json, results)
 
 
