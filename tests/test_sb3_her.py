@@ -2,7 +2,8 @@
 
 DQN with it learns the bit-flipping task that DQN without relabelling cannot (HER's own test); its
 samples agree with SB3's ``HerReplayBuffer`` fed the same transitions; a saved run goes on with its
-store and the env given back by ``load_replay_buffer``; what cannot be relabelled is refused."""
+store and the env given back by ``load_replay_buffer``, and so does a run killed with SIGKILL; what
+cannot be relabelled is refused."""
 
 from __future__ import annotations
 
@@ -169,3 +170,56 @@ def test_sac_with_hindsight_on_a_continuous_goal_env(tmp_path) -> None:
     nxt = _numpy(batch.next_observations)
     np.testing.assert_allclose(batch.rewards.numpy()[:, 0], reach_reward(nxt["achieved_goal"], nxt["desired_goal"], {}),
                                atol=1e-5)
+
+
+def test_sigkill_resume_with_hindsight(tmp_path) -> None:
+    """A DQN + ReplayStoreHerBuffer run checkpointing with its buffer is killed mid-episode; DQN.load
+    continues from the store (the episode in progress ends there, truncated) and relabels as before."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+    import time
+    from pathlib import Path
+
+    tests = str(Path(__file__).parent)
+    script = tmp_path / "run.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {tests!r})
+        from replaystore.integrations.sb3 import ReplayStoreHerBuffer
+        from stable_baselines3 import DQN
+        from stable_baselines3.common.callbacks import CheckpointCallback
+        from goal_env import BitFlip
+        model = DQN("MultiInputPolicy", BitFlip(6), buffer_size=20_000, learning_starts=100, seed=0, device="cpu",
+                    policy_kwargs={{"net_arch": [32]}}, replay_buffer_class=ReplayStoreHerBuffer,
+                    replay_buffer_kwargs={{"path": {str(tmp_path / 'r.zarr')!r}, "goal_selection_strategy": "future"}})
+        model.learn(1_000_000, callback=CheckpointCallback(300, {str(tmp_path / 'ckpt')!r}, save_replay_buffer=True))
+    """))
+    child = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 180
+    ckpt = tmp_path / "ckpt"
+    while time.time() < deadline and len(list(ckpt.glob("rl_model_*_steps.zip"))) < 3:
+        time.sleep(0.2)
+        assert child.poll() is None, child.stderr.read().decode()[-2000:]
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    zips = sorted(ckpt.glob("rl_model_*_steps.zip"), key=lambda p: int(p.stem.split("_")[2]))
+    last = zips[-2]  # (the newest zip may lack its buffer's flush: the kill can fall between the two)
+    steps = int(last.stem.split("_")[2])
+    with ReplayStore.open(tmp_path / "r.zarr") as store:
+        committed = len(store)
+    assert committed >= steps - 1
+
+    env = BitFlip(6)
+    model = DQN.load(last, env=env, device="cpu")
+    buffer = model.replay_buffer
+    assert type(buffer).__name__ == "ReplayStoreHerBuffer" and buffer.size() == committed
+    model.learn(300, reset_num_timesteps=False)
+    assert buffer.size() >= committed + 300 - 1
+    batch = buffer.sample(128)
+    nxt = _numpy(batch.next_observations)
+    reached = (nxt["achieved_goal"] == nxt["desired_goal"]).all(axis=1)
+    assert np.array_equal(batch.rewards.numpy()[:, 0], np.where(reached, 0.0, -1.0))
+    assert np.array_equal(_numpy(batch.observations)["desired_goal"], nxt["desired_goal"])
