@@ -339,3 +339,22 @@ def test_frames_packed_once_are_taken_as_they_are() -> None:
     other = dict_from_space(gym.spaces.Dict({"a": gym.spaces.Box(0, 1, (48,), np.uint8)}))
     with pytest.raises(InvalidTransitionError, match="obs is a Packed"):
         spec.pack(Packed(other, frames), name="obs", path="p", lead=(1,))
+
+
+def test_a_float_entry_of_minus_zero_continues_its_episode(tmp_path: Path) -> None:
+    """A mixed-dtype Dict is stored as bytes; an observation whose float entry is -0.0 where the
+    previous next_obs had 0.0 is the same observation and continues the episode (it was refused as
+    "does not continue the episode" when the frames were compared byte for byte)."""
+    store = ReplayStore.create(tmp_path / "z.zarr", 100, goal_space(), Reach().action_space, 1)
+    env = Reach()
+    obs, _ = env.reset(seed=0)
+    nxt, reward, _, _, _ = env.step(np.zeros(2, np.float32))
+    nxt["achieved_goal"][0] = 0.0
+    store.add(obs, np.zeros(2, np.float32), reward, nxt, False, False)
+    again = {**nxt, "achieved_goal": nxt["achieved_goal"].copy()}
+    again["achieved_goal"][0] = -0.0
+    assert again["achieved_goal"].tobytes() != nxt["achieved_goal"].tobytes()
+    store.add(again, np.zeros(2, np.float32), reward, nxt, False, False)
+    assert len(store) == 2
+    with pytest.raises(InvalidTransitionError, match="does not continue the episode"):
+        store.add(obs, np.zeros(2, np.float32), reward, nxt, False, False)  # (another observation: refused)

@@ -118,7 +118,7 @@ class StoreSide:
             store.close()
             raise
         self.store, self.stacks = store, stacks
-        self.checker = StackChecker(stacks, self.n_envs)
+        self.checker = StackChecker(stacks, self.n_envs, self.dict_spec)
         _WRITING[key] = self
         log.info("continuing replay store %s: %d transitions, %s", store.path, len(store), stacks.describe())
         return True
@@ -148,7 +148,7 @@ class StoreSide:
             num_streams=self.n_envs, frame_padding=stacks.padding if stacks.frame_stack > 1 else "reset",
             layout=self.layout_arg, overwrite=self.overwrite, cache_bytes=self.cache_bytes,
             storage_options=self.storage_options)
-        self.stacks, self.checker = stacks, StackChecker(stacks, self.n_envs)
+        self.stacks, self.checker = stacks, StackChecker(stacks, self.n_envs, self.dict_spec)
         _WRITING[_key(self.path)] = self
         log.info("created replay store %s for %d steps: %s", self.store.path, capacity, stacks.describe())
 

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from replaystore.errors import ConfigError, InvalidTransitionError
+from replaystore.format.dictobs import DictSpec
 from replaystore.storage.rows import same
 
 PADDINGS = ("zero", "reset")
@@ -210,9 +211,11 @@ class StackChecker:
     """Checks each vector step against a layout before it is stored (see the module docstring) and
     says which rows start a new episode and which cannot be stored as a move."""
 
-    def __init__(self, layout: StackLayout, n_envs: int) -> None:
+    def __init__(self, layout: StackLayout, n_envs: int, spec: DictSpec | None = None) -> None:
+        """``spec``: the Dict the observations are packed frames of (compared entry by entry)."""
         self.layout = layout
         self.n_envs = n_envs
+        self.spec = spec
         self.last: list[np.ndarray | None] = [None] * n_envs  # each row's previous next_obs
         self.open = [False] * n_envs  # whether its stream's episode is in progress (at ``last``)
 
@@ -230,7 +233,7 @@ class StackChecker:
         layout = self.layout
         end: list[int] = []
         skip: list[int] = []
-        same_as_last = [last is not None and same(obs[i], last) for i, last in enumerate(self.last)]
+        same_as_last = [last is not None and same(obs[i], last, self.spec) for i, last in enumerate(self.last)]
         if layout.frame_stack == 1:
             return [i for i in range(self.n_envs) if self.open[i] and not same_as_last[i]], skip
         starts = layout.padded(obs)

@@ -28,6 +28,7 @@ class StreamWriter:
     def __init__(self, backend: Backend, schema: Schema, layout: Layout, rings: Rings, reader: FrameReader,
                  committed: State, *, index: int) -> None:
         self.index = index
+        self.dict_spec = schema.observation_dict  # (a Dict store's frames: compared entry by entry, rows.same)
         self.rings = rings
         self.ring = rings.streams[index]
         self.reader = reader
