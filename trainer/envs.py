@@ -134,5 +134,6 @@ def env_spaces(env: Any) -> tuple[Any, Any]:
     if not isinstance(observation_space, gym.spaces.Box):
         raise TrainerError(f"the environment's observation space is {observation_space}; this DQN takes Box "
                            "observations (images or vectors, stacked): flatten a Dict with gymnasium's "
-                           "FlattenObservation, or learn from a Dict store with SB3's MultiInputPolicy (docs/sb3.md)")
+                           "FlattenObservation, or learn from a Dict store with SB3's MultiInputPolicy (a goal env: "
+                           "with ReplayStoreHerBuffer; docs/sb3.md)")
     return observation_space, action_space

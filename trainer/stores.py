@@ -152,7 +152,8 @@ class AgentStore:
         if getattr(observation_space, "shape", None) is None:
             raise TrainerError(f"{self.location} holds observations of {observation_space}; this DQN takes Box "
                                "observations (stacks of frames): learn from a Dict store with SB3's "
-                               "MultiInputPolicy (docs/sb3.md) or your own loop over store.sample / as_dataset, "
+                               "MultiInputPolicy (a goal env: ReplayStoreHerBuffer; docs/sb3.md) or your own loop "
+                               "over store.sample / as_dataset (sampler=HindsightSampler(...) relabels goals), "
                                "or flatten the env's (gymnasium's FlattenObservation) into a new store")
 
     def switch(self, store: ReplayStore | str | Path) -> None:
