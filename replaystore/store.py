@@ -6,7 +6,8 @@ hands the work to the part whose job it is:
     view      storage/view.py       the commits read, and following writers in other processes (refresh)
     writers   storage/stream.py     one per stream written here: moves, episode ends, commits
     reader    storage/reader.py     chunk-aware frame reads with a compressed-chunk cache
-    samplers  sampling/samplers.py  which steps a batch holds (uniform, prioritized, sequences)
+    samplers  sampling/samplers.py  which steps a batch holds (uniform, prioritized, sequences,
+                                    hindsight relabelling: sampling/hindsight.py)
     feeds     feed/                 blocks of batches drawn ahead, for numpy, tf.data and JAX
 
 docs/design.md draws how they fit together.
@@ -512,7 +513,8 @@ class ReplayStore:
         ``i``. For any learner, whatever its framework: one that runs ``batches_per_block`` gradient
         steps per compiled call takes a block at a time. ``threads``, ``depth`` (blocks in flight),
         ``seed`` and ``processes`` are as for ``as_dataset``; the same seed gives the same blocks as
-        ``as_dataset(..., batches_per_call=batches_per_block)`` cuts into batches.
+        ``as_dataset(..., batches_per_call=batches_per_block)`` cuts into batches. ``sampler``: a
+        sampler made elsewhere (a ``HindsightSampler``) in place of the sampling arguments.
 
         ``block.release()`` (or ``with block:``) hands a block's memory back for the next one; a
         released block's fields raise ``BlockReleasedError``, and an array taken from it keeps its
@@ -547,7 +549,8 @@ class ReplayStore:
         instead of on the threads, with the same batches.
         ``device="auto"`` places batches on the first GPU when there is one. With a ``seed`` and a
         store that is not being written, the batches are the same every run; it works while this
-        process ``add``s to the store. RAM and speed of each knob: docs/sampling.md.
+        process ``add``s to the store. ``sampler``: as for ``blocks``. RAM and speed of each knob:
+        docs/sampling.md.
 
         Returns a ``tfdata.ReplayDataset``, a ``tf.data.Dataset`` whose ``prefetcher`` owns the
         workers (``dataset.prefetcher.close()`` stops them; so does the end of this process).
