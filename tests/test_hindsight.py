@@ -149,8 +149,18 @@ def test_only_finished_episodes_are_drawn_and_none_finished_is_refused(tmp_path)
         store.sample(4, sampler=sampler)
     assert len(store) == held
     assert store.sample(4).obs["observation"].shape == (4, 1, 2)  # uniform sampling is not refused
-    store.end_episode()
-    assert store.sample(4, sampler=sampler).relabelled.sum() == 3
+    store.end_episode()  # (marks the newest step the episode's last, after it was added)
+    batch = store.sample(4, sampler=sampler)
+    assert batch.relabelled.sum() == 3 and (batch.obs["steps"][:, 0, 0] < 10).all()
+    obs, _ = env.reset(seed=1)  # a second episode, left in progress: still only the first is drawn
+    for _ in range(5):
+        nxt, reward, _, _, _ = env.step(np.zeros(2, np.float32))
+        store.add(obs, np.zeros(2, np.float32), reward, nxt, False, False)
+        obs = nxt
+    batch = store.sample(14, sampler=sampler, rng=np.random.default_rng(0))
+    first_goal = batch.next_obs["desired_goal"][~batch.relabelled][:, -1]
+    assert len(first_goal) and (first_goal == first_goal[0]).all()
+    assert batch.index.max() < 10  # the first episode's ten moves (slots 0..9)
 
 
 def test_goals_come_only_from_steps_the_ring_still_holds(tmp_path):
@@ -276,23 +286,30 @@ def test_what_cannot_be_relabelled_is_refused(tmp_path):
 
 
 def test_episode_ends_found_by_the_scan_and_by_the_enumeration(tmp_path):
-    """``episode_last`` (the forward scan, episodes longer than its first window too) and
-    ``finished_transitions`` (the fallback over the whole live range) against a plain loop, on a
-    wrapped three-stream ring with an episode in progress in each stream."""
+    """``EpisodeEnds.last`` (the index of episode ends, brought up to date as steps are added, episodes
+    of many lengths) and ``transitions`` (the fallback over the whole live range) against a plain
+    loop, on a wrapped three-stream ring with an episode in progress in each stream, checked after
+    every few steps while it fills and wraps."""
     import gymnasium as gym
 
-    from replaystore.sampling.hindsight import episode_last, finished_transitions
+    from replaystore.sampling.hindsight import EpisodeEnds
 
     envs = gym.vector.SyncVectorEnv([lambda limit=limit: Reach(limit=limit) for limit in (5, 90, 150)])
     store = ReplayStore.create(tmp_path / "e.zarr", 3 * 256, envs.single_observation_space, envs.single_action_space,
                                num_streams=3)
     obs, _ = envs.reset(seed=1)
-    for _ in range(400):
+    index = EpisodeEnds(store.rings)
+    for step in range(400):
         action = np.zeros((3, 2), np.float32)  # (no move: no early success, every episode runs to its limit)
         nxt, reward, terminated, truncated, _ = envs.step(action)
         store.add_batch(obs, action, reward, nxt, terminated, truncated)
         obs = nxt
-    rings = store.rings
+        if step % 37 == 0 or step == 399:
+            index.update()
+            _check_ends(store.rings, index, final=step == 399)
+
+
+def _check_ends(rings, index, *, final: bool) -> None:
     lo, hi = rings.live_ranges()
     positions = np.concatenate([np.arange(a, b) for a, b in zip(lo.tolist(), hi.tolist())])
     positions = positions[rings.valid[rings.slots(positions)]]
@@ -303,10 +320,11 @@ def test_episode_ends_found_by_the_scan_and_by_the_enumeration(tmp_path):
         while q < head and not rings.is_last[rings.slots(np.array([q]))[0]]:
             q += 1
         expected.append(q if q < head else -1)
-    expected_a = np.array(expected)
-    np.testing.assert_array_equal(episode_last(rings, positions), expected_a)
-    assert (expected_a == -1).any() and (expected_a - positions > 64).any()  # in progress, and beyond one window
-    everyone, ends = finished_transitions(rings)
+    expected_a = np.array(expected, dtype=np.int64)
+    np.testing.assert_array_equal(index.last(positions), expected_a)
+    if final:
+        assert (expected_a == -1).any() and (expected_a - positions > 64).any()  # in progress, and long episodes
+    everyone, ends = index.transitions()
     finished = expected_a >= 0
     np.testing.assert_array_equal(np.sort(everyone), np.sort(positions[finished]))
     np.testing.assert_array_equal(ends[np.argsort(everyone)], expected_a[finished][np.argsort(positions[finished])])

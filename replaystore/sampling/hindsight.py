@@ -26,14 +26,15 @@ goal's bytes are copied from the ``achieved_goal`` entry to the ``desired_goal``
 have the same shape and dtype. So ``sample``, ``blocks``, ``as_dataset`` and ``jax_blocks`` all
 serve relabelled batches, on threads or with decode processes.
 
-A transition's episode end is found by scanning ``is_last`` forward from it in growing windows
-(64 steps, then 4x more each round, up to the stream's newest step): a draw costs what the episodes
-cost, ~64 lookups a transition for the 50-step episodes of Fetch.
+A transition's episode end is found in an index of the steps that end an episode (``EpisodeEnds``,
+one per store), brought up to date at each draw by scanning only the steps added since: a
+``searchsorted`` a transition, whatever the episodes' length.
 """
 
 from __future__ import annotations
 
 import numbers
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -52,8 +53,6 @@ from replaystore.storage.rings import SHIFT, ZERO_FRAME, Rings
 
 STRATEGIES = ("future", "final", "episode")
 MAX_ROUNDS = 4
-FIRST_WINDOW = 64
-MAX_WINDOW = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -130,7 +129,9 @@ class HindsightSampler(UniformSampler):
         if batch_size > available:
             raise SampleError(f"asked for {batch_size} transitions but the store holds {available} sampleable; add "
                               f"more transitions first or sample at most {available}")
-        positions, last = self.draw_finished(rings, batches * batch_size, rng)
+        ends = _ends_of(rings)
+        ends.update()
+        positions, last = self.draw_finished(rings, ends, batches * batch_size, rng)
         rows = np.zeros((batches, batch_size), dtype=bool)
         rows[:, : int(self.ratio * batch_size)] = True
         relabelled = rows.reshape(-1)
@@ -145,31 +146,32 @@ class HindsightSampler(UniformSampler):
                        result=HindsightBatch, single={"_goal": goal}, extra={"relabelled": relabelled},
                        complete=relabel)
 
-    def draw_finished(self, rings: Rings, count: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    def draw_finished(self, rings: Rings, ends: EpisodeEnds, count: int,
+                      rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """``count`` positions drawn uniformly from the transitions of finished episodes, and the
-        position of each one's episode's last step."""
+        position of each one's episode's last step (``ends``: the store's index of episode ends)."""
         picked: list[np.ndarray] = []
-        ends: list[np.ndarray] = []
+        lasts: list[np.ndarray] = []
         need, frac = count, 1.0
         for _ in range(MAX_ROUNDS):
             candidates = sample_uniform(rings, int(need / frac * 1.1) + 8, rng)
-            last = episode_last(rings, candidates)
+            last = ends.last(candidates)
             ok = last >= 0
             frac = max(float(ok.mean()), 1e-3)
             picked.append(candidates[ok][:need])
-            ends.append(last[ok][:need])
+            lasts.append(last[ok][:need])
             need -= picked[-1].size
             if need == 0:
-                return np.concatenate(picked), np.concatenate(ends)
-        everyone, their_ends = finished_transitions(rings)
+                return np.concatenate(picked), np.concatenate(lasts)
+        everyone, their_ends = ends.transitions()
         if everyone.size == 0:
             raise SampleError("no episode has ended in the store yet, and hindsight relabelling draws only from finished "
                               "episodes (a goal comes from an episode's later steps): add steps until one ends (with "
                               "SB3: a learning_starts larger than the env's episode length)")
         chosen = rng.integers(0, everyone.size, size=need)
         picked.append(everyone[chosen])
-        ends.append(their_ends[chosen])
-        return np.concatenate(picked), np.concatenate(ends)
+        lasts.append(their_ends[chosen])
+        return np.concatenate(picked), np.concatenate(lasts)
 
     def goal_steps(self, rings: Rings, positions: np.ndarray, last: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """The step whose ``achieved_goal`` becomes each transition's goal (``strategy``)."""
@@ -260,40 +262,82 @@ def _rows(frames: np.ndarray, frame_stack: int) -> np.ndarray:
     return raw.reshape(-1, frame_stack, raw.shape[-1])
 
 
-def episode_last(rings: Rings, positions: np.ndarray) -> np.ndarray:
-    """For each position (a transition), the position of its episode's last step, or -1 where the
-    episode has not ended among the stored steps (scanned forward in growing windows)."""
-    positions = np.asarray(positions, dtype=np.int64)
-    out = np.full(positions.size, -1, dtype=np.int64)
-    heads = np.broadcast_to(np.asarray(rings.heads(positions), dtype=np.int64), positions.shape)
-    start = positions + 1
-    todo = np.arange(positions.size)
-    window = FIRST_WINDOW
-    while todo.size:
-        ahead = start[todo, None] + np.arange(window, dtype=np.int64)[None, :]
-        stored = ahead < heads[todo, None]
-        hit = rings.is_last[rings.slots(ahead)] & stored
-        found = hit.any(axis=1)
-        first = np.argmax(hit, axis=1)
-        out[todo[found]] = ahead[found, first[found]]
-        start[todo] += window
-        todo = todo[~found & stored[:, -1]]  # neither ended nor at the stream's newest step: look further
-        window = min(window * 4, MAX_WINDOW)
-    return out
+class EpisodeEnds:
+    """The live steps of ``rings`` that end an episode (``is_last``), as one sorted array of global
+    positions (the streams' in stream order: a stream's positions sort above the one before's), kept
+    up to date a plan at a time by scanning only the steps added since: finding the end of a batch's
+    episodes is a ``searchsorted``, whatever the episodes' length. Each stream's newest step is never
+    indexed: an episode's end is marked on its newest step (``end_episode``) after it was added, so
+    it is looked at on every call instead."""
+
+    def __init__(self, rings: Rings) -> None:
+        self.rings = rings
+        n = rings.num_streams
+        self.scanned = [0] * n  # per stream: positions below this are indexed (the newest is not)
+        self.ends = [np.zeros(0, dtype=np.int64) for _ in range(n)]  # per stream, global positions
+        self.all = np.zeros(0, dtype=np.int64)
+
+    def update(self) -> None:
+        """Index the steps added since the last call, and forget the ones the ring no longer holds
+        (call under the store's lock)."""
+        changed = False
+        for k, ring in enumerate(self.rings.streams):
+            lo, newest = ring.lo, ring.added - 1
+            ends, top = self.ends[k], (k << SHIFT) if self.rings.num_streams > 1 else 0
+            if newest < self.scanned[k]:  # (a store refilled from its start: index it again)
+                ends, self.scanned[k] = ends[:0], 0
+            if ends.size and ends[0] < (top | lo):
+                ends = ends[np.searchsorted(ends, top | lo):]
+                changed = True
+            start = max(self.scanned[k], lo)
+            if newest > start:
+                positions = np.arange(start, newest, dtype=np.int64)
+                new = positions[ring.is_last[positions % ring.capacity]] | top
+                if new.size:
+                    ends = np.concatenate([ends, new])
+                    changed = True
+                self.scanned[k] = newest
+            self.ends[k] = ends
+        if changed:
+            self.all = np.concatenate(self.ends)
+
+    def last(self, positions: np.ndarray) -> np.ndarray:
+        """For each position (a transition), the position of its episode's last step, or -1 where
+        the episode has not ended among the stored steps."""
+        positions = np.asarray(positions, dtype=np.int64)
+        out = np.full(positions.size, -1, dtype=np.int64)
+        if self.all.size:
+            at = np.searchsorted(self.all, positions, side="right")
+            found = self.all[np.minimum(at, self.all.size - 1)]
+            ok = (at < self.all.size) & ((found >> SHIFT) == (positions >> SHIFT))
+            out[ok] = found[ok]
+        # an episode that ends at its stream's newest step (not indexed: see the class docstring)
+        newest = np.array([r.added - 1 for r in self.rings.streams], dtype=np.int64)
+        last_now = np.array([r.added > 0 and bool(r.is_last[(r.added - 1) % r.capacity]) for r in self.rings.streams])
+        k = positions >> SHIFT if self.rings.num_streams > 1 else np.zeros(positions.size, dtype=np.int64)
+        head = (k << SHIFT if self.rings.num_streams > 1 else 0) | newest[k]
+        at_head = (out < 0) & last_now[k] & (positions < head)
+        out[at_head] = head[at_head]
+        return out
+
+    def transitions(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every sampleable transition of a finished episode and its episode's last step (the whole
+        live range: what the draw falls back on when few transitions are in finished episodes)."""
+        lo, hi = self.rings.live_ranges()
+        positions = np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in zip(lo.tolist(), hi.tolist())])
+        positions = positions[self.rings.valid[self.rings.slots(positions)]]
+        last = self.last(positions)
+        ok = last >= 0
+        return positions[ok], last[ok]
 
 
-def finished_transitions(rings: Rings) -> tuple[np.ndarray, np.ndarray]:
-    """Every sampleable transition of a finished episode and its episode's last step (the whole
-    live range: what the draw falls back on when few transitions are in finished episodes)."""
-    lo, hi = rings.live_ranges()
-    out, ends = [], []
-    for a, b, k in zip(lo.tolist(), hi.tolist(), range(rings.num_streams)):
-        ring = rings.streams[k]
-        positions = np.arange(a, b, dtype=np.int64)
-        positions = positions[rings.valid[rings.slots(positions)]]
-        last = ring.episode_ends() | (k << SHIFT if rings.num_streams > 1 else 0)
-        at = np.searchsorted(last, positions, side="right")
-        ok = at < last.size
-        out.append(positions[ok])
-        ends.append(last[at[ok]])
-    return np.concatenate(out), np.concatenate(ends)
+def _ends_of(rings: Rings) -> EpisodeEnds:
+    """The ``EpisodeEnds`` of ``rings``, made on first use and kept as long as ``rings`` lives."""
+    ends = _ENDS.get(rings)
+    if ends is None:
+        ends = _ENDS[rings] = EpisodeEnds(rings)
+    return ends
+
+
+#: Each store's episode-end index (keyed by its rings; shared by every hindsight sampler of the store).
+_ENDS: weakref.WeakKeyDictionary[Rings, EpisodeEnds] = weakref.WeakKeyDictionary()
