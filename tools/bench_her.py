@@ -8,12 +8,17 @@
 2. **Learning** (``--learn``). DQN on bit flipping (tests/goal_env.py ``BitFlip``: HER's own
    sparse-reward task) with each buffer, and with SB3's plain buffer (no relabelling), the same
    seed and settings: wall time and the share of 100 greedy episodes that reach the goal.
-3. **A robot arm** (``--fetch``, needs ``pip install gymnasium-robotics 'mujoco<3.3'``): SAC on
+3. **Episode lengths** (``--lengths 50 1000``): 200,000 transitions of AntMaze's shapes
+   (``observation`` float64 (27,), goals float64 (2,)) in episodes of each length, added to both
+   buffers, then ``sample(256)`` of each and ``store.sample(256)`` with and without relabelling,
+   interleaved rounds: what a draw costs as the episodes grow.
+4. **A robot arm** (``--fetch``, needs ``pip install gymnasium-robotics 'mujoco<3.3'``): SAC on
    gymnasium-robotics' ``FetchReach-v4`` (MuJoCo, sparse reward) with each HER buffer,
    rl-baselines3-zoo's settings for it, the success rate of 20 deterministic episodes every
    ``--fetch-every`` steps, and the wall time.
 
-    python tools/bench_her.py [--steps 100000 1000000] [--learn] [--bits 8 15] [--fetch] [--json out.json]
+    python tools/bench_her.py [--steps 100000 1000000] [--learn] [--bits 8 15] [--lengths 50 1000] [--fetch]
+                              [--json out.json]
 """
 
 from __future__ import annotations
@@ -104,6 +109,64 @@ def sampling(args: argparse.Namespace, results: dict) -> None:
                 results[f"sample {steps} {name}"] = {"ms_per_sample": ts, "median_ms": med, "x_sb3": med / base,
                                                      "us_per_add": adds[name] / steps * 1e6 if name in adds else None,
                                                      "holds": held}
+            ours.close()
+
+
+def lengths(args: argparse.Namespace, results: dict) -> None:
+    from replaystore.integrations.sb3 import her_buffer_class
+
+    ReplayStoreHerBuffer = her_buffer_class()
+    import gymnasium as gym
+    from stable_baselines3 import HerReplayBuffer
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from replaystore import HindsightSampler
+
+    box = lambda n: gym.spaces.Box(-np.inf, np.inf, (n,), np.float64)  # noqa: E731
+    space = gym.spaces.Dict({"observation": box(27), "achieved_goal": box(2), "desired_goal": box(2)})
+    actions = gym.spaces.Box(-1, 1, (8,), np.float32)
+    env = DummyVecEnv([Walk.make])
+    steps = 200_000
+    print(f"\n{steps:,} transitions of AntMaze's shapes in episodes of each length, sample({BATCH}), "
+          f"{args.rounds} rounds (median ms)", flush=True)
+    print(f"{'moves an episode':>16s} {'SB3 HER':>9s} {'ours HER':>9s} {'store HER':>10s} {'store uniform':>14s}")
+    rng = np.random.default_rng(0)
+    for length in args.lengths:
+        with tempfile.TemporaryDirectory() as tmp:
+            kw = {"handle_timeout_termination": False, "n_sampled_goal": 4, "goal_selection_strategy": "future"}
+            sb3 = HerReplayBuffer(steps, space, actions, env, "cpu", **kw)
+            ours = ReplayStoreHerBuffer(steps, space, actions, env, "cpu", **kw, path=os.path.join(tmp, "l.zarr"))
+            walk = np.cumsum(0.05 * rng.normal(size=(steps + 1, 27)), axis=0)
+            goals = rng.normal(size=(steps // length + 1, 2))
+            action = np.zeros((1, 8), np.float32)
+            for i in range(steps):
+                goal = goals[i // length][None]
+                o = {"observation": walk[i : i + 1], "achieved_goal": walk[i : i + 1, :2], "desired_goal": goal}
+                n = {"observation": walk[i + 1 : i + 2], "achieved_goal": walk[i + 1 : i + 2, :2], "desired_goal": goal}
+                done = np.array([i % length == length - 1])
+                for buffer in (sb3, ours):
+                    buffer.add(o, n, action, np.zeros(1, np.float32), done, [{}])
+            store = ours.store
+            sampler = HindsightSampler(env.envs[0].compute_reward).bind(store.schema)  # type: ignore[attr-defined]
+
+            class Direct:
+                def __init__(self, relabel: bool) -> None:
+                    self.relabel = relabel
+
+                def sample(self, n: int) -> object:
+                    return store.sample(n, sampler=sampler) if self.relabel else store.sample(n)
+
+            contenders = {"SB3 HER": sb3, "ours HER": ours, "store HER": Direct(True), "store uniform": Direct(False)}
+            for c in contenders.values():
+                rate(c, 30)
+            times: dict[str, list[float]] = {name: [] for name in contenders}
+            for r in range(args.rounds):
+                for name in (list(contenders) if r % 2 == 0 else list(contenders)[::-1]):
+                    times[name].append(rate(contenders[name], args.calls))
+            med = {name: float(np.median(ts)) for name, ts in times.items()}
+            print(f"{length:16,d} {med['SB3 HER']:9.3f} {med['ours HER']:9.3f} {med['store HER']:10.3f} "
+                  f"{med['store uniform']:14.3f}", flush=True)
+            results[f"lengths {length}"] = {"ms_per_sample": times, "median_ms": med}
             ours.close()
 
 
@@ -211,6 +274,7 @@ def main() -> None:
     ap.add_argument("--learn", action="store_true", help="also the bit-flipping runs")
     ap.add_argument("--bits", type=int, nargs="+", default=[8, 15])
     ap.add_argument("--learn-steps", type=int, nargs="+", default=[5_000, 15_000])
+    ap.add_argument("--lengths", type=int, nargs="*", default=[], help="episode lengths to time sampling at")
     ap.add_argument("--fetch", action="store_true", help="also SAC on FetchReach-v4 (needs gymnasium-robotics)")
     ap.add_argument("--fetch-steps", type=int, default=10_000)
     ap.add_argument("--fetch-every", type=int, default=1_000)
@@ -219,6 +283,8 @@ def main() -> None:
     results: dict[str, dict] = {}
     if args.steps:
         sampling(args, results)
+    if args.lengths:
+        lengths(args, results)
     if args.learn:
         learning(args, results)
     if args.fetch:
