@@ -204,3 +204,15 @@ def test_gif_of_an_image_entry(tmp_path, capsys) -> None:
     capsys.readouterr()
     assert main(["episodes", str(tmp_path / "bits.zarr"), "--save", "0", str(tmp_path / "b.gif")]) == 1
     assert "which entry to show: none is an image, so save the episode as .npz" in capsys.readouterr().err
+
+
+def test_one_frame_with_a_scalar_entry_unpacks() -> None:
+    """A single frame (no leading axis) of a Dict with a Discrete entry: its value is a 0-d array (the
+    comparisons of one observation with another unpack single frames)."""
+    from replaystore.format.dictobs import dict_from_space
+
+    spec = dict_from_space(Rooms().observation_space)
+    obs, _ = Rooms().reset(seed=0)
+    one = spec.unpack(spec.pack(obs, name="obs", path="p"))
+    assert one["room"].shape == () and int(one["room"]) == obs["room"]
+    assert np.array_equal(one["lights"], obs["lights"]) and np.array_equal(one["doors"], obs["doors"])

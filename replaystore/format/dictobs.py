@@ -179,8 +179,8 @@ class DictSpec:
         ``(..., *shape)`` in its dtype, views of ``frames`` (no copy)."""
         raw = frames.view(np.uint8)
         lead = frames.shape[:-1]
-        return {e.key: raw[..., e.offset : e.offset + e.nbytes].view(e.dtype).reshape(*lead, *e.shape)
-                for e in self.entries}
+        return {e.key: raw[..., e.offset : e.offset + e.nbytes].view(e.dtype).reshape((*lead, *e.shape))
+                for e in self.entries}  # (a tuple: one frame of a scalar entry reshapes to ())
 
     # ---------------------------------------------------------------------------------------------
     # To and from the group attributes
