@@ -274,16 +274,27 @@ class EpisodeEnds:
         self.rings = rings
         n = rings.num_streams
         self.scanned = [0] * n  # per stream: positions below this are indexed (the newest is not)
+        self.seen = [-1] * n  # per stream: its ``added`` at the last update (no change: nothing to do)
         self.ends = [np.zeros(0, dtype=np.int64) for _ in range(n)]  # per stream, global positions
         self.all = np.zeros(0, dtype=np.int64)
+        self.top = np.arange(n, dtype=np.int64) << SHIFT if n > 1 else np.zeros(1, dtype=np.int64)
+        self.newest = np.full(n, -1, dtype=np.int64)  # per stream: its newest step, global
+        self.newest_last = np.zeros(n, dtype=bool)  # ... and whether it ends an episode
 
     def update(self) -> None:
         """Index the steps added since the last call, and forget the ones the ring no longer holds
         (call under the store's lock)."""
         changed = False
         for k, ring in enumerate(self.rings.streams):
-            lo, newest = ring.lo, ring.added - 1
-            ends, top = self.ends[k], (k << SHIFT) if self.rings.num_streams > 1 else 0
+            newest = ring.added - 1
+            if newest >= 0:  # (end_episode marks the newest step without adding one: looked at every time)
+                self.newest_last[k] = bool(ring.is_last[newest % ring.capacity])
+            if ring.added == self.seen[k]:
+                continue
+            self.seen[k] = ring.added
+            self.newest[k] = int(self.top[k]) | newest if newest >= 0 else -1
+            lo = ring.lo
+            ends, top = self.ends[k], int(self.top[k])
             if newest < self.scanned[k]:  # (a store refilled from its start: index it again)
                 ends, self.scanned[k] = ends[:0], 0
             if ends.size and ends[0] < (top | lo):
@@ -303,7 +314,7 @@ class EpisodeEnds:
 
     def last(self, positions: np.ndarray) -> np.ndarray:
         """For each position (a transition), the position of its episode's last step, or -1 where
-        the episode has not ended among the stored steps."""
+        the episode has not ended among the stored steps (as of the last ``update``)."""
         positions = np.asarray(positions, dtype=np.int64)
         out = np.full(positions.size, -1, dtype=np.int64)
         if self.all.size:
@@ -312,11 +323,9 @@ class EpisodeEnds:
             ok = (at < self.all.size) & ((found >> SHIFT) == (positions >> SHIFT))
             out[ok] = found[ok]
         # an episode that ends at its stream's newest step (not indexed: see the class docstring)
-        newest = np.array([r.added - 1 for r in self.rings.streams], dtype=np.int64)
-        last_now = np.array([r.added > 0 and bool(r.is_last[(r.added - 1) % r.capacity]) for r in self.rings.streams])
         k = positions >> SHIFT if self.rings.num_streams > 1 else np.zeros(positions.size, dtype=np.int64)
-        head = (k << SHIFT if self.rings.num_streams > 1 else 0) | newest[k]
-        at_head = (out < 0) & last_now[k] & (positions < head)
+        head = self.newest[k]
+        at_head = (out < 0) & self.newest_last[k] & (positions < head)
         out[at_head] = head[at_head]
         return out
 
