@@ -13,8 +13,9 @@ its one commit is ``"state"`` here, with no ``num_streams`` (storage/local reads
 Version 3 is a store on object storage (storage/objects). A ``Dict`` observation space is written
 as ``{"type": "Dict", "spaces": [[key, Box], ...]}`` in any version (format/dictobs.py). Everything
 read back from disk is validated here, so a hostile or truncated ``zarr.json`` becomes a
-``CorruptStoreError`` naming the bad key rather than a crash deep inside numpy. The spaces
-themselves (``BoxSpec``, ``DiscreteSpec``, from and to gymnasium) are spaces.py's.
+``CorruptStoreError`` naming the bad key rather than a crash deep inside numpy (the spaces and the
+typed fields are read by spacedoc.py). The spaces themselves (``BoxSpec``, ``DiscreteSpec``, from
+and to gymnasium) are spaces.py's.
 """
 
 from __future__ import annotations
@@ -27,20 +28,9 @@ from typing import Any
 import numpy as np
 
 from replaystore.errors import CorruptStoreError, FormatVersionError
-from replaystore.format.dictobs import MAX_ENTRIES, DictSpec
-from replaystore.format.spaces import (
-    MAX_ACTION_SIZE,
-    ActionSpec,
-    BoxSpec,
-    DiscreteSpec,
-    EntrySpec,
-    MultiBinarySpec,
-    MultiDiscreteSpec,
-    StepField,
-    parse_bound,
-    space_attrs,
-    stored_box,
-)
+from replaystore.format.dictobs import DictSpec
+from replaystore.format.spacedoc import get, get_int, parse_box, parse_dict
+from replaystore.format.spaces import MAX_ACTION_SIZE, ActionSpec, BoxSpec, DiscreteSpec, StepField, space_attrs
 
 FORMAT_VERSION = 3  # the newest format version written (and the highest read): see the versions below
 ROOT_STATE_VERSION = 1  # one stream, its commit in the root zarr.json (read and appended to, no longer created)
@@ -226,29 +216,10 @@ def stream_state_from_doc(doc: Any, *, stream: int, path: str) -> State:
     """Validate and parse ``streams/<k>/zarr.json`` read from ``path``."""
     where = f"{path} attributes"
     attrs = doc.get("attributes") if isinstance(doc, dict) else None
-    root = _get(attrs, STREAM_ATTR_KEY, dict, where)
-    if _get(root, "stream", int, where) != stream:
+    root = get(attrs, STREAM_ATTR_KEY, dict, where)
+    if get(root, "stream", int, where) != stream:
         raise CorruptStoreError(f"{where}.stream is {root['stream']!r}, expected {stream}; the store is damaged")
-    return _parse_state(_get(root, "state", dict, where), f"{where}.state")
-
-
-def _get(d: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
-    if not isinstance(d, dict) or key not in d:
-        raise CorruptStoreError(f"{where} has no '{key}'; the store's zarr.json is damaged or not a replaystore store")
-    value = d[key]
-    if kind is int and isinstance(value, bool) or not isinstance(value, kind):
-        names = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
-        raise CorruptStoreError(
-            f"{where}.{key} is {value!r} ({type(value).__name__}), expected {names}; the store's zarr.json is damaged"
-        )
-    return value
-
-
-def _get_int(d: Any, key: str, where: str, lo: int, hi: int) -> int:
-    value = _get(d, key, int, where)
-    if not lo <= value <= hi:
-        raise CorruptStoreError(f"{where}.{key} is {value}, outside [{lo}, {hi}]; the store's zarr.json is damaged")
-    return int(value)
+    return _parse_state(get(root, "state", dict, where), f"{where}.state")
 
 
 def from_attrs(attrs: Any, *, path: str) -> tuple[Schema, Layout, int]:
@@ -258,53 +229,53 @@ def from_attrs(attrs: Any, *, path: str) -> tuple[Schema, Layout, int]:
     if not isinstance(attrs, dict) or ATTR_KEY not in attrs:
         raise CorruptStoreError(f"{path} is a zarr group but not a replay store (no '{ATTR_KEY}' attribute)")
     root = attrs[ATTR_KEY]
-    version = _get(root, "format_version", int, where)
+    version = get(root, "format_version", int, where)
     if version > OBJECT_FORMAT_VERSION or version < 1:
         raise FormatVersionError(
             f"{path} has format version {version}, but this replaystore reads versions 1..{OBJECT_FORMAT_VERSION}; "
             "upgrade replaystore to open it"
         )
-    s = _get(root, "schema", dict, where)
-    obs = _get(s, "observation_space", dict, f"{where}.schema")
-    act = _get(s, "action_space", dict, f"{where}.schema")
+    s = get(root, "schema", dict, where)
+    obs = get(s, "observation_space", dict, f"{where}.schema")
+    act = get(s, "action_space", dict, f"{where}.schema")
     if obs.get("type") not in ("Box", "Dict") or act.get("type") not in ("Discrete", "Box"):
         raise CorruptStoreError(f"{where}.schema holds space types {obs.get('type')!r}/{act.get('type')!r}, expected "
                                 "Box or Dict observations and Discrete or Box actions")
-    obs_dict = _parse_dict(obs, f"{where}.observation_space") if obs["type"] == "Dict" else None
-    box = obs_dict.stored if obs_dict is not None else _parse_box(obs, f"{where}.observation_space")
+    obs_dict = parse_dict(obs, f"{where}.observation_space") if obs["type"] == "Dict" else None
+    box = obs_dict.stored if obs_dict is not None else parse_box(obs, f"{where}.observation_space")
     action: ActionSpec
     if act["type"] == "Box":
-        action = _parse_box(act, f"{where}.action_space")
+        action = parse_box(act, f"{where}.action_space")
         if np.prod(action.shape, dtype=np.int64) > MAX_ACTION_SIZE:
             raise CorruptStoreError(f"{where}.action_space.shape is {list(action.shape)}, more than "
                                     f"{MAX_ACTION_SIZE} values an action; the store's zarr.json is damaged")
     else:
         action = DiscreteSpec(
-            n=_get_int(act, "n", f"{where}.action_space", 1, 2**31 - 1),
-            start=_get_int(act, "start", f"{where}.action_space", -(2**31), 2**31 - 1),
+            n=get_int(act, "n", f"{where}.action_space", 1, 2**31 - 1),
+            start=get_int(act, "start", f"{where}.action_space", -(2**31), 2**31 - 1),
         )
-    capacity = _get_int(s, "capacity", f"{where}.schema", 2, MAX_CAPACITY)
-    frame_stack = _get_int(s, "frame_stack", f"{where}.schema", 1, 1024)
-    padding = _get(s, "frame_padding", str, f"{where}.schema") if "frame_padding" in s else "reset"
+    capacity = get_int(s, "capacity", f"{where}.schema", 2, MAX_CAPACITY)
+    frame_stack = get_int(s, "frame_stack", f"{where}.schema", 1, 1024)
+    padding = get(s, "frame_padding", str, f"{where}.schema") if "frame_padding" in s else "reset"
     if padding not in FRAME_PADDINGS:
         raise CorruptStoreError(f"{where}.schema.frame_padding is {padding!r}, expected one of {FRAME_PADDINGS}; "
                                 "the store's zarr.json is damaged, or was written by a newer replaystore")
-    num_streams = 1 if version == ROOT_STATE_VERSION else _get_int(s, "num_streams", f"{where}.schema", 1, MAX_STREAMS)
+    num_streams = 1 if version == ROOT_STATE_VERSION else get_int(s, "num_streams", f"{where}.schema", 1, MAX_STREAMS)
     if capacity % num_streams or capacity // num_streams < 2:
         raise CorruptStoreError(f"{where}.schema.capacity {capacity} does not split into {num_streams} streams")
     if box.frame_bytes * capacity > 2**50:
         raise CorruptStoreError(f"{where}.schema describes {box.frame_bytes * capacity} bytes of frames; absurd size")
 
-    lay = _get(root, "layout", dict, where)
-    codec = _get(lay, "codec", dict, f"{where}.layout")
+    lay = get(root, "layout", dict, where)
+    codec = get(lay, "codec", dict, f"{where}.layout")
     codec_spec = CodecSpec(
-        name=_get(codec, "name", str, f"{where}.layout.codec"),
-        level=_get_int(codec, "level", f"{where}.layout.codec", -100, 22),
-        cname=_get(codec, "cname", str, f"{where}.layout.codec"),
+        name=get(codec, "name", str, f"{where}.layout.codec"),
+        level=get_int(codec, "level", f"{where}.layout.codec", -100, 22),
+        cname=get(codec, "cname", str, f"{where}.layout.codec"),
     )
     layout = Layout(
-        shard_len=_get_int(lay, "shard_len", f"{where}.layout", 1, 2**24),
-        obs_chunk_len=_get_int(lay, "obs_chunk_len", f"{where}.layout", 1, 2**24),
+        shard_len=get_int(lay, "shard_len", f"{where}.layout", 1, 2**24),
+        obs_chunk_len=get_int(lay, "obs_chunk_len", f"{where}.layout", 1, 2**24),
         codec=codec_spec,
     )
     if layout.shard_len % layout.obs_chunk_len or layout.shard_len > capacity // num_streams:
@@ -314,90 +285,19 @@ def from_attrs(attrs: Any, *, path: str) -> tuple[Schema, Layout, int]:
     return Schema(box, action, capacity, frame_stack, num_streams, padding, obs_dict), layout, version
 
 
-def _parse_dict(d: dict[str, Any], where: str) -> DictSpec:
-    """A Dict observation space's entry in the attributes, checked: ``spaces``, a list of
-    ``[key, Box]`` pairs with distinct non-empty keys."""
-    pairs = _get(d, "spaces", list, where)
-    if not 0 < len(pairs) <= MAX_ENTRIES:
-        raise CorruptStoreError(f"{where}.spaces holds {len(pairs)} entries, expected 1 to {MAX_ENTRIES}; the "
-                                "store's zarr.json is damaged")
-    spaces: list[tuple[str, EntrySpec]] = []
-    for i, pair in enumerate(pairs):
-        if (not isinstance(pair, list) or len(pair) != 2 or not isinstance(pair[0], str) or not pair[0]
-                or not isinstance(pair[1], dict)
-                or pair[1].get("type") not in ("Box", "Discrete", "MultiBinary", "MultiDiscrete")):
-            raise CorruptStoreError(f"{where}.spaces[{i}] is {pair!r:.200}, expected [key, {{\"type\": \"Box\" (or "
-                                    "\"Discrete\", \"MultiBinary\", \"MultiDiscrete\"), ...}}]; the store's zarr.json "
-                                    "is damaged, or was written by a newer replaystore")
-        spaces.append((pair[0], _parse_entry(pair[1], f"{where}.spaces[{i}]")))
-    if len({key for key, _ in spaces}) < len(spaces):
-        raise CorruptStoreError(f"{where}.spaces names a key twice; the store's zarr.json is damaged")
-    nbytes = sum(math.prod(box.shape) * np.dtype(box.dtype).itemsize for box in (stored_box(e) for _, e in spaces))
-    if nbytes > 2**32:
-        raise CorruptStoreError(f"{where}.spaces describe frames of {nbytes} bytes; absurd size")
-    return DictSpec(tuple(spaces))
-
-
-def _parse_entry(d: dict[str, Any], where: str) -> EntrySpec:
-    """A Dict entry in the attributes, checked: a Box, a Discrete or a MultiBinary."""
-    if d["type"] == "Discrete":
-        return DiscreteSpec(n=_get_int(d, "n", where, 1, 2**62), start=_get_int(d, "start", where, -(2**62), 2**62))
-    if d["type"] == "MultiBinary":
-        n = _get(d, "n", (int, list), where)
-        shape = [n] if isinstance(n, int) else n
-        if (not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v < 2**20 for v in shape)
-                or not 0 < len(shape) <= 8):
-            raise CorruptStoreError(f"{where}.n is {n!r}, expected a positive int or up to 8 of them")
-        return MultiBinarySpec(n if isinstance(n, int) else tuple(n))
-    if d["type"] == "MultiDiscrete":
-        return _parse_multi_discrete(d, where)
-    return _parse_box(d, where)
-
-
-def _parse_multi_discrete(d: dict[str, Any], where: str) -> MultiDiscreteSpec:
-    shape = _get(d, "shape", list, where)
-    if not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v < 2**20 for v in shape) or len(shape) > 8:
-        raise CorruptStoreError(f"{where}.shape is {shape!r}, expected up to 8 positive ints")
-    size = math.prod(shape)
-    nvec, start = _get(d, "nvec", list, where), _get(d, "start", list, where)
-    dtype = _get(d, "dtype", str, where)
-    if dtype not in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"):
-        raise CorruptStoreError(f"{where}.dtype is {dtype!r}, expected an integer dtype")
-    for name, values, least in (("nvec", nvec, 1), ("start", start, -(2**62))):
-        if len(values) != size or not all(isinstance(v, int) and not isinstance(v, bool) and least <= v < 2**62
-                                          for v in values):
-            raise CorruptStoreError(f"{where}.{name} is {values!r:.200}, expected {size} ints (the shape's elements)")
-    return MultiDiscreteSpec(tuple(shape), tuple(nvec), tuple(start), dtype)
-
-
-def _parse_box(d: dict[str, Any], where: str) -> BoxSpec:
-    """A Box space's entry in the attributes, checked (``where``: the entry's name in messages)."""
-    shape = _get(d, "shape", list, where)
-    if not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v < 2**20 for v in shape) or len(shape) > 8:
-        raise CorruptStoreError(f"{where}.shape is {shape!r}, expected up to 8 positive ints")
-    dtype = _get(d, "dtype", str, where)
-    try:
-        np_dtype = np.dtype(dtype)
-    except TypeError as exc:
-        raise CorruptStoreError(f"{where}.dtype is {dtype!r}, not a numpy dtype") from exc
-    if np_dtype.kind not in "biuf":
-        raise CorruptStoreError(f"{where}.dtype is {dtype!r}, expected a bool, int or float dtype")
-    return BoxSpec(tuple(shape), np_dtype.name, parse_bound(d.get("low", 0)), parse_bound(d.get("high", 0)))
-
-
 def root_state(attrs: Any, *, path: str) -> State:
     """The commit of a format version 1 store, from its root ``zarr.json`` attributes read from ``path``."""
     where = f"{path}/zarr.json attributes"
-    return _parse_state(_get(_get(attrs, ATTR_KEY, dict, where), "state", dict, where), f"{where}.state")
+    return _parse_state(get(get(attrs, ATTR_KEY, dict, where), "state", dict, where), f"{where}.state")
 
 
 def _parse_state(st: Any, where: str) -> State:
-    added = _get_int(st, "added", where, 0, MAX_POSITION)
+    added = get_int(st, "added", where, 0, MAX_POSITION)
     state = State(
         added=added,
-        oldest=_get_int(st, "oldest", where, 0, added),
-        episode_in_progress=_get(st, "episode_in_progress", bool, where),
-        episodes=_get_int(st, "episodes", where, 0, 2**62),
+        oldest=get_int(st, "oldest", where, 0, added),
+        episode_in_progress=get(st, "episode_in_progress", bool, where),
+        episodes=get_int(st, "episodes", where, 0, 2**62),
         updated=str(st.get("updated", "")),
     )
     if state.episode_in_progress and added == 0:
