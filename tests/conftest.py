@@ -261,3 +261,23 @@ def add_one(store: ReplayStore, i: int, episode_len: int) -> None:
     done = (i + 1) % episode_len == 0
     obs = frame(i) if i % episode_len == 0 else frame(i + 100_000)
     store.add(obs, i % 5, float(i % 3), frame(i + 1 + 100_000), done and i % 2 == 0, done and i % 2 == 1)
+
+
+def killed_after_checkpoints(script: Path, ckpt: Path, count: int = 3, timeout: float = 180) -> tuple[Path, int]:
+    """Run ``script`` (an SB3 run with a ``CheckpointCallback`` saving its buffer into ``ckpt``) until
+    it has written ``count`` checkpoints, kill it with SIGKILL, and return the newest whole checkpoint
+    and its step count. SB3 saves a checkpoint's zip, then its buffer (a flush), so the kill may fall
+    between the two: the second newest zip is whole, as the newest came after it."""
+    import signal
+    import sys
+    import time
+
+    child = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + timeout
+    while time.time() < deadline and len(list(ckpt.glob("rl_model_*_steps.zip"))) < count:
+        time.sleep(0.2)
+        assert child.poll() is None, child.stderr.read().decode()[-2000:] if child.stderr else ""
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    zips = sorted(ckpt.glob("rl_model_*_steps.zip"), key=lambda p: int(p.stem.split("_")[2]))
+    return zips[-2], int(zips[-2].stem.split("_")[2])

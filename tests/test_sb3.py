@@ -10,19 +10,17 @@
 
 from __future__ import annotations
 
-import os
 import pickle
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import ale_py
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from conftest import killed_after_checkpoints
 from sb3_contrib import QRDQN
 from stable_baselines3 import DQN, SAC, TD3
 from stable_baselines3.common.buffers import NStepReplayBuffer, ReplayBuffer
@@ -119,19 +117,7 @@ def test_sigkill_resume_with_buffer(tmp_path):
         cb = CheckpointCallback(500, {str(tmp_path / 'ckpt')!r}, save_replay_buffer=True)
         model.learn(1_000_000, callback=cb)
     """))
-    child = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 180
-    ckpt = tmp_path / "ckpt"
-    while time.time() < deadline and len(list(ckpt.glob("rl_model_*_steps.zip"))) < 3:
-        time.sleep(0.2)
-        assert child.poll() is None, child.stderr.read().decode()[-2000:]
-    os.kill(child.pid, signal.SIGKILL)
-    child.wait()
-    # CheckpointCallback saves the model's zip, then the buffer (our flush), so the kill may fall
-    # between the two: the second newest checkpoint is whole, as the newest zip came after it
-    zips = sorted(ckpt.glob("rl_model_*_steps.zip"), key=lambda p: int(p.stem.split("_")[2]))
-    last = zips[-2]
-    steps = int(last.stem.split("_")[2])
+    last, steps = killed_after_checkpoints(script, tmp_path / "ckpt")
     with ReplayStore.open(tmp_path / "r.zarr") as store:
         committed = len(store)
     # every transition up to the last checkpoint survived (flushed there; SB3 calls the callback

@@ -175,13 +175,10 @@ def test_sac_with_hindsight_on_a_continuous_goal_env(tmp_path) -> None:
 def test_sigkill_resume_with_hindsight(tmp_path) -> None:
     """A DQN + ReplayStoreHerBuffer run checkpointing with its buffer is killed mid-episode; DQN.load
     continues from the store (the episode in progress ends there, truncated) and relabels as before."""
-    import os
-    import signal
-    import subprocess
-    import sys
     import textwrap
-    import time
     from pathlib import Path
+
+    from conftest import killed_after_checkpoints
 
     tests = str(Path(__file__).parent)
     script = tmp_path / "run.py"
@@ -197,17 +194,7 @@ def test_sigkill_resume_with_hindsight(tmp_path) -> None:
                     replay_buffer_kwargs={{"path": {str(tmp_path / 'r.zarr')!r}, "goal_selection_strategy": "future"}})
         model.learn(1_000_000, callback=CheckpointCallback(300, {str(tmp_path / 'ckpt')!r}, save_replay_buffer=True))
     """))
-    child = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 180
-    ckpt = tmp_path / "ckpt"
-    while time.time() < deadline and len(list(ckpt.glob("rl_model_*_steps.zip"))) < 3:
-        time.sleep(0.2)
-        assert child.poll() is None, child.stderr.read().decode()[-2000:]
-    os.kill(child.pid, signal.SIGKILL)
-    child.wait()
-    zips = sorted(ckpt.glob("rl_model_*_steps.zip"), key=lambda p: int(p.stem.split("_")[2]))
-    last = zips[-2]  # (the newest zip may lack its buffer's flush: the kill can fall between the two)
-    steps = int(last.stem.split("_")[2])
+    last, steps = killed_after_checkpoints(script, tmp_path / "ckpt")
     with ReplayStore.open(tmp_path / "r.zarr") as store:
         committed = len(store)
     assert committed >= steps - 1
