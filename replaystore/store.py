@@ -41,6 +41,7 @@ from typing import Any, Self
 import numpy as np
 
 from replaystore.errors import ConfigError, ReadOnlyError, StoreClosedError
+from replaystore.format.extras import check_extras
 from replaystore.format.schema import (
     Layout,
     State,
@@ -108,7 +109,7 @@ class ReplayStore:
         self._mutex = threading.RLock()
         self.rings = Rings(schema.num_streams, schema.stream_capacity, stream_stride(schema, layout),
                            schema.frame_stack, layout.shard_len, schema.action,
-                           zero_padding=schema.frame_padding == "zero")
+                           zero_padding=schema.frame_padding == "zero", extras=schema.extras)
         self.reader = FrameReader(backend.frames, schema, layout, cache_bytes=cache_bytes,
                                   decode_threads=decode_threads, slots_of=self.rings.slots)
         self._view = View(backend, layout, self.rings, self.reader)
@@ -133,7 +134,8 @@ class ReplayStore:
     def create(cls, path: str | Path, capacity: int, observation_space: Any, action_space: Any, frame_stack: int = 1, *,
                layout: Layout | None = None, overwrite: bool = False, cache_bytes: int | None = None,
                memory_budget: int | None = None, decode_threads: int = 1, num_streams: int = 1,
-               frame_padding: str = "reset", storage_options: dict[str, Any] | None = None) -> ReplayStore:
+               frame_padding: str = "reset", storage_options: dict[str, Any] | None = None,
+               extras: Mapping[str, Any] | None = None) -> ReplayStore:
         """Create a store for ``capacity`` steps and open it for appending.
 
         ``observation_space`` is a gymnasium ``Box``, or a ``Dict`` of ``Box`` entries (goal-conditioned
@@ -145,6 +147,12 @@ class ReplayStore:
         A sampled observation is a stack of ``frame_stack`` frames, oldest first; before its
         episode's first step a stack holds that first frame again (``frame_padding="reset"``, as
         gymnasium's ``FrameStackObservation`` does) or zeros (``"zero"``, as SB3's ``VecFrameStack``).
+
+        ``extras``: more per-move fields to keep beside the action and reward, name -> a dtype (one
+        value a move), a ``(shape, dtype)`` pair or a gymnasium ``Box``, such as ``{"is_success":
+        "bool", "logp": "float32"}``; every ``add`` then gives them (``extras=``) and sampled
+        batches carry them (``batch.extras[name]``). At most 4 KB a move: they live in RAM with the
+        other per-step fields (format/extras.py, docs/sampling.md).
 
         ``num_streams`` > 1 makes a store of that many episode streams (one per environment of a
         vector env; see ``add_batch``), each a ring of ``capacity / num_streams`` steps. RAM: see
@@ -166,7 +174,7 @@ class ReplayStore:
         if cache_bytes is None:
             cache_bytes = default_cache_bytes(memory_budget)
         schema, layout = new_schema(capacity, observation_space, action_space, frame_stack, num_streams, layout,
-                                    frame_padding)
+                                    frame_padding, extras)
         n = schema.num_streams
         backend = open_backend(path, storage_options)
         check_config(schema, layout, backend.where, writable=n, cache_bytes=cache_bytes, memory_budget=memory_budget,
@@ -242,12 +250,14 @@ class ReplayStore:
     # ---------------------------------------------------------------------------------------------
     # Writing
 
-    def add(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any) -> None:
+    def add(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any, *,
+            extras: Mapping[str, Any] | None = None) -> None:
         """Add one transition ``(obs, action, reward, next_obs, terminated, truncated)``.
 
         ``action``: an int of a ``Discrete`` store's range, or an array of a ``Box`` store's shape
         within its bounds. ``obs`` must equal the previous transition's ``next_obs`` unless that one
-        ended the episode.
+        ended the episode. ``extras``: the move's value of each extra the store was created with (a
+        dict, or the env's ``info`` holding them; format/extras.py).
         Each observation is stored once. Nothing is changed if any argument is rejected. A store
         of several streams takes ``add`` when exactly one stream is open for writing here
         (``ReplayStore.open(path, mode="a", streams=[k])``); else use ``add_batch``.
@@ -260,12 +270,13 @@ class ReplayStore:
             rew = check_reward(reward)
             term = check_flag(terminated, "terminated")
             trunc = check_flag(truncated, "truncated")
+            extra = check_extras(self.schema.extras, extras, self.path)
             check_continues(writer, obs_a, "obs", self.path)
-            writer.add(obs_a, act, rew, next_a, term, trunc)
+            writer.add(obs_a, act, rew, next_a, term, trunc, extra)
 
     def add_batch(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any,
                   info: Mapping[str, Any] | None = None, *, autoreset_mode: Any = "next_step",
-                  env_done: Any = None, skip: Iterable[int] = ()) -> None:
+                  env_done: Any = None, skip: Iterable[int] = (), extras: Mapping[str, Any] | None = None) -> None:
         """Add one move to each stream this store writes, from a vector env's step: row ``i`` of
         every argument goes to stream ``store.writing[i]``, exactly as the vector env returns it::
 
@@ -280,7 +291,8 @@ class ReplayStore:
         (next-step mode): the rows whose sub-env really ended, when that differs from
         ``terminated | truncated`` (episodes that end at a lost life). ``skip``: rows that carry no
         move and are not written (a wrapper that recognised its env's reset rows itself; their
-        values are still checked). docs/streams.md has the details.
+        values are still checked). ``extras``: each extra's rows, as for ``add`` (a vector env's
+        ``info`` holding them). docs/streams.md has the details.
 
         Every row is checked before anything is written; each stream's move is all or nothing, and a
         ``StoreWriteError`` names the stream it failed on and those that kept their move.
@@ -290,11 +302,12 @@ class ReplayStore:
             self._writable("add")
             rows = check_rows(self.schema, self.path, len(self._writers), obs, action, reward, next_obs, terminated,
                               truncated)
+            extra = check_extras(self.schema.extras, extras, self.path, (len(self._writers),))
             skipped = frozenset(int(i) for i in skip)
             if any(not 0 <= i < len(self._writers) for i in skipped):
                 raise ConfigError(f"skip is {sorted(skipped)}; rows are 0..{len(self._writers) - 1}")
             add_rows(self._writers, self.schema, self.path, rows, mode=mode, env_done=env_done, info=info,
-                     skip=skipped)
+                     skip=skipped, extras=extra)
 
     def end_episode(self, streams: Iterable[int] | None = None) -> bool:
         """Close the episode in progress in each stream this store writes (or in ``streams``, given

@@ -194,7 +194,8 @@ def _compact(source: Source, src: str | Path, dst: str | Path | None, *, capacit
     try:  # from here on, what is at ``staged`` is this run's unfinished copy
         new = ReplayStore.create(staged.where, new_capacity, schema.observation_space(), schema.action.to_space(),
                                  schema.frame_stack, layout=new_layout, cache_bytes=0, num_streams=n_new,
-                                 frame_padding=schema.frame_padding)
+                                 frame_padding=schema.frame_padding,
+                                 extras={e.name: (e.shape, e.dtype) for e in schema.extras})
         episodes = _build(new, source.reader(), stride, targets, progress)
         check = verify_store(staged.where)
         if not check.ok:
@@ -255,7 +256,7 @@ def _build(new: ReplayStore, source: FrameReader, stride: int, targets: list[lis
                                    or [np.zeros(0, dtype=np.int64)])
             scalars = {name: np.concatenate([p.ring.fields[name][p.keep % p.ring.capacity] for p in group]
                                             or [np.zeros((0, *shape), dtype=dtype)])
-                       for name, (shape, dtype) in scalar_fields(new.schema.action).items()}
+                       for name, (shape, dtype) in scalar_fields(new.schema.action, new.schema.extras).items()}
             step = new.layout.shard_len
 
             def frame_blocks(slots: np.ndarray = slots) -> Iterator[np.ndarray]:

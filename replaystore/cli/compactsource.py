@@ -58,7 +58,7 @@ class Source:
     def ring(self, k: int) -> Ring:
         """Stream ``k``'s scalars, as of its commit verified."""
         ring = Ring(self.schema.stream_capacity, self.schema.frame_stack, self.layout.shard_len,
-                    dict(scalar_fields(self.schema.action)))
+                    dict(scalar_fields(self.schema.action, self.schema.extras)))
         ring.added, ring.oldest = self.states[k].added, self.states[k].oldest
         load_scalars(self.backend, k, ring, self.layout, check=False, damaged_as_zero=True)
         ring.rebuild_valid()

@@ -5,7 +5,7 @@ reads one episode's frames (``ReplayStore.episode``) and writes them, with its m
 
 - ``.npz``: ``obs`` (every observation, single frames), ``action``, ``reward``, ``terminated``,
   ``truncated``, and ``stream``, ``index``, ``first_step``, ``from_start``, ``ended``,
-  ``first_move``;
+  ``first_move``; and each extra of the moves as ``extras.NAME``;
 - ``.gif``: the observations as an animation, for frames that are images (``(H, W)``,
   ``(H, W, 1|3|4)`` or channels first), through Pillow (which matplotlib brings); of a Dict store,
   its entry ``key`` (``--key``; without it, the one entry that is an image, if there is one).
@@ -99,10 +99,13 @@ def save_episode(path: str | Path, index: int, out: str | Path, *, stream: int =
     data = io.BytesIO()
     if out.suffix.lower() == ".npz":
         obs = {f"obs.{key}": v for key, v in episode.obs.items()} if isinstance(episode.obs, dict) else {"obs": episode.obs}
-        np.savez_compressed(data, **obs, action=episode.action, reward=episode.reward,
-                            terminated=episode.terminated, truncated=episode.truncated, stream=episode.stream,
-                            index=episode.index, first_step=episode.first_step, from_start=episode.from_start,
-                            ended=np.str_(episode.ended), first_move=episode.first_move)
+        arrays: dict[str, Any] = {**obs, "action": episode.action, "reward": episode.reward,
+                                  "terminated": episode.terminated, "truncated": episode.truncated,
+                                  "stream": episode.stream, "index": episode.index, "first_step": episode.first_step,
+                                  "from_start": episode.from_start, "ended": np.str_(episode.ended),
+                                  "first_move": episode.first_move,
+                                  **{f"extras.{name}": v for name, v in episode.extras.items()}}
+        np.savez_compressed(data, **arrays)
     else:
         frames = episode.obs[key] if key is not None else episode.obs
         _write_gif(data, _to_uint8(frames, low, high), fps)

@@ -72,7 +72,9 @@ def inspect_store(path: str | Path) -> dict[str, Any]:
                 "frame_stack": schema.frame_stack,
                 "frame_padding": schema.frame_padding,
                 "num_streams": schema.num_streams,
+                "extras": {e.name: {"shape": list(e.shape), "dtype": e.dtype} for e in schema.extras},
             },
+            "extras": extra_stats(store),
             "transitions": len(store),
             "live_steps": store.rings.live_steps,
             "streams": [{"stream": k, "transitions": r.n_valid, "live_steps": r.live_steps, "added": st.added,
@@ -96,6 +98,23 @@ def inspect_store(path: str | Path) -> dict[str, Any]:
         }
     finally:
         store.close()
+
+
+def extra_stats(store: ReplayStore) -> dict[str, Any]:
+    """Per extra (format/extras.py): the mean, min and max of its values over the live moves of every
+    stream (an episode's last step holds no move), or None where there is no move yet."""
+    out: dict[str, Any] = {}
+    if not store.schema.extras:
+        return out
+    rings = store.rings.streams
+    # a step holds a move unless it ends its episode or is the newest (an episode in progress)
+    moves = [(r, (p := np.arange(r.lo, max(r.lo, r.added - 1)) % r.capacity)[~r.is_last[p]]) for r in rings]
+    for e in store.schema.extras:
+        values = np.concatenate([r.fields[e.field][s].reshape(-1) for r, s in moves]).astype(np.float64)
+        finite = values[np.isfinite(values)]
+        out[e.name] = ({"moves": sum(int(s.size) for _, s in moves), "mean": float(finite.mean()),
+                        "min": float(finite.min()), "max": float(finite.max())} if finite.size else None)
+    return out
 
 
 def _box(spec: BoxSpec) -> dict[str, Any]:
@@ -178,6 +197,11 @@ def format_summary(info: dict[str, Any]) -> list[str]:
             f"  lengths         mean {ep['length_mean']:.1f}  min {ep['length_min']}  max {ep['length_max']}  "
             f"(terminated {ep['terminated']}, truncated {ep['truncated']})"
         )
+    for i, (name, spec) in enumerate(s["extras"].items()):
+        shape = f"{tuple(spec['shape'])}" if spec["shape"] else ""
+        got = info["extras"].get(name)
+        values = (f"mean {got['mean']:.4g}  min {got['min']:.4g}  max {got['max']:.4g}" if got else "no moves yet")
+        lines.append(f"{'extras' if i == 0 else '':<18}{name} {spec['dtype']}{shape}: {values}")
     ratio = info["obs_compression_ratio"]
     lines += [
         (f"layout            shards of {lay['shard_len']} steps ({lay['shards_per_array']} per array), frame chunks of "

@@ -91,7 +91,7 @@ def _verify(report: Report, schema: Schema, layout: Layout, states: list[State],
     live = [(st.live_start(capacity), st.added) for st in states]
     codec = numcodecs_codec(layout.codec)
     arrays = {"obs": (schema.observation.shape, schema.observation.dtype, layout.obs_chunk_len)}
-    arrays.update({name: (shape, dtype, layout.shard_len) for name, (shape, dtype) in scalar_fields(schema.action).items()})
+    arrays.update({name: (shape, dtype, layout.shard_len) for name, (shape, dtype) in scalar_fields(schema.action, schema.extras).items()})
     total, done = schema.num_streams * per_stream * len(arrays), 0
     ep_step = np.zeros(schema.num_streams * stride, dtype=np.int64)
 

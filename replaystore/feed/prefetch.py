@@ -37,6 +37,7 @@ import numpy as np
 from replaystore.errors import SampleError
 from replaystore.feed.block import Block
 from replaystore.feed.decodeprocs import DecodeProcesses, unavailable
+from replaystore.format.extras import group
 from replaystore.format.schema import Layout, Schema
 from replaystore.sampling.memory import prefetch_estimate
 from replaystore.sampling.pending import Pending
@@ -191,4 +192,4 @@ class Prefetcher:
         fields = {name: view(array) for name, array in zip(sampler.frames, frames)}
         for name, values in pending.fields.items():
             fields[name] = values.reshape(self.spec[name][0])
-        return Block({name: fields[name] for name in self.spec})
+        return Block(group({name: fields[name] for name in self.spec}))  # (the extras as one dict)

@@ -36,6 +36,7 @@ from tensorflow.python.ops import gen_dataset_ops
 
 from replaystore.errors import SampleError
 from replaystore.feed.prefetch import Prefetcher, Source
+from replaystore.format.extras import PREFIX as EXTRAS
 from replaystore.format.schema import Schema
 from replaystore.sampling.samplers import Sampler
 
@@ -44,11 +45,14 @@ def element_spec(sampler: Sampler, schema: Schema, batch_size: int,
                  batches: int | None = None) -> dict[str, Any]:
     """The ``element_spec`` of ``as_dataset(batch_size)`` with ``sampler`` over a store of ``schema``;
     with ``batches``, that of whole blocks of that many batches (``blocks=True``). A Dict store's
-    observations are dicts of ``TensorSpec``, one per key."""
+    observations are dicts of ``TensorSpec``, one per key; the store's extras one dict, ``extras``."""
     lead = () if batches is None else (batches,)
     spec: dict[str, Any] = {}
     for name, (shape, dtype) in sampler.spec(batch_size, schema).items():
-        if name in sampler.frames and schema.observation_dict is not None:
+        if name.startswith(EXTRAS):  # the store's extras: one dict, as batches give them
+            extras = spec.setdefault("extras", {})
+            extras[name[len(EXTRAS):]] = tf.TensorSpec((*lead, *shape), tf.as_dtype(dtype), name=f"extras_{len(extras)}")
+        elif name in sampler.frames and schema.observation_dict is not None:
             spec[name] = {e.key: tf.TensorSpec((*lead, *shape[:-1], *e.shape), tf.as_dtype(e.dtype), name=f"{name}_{i}")
                           for i, e in enumerate(schema.observation_dict.entries)}
         else:
@@ -57,7 +61,7 @@ def element_spec(sampler: Sampler, schema: Schema, batch_size: int,
 
 
 def leaf_paths(spec: dict[str, Any]) -> list[tuple[str, ...]]:
-    """Every tensor of an element, as ``(field,)`` or ``(field, key)`` (a Dict store's observations)."""
+    """Every tensor of an element, as ``(field,)`` or ``(field, key)`` (a Dict store's observations, the extras)."""
     paths: list[tuple[str, ...]] = []
     for name, value in spec.items():
         paths += [(name, key) for key in value] if isinstance(value, dict) else [(name,)]

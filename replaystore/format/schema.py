@@ -29,6 +29,7 @@ import numpy as np
 
 from replaystore.errors import CorruptStoreError, FormatVersionError
 from replaystore.format.dictobs import DictSpec
+from replaystore.format.extras import PREFIX, ExtraSpec, check_requires, extras_attrs, parse_extras
 from replaystore.format.spacedoc import get, get_int, parse_box, parse_dict
 from replaystore.format.spaces import MAX_ACTION_SIZE, ActionSpec, BoxSpec, DiscreteSpec, StepField, space_attrs
 
@@ -73,6 +74,8 @@ class Schema:
     #: a ``Dict`` observation space (dictobs.py): ``observation`` is then the flat frame each step's
     #: dict is kept in, and the store takes and gives dicts
     observation_dict: DictSpec | None = None
+    #: per-move fields the user declared (format/extras.py), kept beside ``action`` and ``reward``
+    extras: tuple[ExtraSpec, ...] = ()
 
     def observation_space(self) -> Any:
         """The gymnasium space of the observations the store takes and gives (a Box, or a Dict)."""
@@ -96,12 +99,19 @@ def action_field(action: ActionSpec) -> StepField:
     return (), SCALAR_FIELDS["action"]
 
 
-def scalar_fields(action: ActionSpec) -> dict[str, StepField]:
-    """Every per-step field but the frames, for a store of ``action``s: name -> (shape, dtype).
-    Each is one array over the slots, kept whole in RAM (``SCALAR_FIELDS``, with the action's own)."""
+def scalar_fields(action: ActionSpec, extras: tuple[ExtraSpec, ...] = ()) -> dict[str, StepField]:
+    """Every per-step field but the frames, for a store of ``action``s and ``extras``: name -> (shape,
+    dtype). Each is one array over the slots, kept whole in RAM (``SCALAR_FIELDS``, with the action's
+    own, then each extra as ``extras/<name>``)."""
     fields: dict[str, StepField] = {name: ((), dtype) for name, dtype in SCALAR_FIELDS.items()}
     fields["action"] = action_field(action)
+    fields.update({e.field: (e.shape, e.dtype) for e in extras})
     return fields
+
+
+def array_names(schema: Schema) -> tuple[str, ...]:
+    """Every array of the group: the frames, then each per-step field."""
+    return ("obs", *scalar_fields(schema.action, schema.extras))
 
 
 def batch_action(action: ActionSpec) -> StepField:
@@ -114,6 +124,8 @@ def item_ndim(schema: Schema, name: str) -> int:
     carry one ``/0`` per dimension (zarr v3 default key encoding)."""
     if name == "obs":
         return len(schema.observation.shape)
+    if name.startswith(PREFIX):
+        return next(len(e.shape) for e in schema.extras if e.field == name)
     return len(action_field(schema.action)[0]) if name == "action" else 0
 
 
@@ -186,6 +198,7 @@ def to_attrs(schema: Schema, layout: Layout, version: int) -> dict[str, Any]:
             "frame_stack": schema.frame_stack,
             **({} if version == ROOT_STATE_VERSION else {"num_streams": schema.num_streams}),
             **({} if schema.frame_padding == "reset" else {"frame_padding": schema.frame_padding}),
+            **({"extras": extras_attrs(schema.extras), "requires": ["extras"]} if schema.extras else {}),
         },
         "layout": {
             "shard_len": layout.shard_len,
@@ -236,6 +249,11 @@ def from_attrs(attrs: Any, *, path: str) -> tuple[Schema, Layout, int]:
             "upgrade replaystore to open it"
         )
     s = get(root, "schema", dict, where)
+    requires = check_requires(s["requires"], f"{where}.schema") if "requires" in s else ()
+    extras = parse_extras(s["extras"], f"{where}.schema.extras") if "extras" in s else ()
+    if bool(extras) != ("extras" in requires):
+        raise CorruptStoreError(f"{where}.schema lists extras {[e.name for e in extras]} but requires {list(requires)}; "
+                                "the store's zarr.json is damaged")
     obs = get(s, "observation_space", dict, f"{where}.schema")
     act = get(s, "action_space", dict, f"{where}.schema")
     if obs.get("type") not in ("Box", "Dict") or act.get("type") not in ("Discrete", "Box"):
@@ -282,7 +300,7 @@ def from_attrs(attrs: Any, *, path: str) -> tuple[Schema, Layout, int]:
         raise CorruptStoreError(f"{where}.layout {layout} does not fit capacity {capacity}")
     if version == ROOT_STATE_VERSION:
         root_state(attrs, path=path)  # checked now: the store's one commit
-    return Schema(box, action, capacity, frame_stack, num_streams, padding, obs_dict), layout, version
+    return Schema(box, action, capacity, frame_stack, num_streams, padding, obs_dict, extras), layout, version
 
 
 def root_state(attrs: Any, *, path: str) -> State:

@@ -14,6 +14,7 @@ backends' business (storage/local, storage/objects).
 
 from __future__ import annotations
 
+import json
 import struct
 from typing import Any
 
@@ -24,7 +25,7 @@ import zarr
 from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
 
 from replaystore.errors import ChunkChecksumError, ConfigError
-from replaystore.format.schema import CodecSpec, Layout, Schema, scalar_fields, slot_count
+from replaystore.format.schema import CodecSpec, Layout, Schema, group_doc, scalar_fields, slot_count
 
 EMPTY = np.uint64(2**64 - 1)
 INDEX_ENTRY_BYTES = 16
@@ -100,7 +101,9 @@ def store_arrays(schema: Schema, layout: Layout) -> dict[str, bytes]:
     box = schema.observation
     out = {"obs": array_metadata(length=length, item_shape=box.shape, dtype=box.dtype, chunk_len=layout.obs_chunk_len,
                                  shard_len=layout.shard_len, codec=layout.codec)}
-    for name, (shape, dtype) in scalar_fields(schema.action).items():
+    if schema.extras:  # the extras' arrays are a subgroup (``extras/<name>``), which zarr needs described too
+        out["extras"] = json.dumps(group_doc({})).encode()
+    for name, (shape, dtype) in scalar_fields(schema.action, schema.extras).items():
         out[name] = array_metadata(length=length, item_shape=shape, dtype=dtype, chunk_len=layout.shard_len,
                                    shard_len=layout.shard_len, codec=layout.codec)
     return out

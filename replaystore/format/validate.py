@@ -21,6 +21,7 @@ from replaystore.errors import (
     InvalidTransitionError,
 )
 from replaystore.format.dictobs import dict_from_space, is_dict_space
+from replaystore.format.extras import extras_from_arg
 from replaystore.format.schema import (
     FRAME_PADDINGS,
     MAX_CAPACITY,
@@ -159,7 +160,7 @@ def check_flag(flag: Any, name: str) -> bool:
 
 
 def new_schema(capacity: Any, observation_space: Any, action_space: Any, frame_stack: Any, num_streams: Any,
-               layout: Layout | None, frame_padding: Any = "reset") -> tuple[Schema, Layout]:
+               layout: Layout | None, frame_padding: Any = "reset", extras: Any = None) -> tuple[Schema, Layout]:
     """The schema and layout of a new store, every argument of ``ReplayStore.create`` checked."""
     obs_dict = dict_from_space(observation_space) if is_dict_space(observation_space) else None
     box = obs_dict.stored if obs_dict is not None else box_from_space(observation_space)
@@ -183,7 +184,7 @@ def new_schema(capacity: Any, observation_space: Any, action_space: Any, frame_s
                           f"such as {lower} or {upper}")
     layout = layout or default_layout(box.frame_bytes, cap // n)
     validate_layout(layout, cap // n)
-    return Schema(box, action, cap, stack, n, str(frame_padding), obs_dict), layout
+    return Schema(box, action, cap, stack, n, str(frame_padding), obs_dict, extras_from_arg(extras)), layout
 
 
 def int_in(value: Any, lo: int, hi: int) -> int | None:
@@ -228,7 +229,7 @@ def check_arrays(where: str, schema: Schema, layout: Layout, read: Callable[[str
     """The arrays' own zarr.json must describe the layout the group attributes claim (``read(name)``:
     the bytes of array ``name``'s zarr.json, None if it is missing)."""
     expected = {"obs": (schema.observation.shape, schema.observation.dtype, layout.obs_chunk_len)}
-    expected.update({name: (shape, dtype, layout.shard_len) for name, (shape, dtype) in scalar_fields(schema.action).items()})
+    expected.update({name: (shape, dtype, layout.shard_len) for name, (shape, dtype) in scalar_fields(schema.action, schema.extras).items()})
     for name, (shape, dtype, chunk_len) in expected.items():
         path = f"{where}/{name}/zarr.json"
         try:

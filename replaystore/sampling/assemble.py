@@ -16,7 +16,7 @@ on its own (one batch's chunks stay in cache between decoding and gathering; K b
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -33,7 +33,8 @@ class Batch:
 
     ``index`` holds the ring slots sampled (pass it to ``update_priorities``); ``weight`` holds
     importance-sampling weights (all ones for uniform sampling). A Dict store's ``obs`` and
-    ``next_obs`` are dicts of such arrays, one per key (format/dictobs.py).
+    ``next_obs`` are dicts of such arrays, one per key (format/dictobs.py). ``extras`` holds the
+    store's extras of each transition's (first) move, by name (format/extras.py; empty without).
     """
 
     obs: np.ndarray
@@ -45,6 +46,7 @@ class Batch:
     discount: np.ndarray
     index: np.ndarray
     weight: np.ndarray
+    extras: dict[str, np.ndarray] = field(default_factory=dict, kw_only=True)
 
     def __len__(self) -> int:
         return int(self.index.shape[0])
@@ -100,6 +102,7 @@ def prepare(ring: Rings, reader: FrameReader, positions: np.ndarray, *, n_step: 
         "discount": discount,
         "index": slots,
         "weight": np.ones(positions.size, dtype=np.float32) if weight is None else weight.astype(np.float32),
+        **{name: values[slots] for name, values in ring.extras.items()},
         **(extra or {}),
     }
     return Pending(fields, reader.plan_many(both, outs), ("obs", "next_obs", *single), out, result, complete)

@@ -17,7 +17,7 @@ makes each stream's table once, not once per episode.
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
@@ -43,7 +43,7 @@ class Episode:
     (``episode(..., moves=slice(a, b))``), it holds moves ``a..b-1`` of the live ones and
     observations ``a..b``: ``first_move`` is ``a`` and ``first_step`` the position of observation
     ``a``; ``ended`` and ``from_start`` still describe the whole episode. A Dict store's ``obs`` is a
-    dict of such arrays, one per key."""
+    dict of such arrays, one per key. ``extras``: the store's extras of the moves, by name, ``(moves, ...)``."""
 
     obs: np.ndarray
     action: np.ndarray  # (moves,) int64; a Box store's (moves, *shape) in its dtype
@@ -56,6 +56,7 @@ class Episode:
     from_start: bool
     ended: str
     first_move: int = 0  # the first of its live moves held here (> 0: read in part)
+    extras: dict[str, np.ndarray] = field(default_factory=dict, kw_only=True)
 
     def __len__(self) -> int:
         return int(self.action.shape[0])
@@ -168,7 +169,8 @@ def plan_span(ring: Ring, reader: FrameReader, stream: int, i: int, table: dict[
     move = slots[:-1]
     ended, from_start = how_it_ended(ring, table, i)
     fields: dict[str, np.ndarray] = {"action": ring.action[move].astype(ring.action_dtype, copy=False), "reward": ring.reward[move].astype(np.float32),
-              "terminated": ring.terminated[move].copy(), "truncated": ring.truncated[move].copy()}
+              "terminated": ring.terminated[move].copy(), "truncated": ring.truncated[move].copy(),
+              **{name: values[move] for name, values in ring.extras.items()}}
     out = np.empty((positions.size, *reader.shape), dtype=reader.dtype)
     plans = reader.plan_many((int(stream) << SHIFT | positions)[None, None], [[out]])
     result = partial(Episode, stream=int(stream), index=i, first_step=first + a, from_start=from_start, ended=ended,

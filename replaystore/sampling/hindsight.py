@@ -13,9 +13,11 @@ one the episode reached later: ``HindsightSampler`` draws transitions uniformly,
   ``1 .. L`` of the episode still in the ring (``"episode"``) -- SB3's three strategies, which take
   the ``next_obs`` of a transition of ``t .. L - 1``, ``L - 1`` and ``0 .. L - 1``;
 - it replaces ``desired_goal`` in ``obs`` and ``next_obs`` (every frame of a stack: the goal is the
-  episode's; a zero-padded stack's padding frames keep their zeros), and ``reward`` becomes ``compute_reward(next achieved_goal, new goal, infos)``, called
-  once a batch with ``(m, *goal_shape)`` arrays and ``m`` empty info dicts (the store keeps no
-  infos), as SB3 calls the env's ``compute_reward``; ``terminated`` stays as stored (as in SB3);
+  episode's; a zero-padded stack's padding frames keep their zeros), and ``reward`` becomes
+  ``compute_reward(next achieved_goal, new goal, infos)``, called once a batch with
+  ``(m, *goal_shape)`` arrays and ``m`` info dicts, each the transition's extras (format/extras.py;
+  empty in a store without extras), as SB3 calls the env's ``compute_reward``; ``terminated``
+  stays as stored (as in SB3);
 - only transitions of *finished* episodes are drawn (their last step is stored), relabelled or not,
   as in SB3: a goal drawn from an episode still in progress would be drawn from part of it.
 
@@ -43,6 +45,7 @@ import numpy as np
 
 from replaystore.errors import ConfigError, SampleError
 from replaystore.format.dictobs import DictSpec, Entry
+from replaystore.format.extras import PREFIX as EXTRAS
 from replaystore.format.schema import Schema
 from replaystore.sampling.assemble import Batch, prepare
 from replaystore.sampling.draws import sample_uniform
@@ -238,11 +241,15 @@ class Relabel:
                        d.offset : d.offset + d.nbytes] = np.repeat(new[:, None, :], self.frame_stack, 1)[keep]
         achieved = next_obs[rows, -1, a.offset : a.offset + a.nbytes].copy().view(a.dtype).reshape(rows.size, *a.shape)
         desired = new.copy().view(d.dtype).reshape(rows.size, *d.shape)
+        # each transition's info: the store's extras of its move (empty dicts in a store without extras)
+        extras = [(name[len(EXTRAS):], values) for name, values in fields.items() if name.startswith(EXTRAS)]
+        infos = [{name: values[r] for name, values in extras} for r in rows]
         try:
-            reward = np.asarray(self.compute_reward(achieved, desired, [{} for _ in range(rows.size)]))
+            reward = np.asarray(self.compute_reward(achieved, desired, infos))
         except Exception as exc:
             raise SampleError(f"compute_reward raised {type(exc).__name__}: {exc} (called with achieved_goal and "
-                              f"desired_goal of shape {achieved.shape} and {rows.size} empty infos)") from exc
+                              f"desired_goal of shape {achieved.shape} and {rows.size} infos holding "
+                              f"{[name for name, _ in extras] or 'nothing'})") from exc
         if reward.size != rows.size or reward.dtype.kind not in "biuf":
             raise SampleError(f"compute_reward returned {reward.dtype} of shape {reward.shape} for {rows.size} goals; "
                               f"it must return one number a goal (shape ({rows.size},))")

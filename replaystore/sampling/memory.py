@@ -71,7 +71,7 @@ def estimate(schema: Schema, layout: Layout, *, writable: bool | int, cache_byte
     cap = slot_count(schema, layout)
     frame = schema.observation.frame_bytes
     per_step = 1 + sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize  # + 1: the sampleable bitmap
-                       for shape, dtype in scalar_fields(schema.action).values())
+                       for shape, dtype in scalar_fields(schema.action, schema.extras).values())
     tree_leaves = 1 << max(0, int(cap - 1).bit_length())
     chunks_per_shard = layout.shard_len // layout.obs_chunk_len
     n_shards = -(-cap // layout.shard_len)

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from replaystore.format.extras import group
 from replaystore.storage.plan import Plan
 from replaystore.storage.reader import FrameReader
 
@@ -41,4 +42,4 @@ class Pending:
             frames = dict(zip(self.frames, self.out))
         if self.complete is not None:
             self.complete(frames, self.fields)
-        return self.result(**{k: v for k, v in frames.items() if not k.startswith("_")}, **self.fields)
+        return self.result(**{k: v for k, v in frames.items() if not k.startswith("_")}, **group(self.fields))

@@ -86,7 +86,8 @@ class UniformSampler(Sampler):
         return {"obs": (stack, frame), "next_obs": (stack, frame), "action": ((batch_size, *act_shape), np.dtype(act_dtype)),
                 "reward": (one, np.dtype(np.float32)), "terminated": (one, np.dtype(bool)),
                 "truncated": (one, np.dtype(bool)), "discount": (one, np.dtype(np.float32)),
-                "index": (one, np.dtype(np.int64)), "weight": (one, np.dtype(np.float32))}
+                "index": (one, np.dtype(np.int64)), "weight": (one, np.dtype(np.float32)),
+                **extras_spec(schema, one)}
 
     def available(self, rings: Rings) -> int:
         """How many transitions this sampler can return."""
@@ -131,6 +132,11 @@ class PrioritizedSampler(UniformSampler):
 
     def describe(self) -> str:
         return f"prioritized sampling (n_step={self.n_step})"
+
+
+def extras_spec(schema: Schema, lead: tuple[int, ...]) -> dict[str, FieldSpec]:
+    """The store's extras as fields of a batch whose moves have shape ``lead``."""
+    return {e.field: ((*lead, *e.shape), np.dtype(e.dtype)) for e in schema.extras}
 
 
 def check_unit(value: Any, name: str) -> None:

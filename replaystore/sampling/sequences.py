@@ -17,7 +17,7 @@ transition batch's: each chunk read once, from the compressed-chunk cache.
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -25,7 +25,7 @@ from replaystore.errors import SampleError
 from replaystore.format.schema import Schema, batch_action
 from replaystore.sampling.draws import count_sampleable, sample_uniform
 from replaystore.sampling.pending import FieldSpec, Pending
-from replaystore.sampling.samplers import Sampler
+from replaystore.sampling.samplers import Sampler, extras_spec
 from replaystore.storage.reader import FrameReader
 from replaystore.storage.rings import Rings
 
@@ -40,7 +40,8 @@ class SequenceBatch:
     ``obs[i, t]`` is the frame stack at the window's step ``t`` (``t = length``: the observation
     after its last move), built as ``sample`` builds stacks; ``action``, ``reward``,
     ``terminated`` and ``truncated`` are the window's ``length`` moves; ``index`` holds the slot of
-    each window's first step. A Dict store's ``obs`` is a dict of such arrays, one per key."""
+    each window's first step. A Dict store's ``obs`` is a dict of such arrays, one per key.
+    ``extras``: the store's extras of the moves, by name, ``(batch, length, ...)`` each."""
 
     obs: np.ndarray  # (batch, length + 1, frame_stack, *obs_shape)
     action: np.ndarray  # (batch, length) int64; a Box store's (batch, length, *shape) in its dtype
@@ -48,6 +49,7 @@ class SequenceBatch:
     terminated: np.ndarray  # (batch, length) bool
     truncated: np.ndarray  # (batch, length) bool
     index: np.ndarray  # (batch,) int64
+    extras: dict[str, np.ndarray] = field(default_factory=dict, kw_only=True)
 
     def __len__(self) -> int:
         return int(self.index.shape[0])
@@ -70,7 +72,7 @@ class SequenceSampler(Sampler):
         return {"obs": ((n, L + 1, schema.frame_stack, *schema.observation.shape), np.dtype(schema.observation.dtype)),
                 "action": ((n, L, *act_shape), np.dtype(act_dtype)), "reward": ((n, L), np.dtype(np.float32)),
                 "terminated": ((n, L), np.dtype(bool)), "truncated": ((n, L), np.dtype(bool)),
-                "index": ((n,), np.dtype(np.int64))}
+                "index": ((n,), np.dtype(np.int64)), **extras_spec(schema, (n, L))}
 
     def plan(self, rings: Rings, reader: FrameReader, batch_size: int, rng: np.random.Generator, *,
              batches: int = 1, out: list[np.ndarray] | None = None) -> Pending:
@@ -85,7 +87,7 @@ class SequenceSampler(Sampler):
         outs: list = [None] if out is None else [[out[0][i]] for i in range(batches)]
         fields = {"action": rings.action[slots].astype(rings.action_dtype, copy=False), "reward": rings.reward[slots].astype(np.float32),
                   "terminated": rings.terminated[slots].copy(), "truncated": rings.truncated[slots].copy(),
-                  "index": slots[:, 0].copy()}
+                  "index": slots[:, 0].copy(), **{name: values[slots] for name, values in rings.extras.items()}}
         return Pending(fields, reader.plan_many(stacks, outs), self.frames, out, SequenceBatch)
 
     def draw(self, rings: Rings, count: int, rng: np.random.Generator) -> np.ndarray:

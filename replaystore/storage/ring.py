@@ -11,8 +11,8 @@ Step ``t`` is a sampleable (1-step) transition when it is live, not last, its su
 stored, and its stack does not reach below the oldest live step. That set is kept as a per-slot
 bitmap ``valid`` with a count, updated at O(frame_stack) cost per step, so ``len()`` is O(1) and
 uniform sampling is one vectorised draw plus a gather. The scalars are small (19 bytes a step with a
-Discrete action, plus 1 for the bitmap; a Box action adds its own bytes), so the whole ring of them lives in RAM (20 MB per million steps) and is written
-to disk as shards.
+Discrete action, plus 1 for the bitmap; a Box action and the store's extras add their own bytes), so
+the whole ring of them lives in RAM (20 MB per million steps) and is written to disk as shards.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from replaystore.format.extras import PREFIX as EXTRAS
 from replaystore.format.spaces import StepField
 
 SMALL_RANGE = 16
@@ -64,6 +65,8 @@ class Ring:
             name: f if isinstance(f, np.ndarray) else np.zeros((capacity, *f[0]), dtype=f[1]) for name, f in fields.items()
         }
         name_fields(self)
+        #: the extras' arrays (format/extras.py), by field name: zeroed with each new step, set with its move
+        self.extras = {name: values for name, values in self.fields.items() if name.startswith(EXTRAS)}
         self.valid = valid if valid is not None else np.zeros(capacity, dtype=bool)
         self.n_valid = 0
         self.added = 0
@@ -110,18 +113,25 @@ class Ring:
         self.is_last[s] = is_last
         self.priority[s] = 0.0
         self.ep_step[s] = ep_step
+        for values in self.extras.values():
+            values[s] = 0
         self.valid[s] = False
         self.added = position + 1
         self.dirty_shards.add(s // self.shard_len)
         return position
 
-    def set_move(self, position: int, action: int | np.ndarray, reward: float, terminated: bool, truncated: bool) -> None:
-        """Record the move made from step ``position`` (the head of the episode in progress)."""
+    def set_move(self, position: int, action: int | np.ndarray, reward: float, terminated: bool, truncated: bool,
+                 extras: dict[str, np.ndarray] | None = None) -> None:
+        """Record the move made from step ``position`` (the head of the episode in progress), with its
+        ``extras`` (field -> value, every extra of the store: validate.check_extras)."""
         s = position % self.capacity
         self.action[s] = action
         self.reward[s] = reward
         self.terminated[s] = terminated
         self.truncated[s] = truncated
+        if extras:
+            for name, value in extras.items():
+                self.extras[name][s] = value
         self.dirty_shards.add(s // self.shard_len)
 
     def mark_transition(self, position: int) -> None:

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from replaystore.format.extras import PREFIX as EXTRAS
+from replaystore.format.extras import ExtraSpec
 from replaystore.format.schema import MAX_POSITION, batch_action, scalar_fields
 from replaystore.format.spaces import ActionSpec
 from replaystore.storage.ring import Ring, name_fields, new_fields
@@ -42,7 +44,7 @@ class Rings:
     priority: np.ndarray
 
     def __init__(self, num_streams: int, stream_capacity: int, stride: int, frame_stack: int, shard_len: int,
-                 action: ActionSpec, *, zero_padding: bool = False) -> None:
+                 action: ActionSpec, *, zero_padding: bool = False, extras: tuple[ExtraSpec, ...] = ()) -> None:
         """``action``: the store's action space (schema.action), which sets the action array's shape
         and dtype, and the dtype sampled actions are returned in (``action_dtype``)."""
         self.num_streams = num_streams
@@ -52,7 +54,7 @@ class Rings:
         self.size = stride * num_streams
         self.frame_stack = frame_stack
         self.shard_len = shard_len
-        self.fields = new_fields(scalar_fields(action), self.size)
+        self.fields = new_fields(scalar_fields(action, extras), self.size)
         self.action_dtype = np.dtype(batch_action(action)[1])
         self.valid = np.zeros(self.size, dtype=bool)
         #: the priority a new transition is written with (the prioritized sampler raises it to the
@@ -65,6 +67,8 @@ class Rings:
                                      fields={name: values[region] for name, values in self.fields.items()}))
             self.streams[-1].action_dtype = self.action_dtype
         name_fields(self)
+        #: the extras' arrays (format/extras.py), by field name
+        self.extras = {name: values for name, values in self.fields.items() if name.startswith(EXTRAS)}
 
     # ---------------------------------------------------------------------------------------------
     # Positions

@@ -36,10 +36,12 @@ def autoreset_mode(mode: Any) -> str:
 
 
 def add_rows(writers: list[StreamWriter], schema: Schema, where: str | Path, rows: tuple[Any, ...], *, mode: str,
-             env_done: Any, info: Mapping[str, Any] | None, skip: frozenset[int] = frozenset()) -> None:
+             env_done: Any, info: Mapping[str, Any] | None, skip: frozenset[int] = frozenset(),
+             extras: dict[str, np.ndarray] | None = None) -> None:
     """Write ``rows`` (``check_rows``' checked obs, actions, rewards, next_obs, terminated, truncated)
     into ``writers``, row ``i`` into ``writers[i]``; the rows in ``skip`` carry no move and are
-    neither checked against their stream nor written."""
+    neither checked against their stream nor written. ``extras``: field -> checked rows
+    (extras.check_extras)."""
     obs_a, act, rew, next_a, term, trunc = rows
     n = len(writers)
     done = [t or u for t, u in zip(term, trunc)]
@@ -69,7 +71,8 @@ def add_rows(writers: list[StreamWriter], schema: Schema, where: str | Path, row
             writer.reset_next, writer.reset_optional = None, False
             continue
         try:
-            writer.add(obs_a[i], act[i], rew[i], next_a[i], term[i], trunc[i])
+            writer.add(obs_a[i], act[i], rew[i], next_a[i], term[i], trunc[i],
+                       {name: values[i] for name, values in extras.items()} if extras else None)
         except StoreWriteError as exc:
             raise StoreWriteError(exc.errno, f"stream {writer.index} (row {i}): {exc.strerror or exc}; streams {kept} "
                                   "kept this move, the others did not change") from exc

@@ -67,8 +67,8 @@ class StreamWriter:
     # Moves
 
     def add(self, obs: np.ndarray, action: int | np.ndarray, reward: float, next_obs: np.ndarray, terminated: bool,
-            truncated: bool) -> None:
-        """One checked move: all or nothing."""
+            truncated: bool, extras: dict[str, np.ndarray] | None = None) -> None:
+        """One checked move (``extras``: field -> value, validate.check_extras): all or nothing."""
         writer, ring = self.shards, self.ring
         in_progress = self.head_obs is not None  # (kept for exactly the streams with an episode in progress)
         frames = [ring.added, ring.added + 1] if not in_progress else [ring.added]
@@ -82,7 +82,7 @@ class StreamWriter:
                 ring.append_step(0, False)
                 writer.episodes += 1
             head = ring.added - 1
-            ring.set_move(head, action, reward, terminated, truncated)
+            ring.set_move(head, action, reward, terminated, truncated, extras)
             ring.priority[head % ring.capacity] = self.rings.new_priority
             writer.put_frame(ring.added, next_obs)
             done = terminated or truncated

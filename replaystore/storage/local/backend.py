@@ -37,11 +37,11 @@ from replaystore.format.schema import (
     LOCAL_FORMAT_VERSION,
     OBJECT_FORMAT_VERSION,
     ROOT_STATE_VERSION,
-    SCALAR_FIELDS,
     STREAMS_DIR,
     Layout,
     Schema,
     State,
+    array_names,
     from_attrs,
     group_doc,
     item_ndim,
@@ -325,7 +325,7 @@ class LocalBackend(Backend):
         keys = {f"{STREAMS_DIR}/{k}/zarr.json"}
         for j in range(per):
             shard = self.shard_of(k, j)
-            keys.update(shard_key(name, shard, item_ndim(schema, name)) for name in (FRAMES, *SCALAR_FIELDS))
+            keys.update(shard_key(name, shard, item_ndim(schema, name)) for name in array_names(schema))
         return keys
 
 

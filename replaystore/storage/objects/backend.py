@@ -20,11 +20,11 @@ from replaystore.errors import ConfigError, CorruptStoreError, FormatVersionErro
 from replaystore.format.schema import (
     ATTR_KEY,
     OBJECT_FORMAT_VERSION,
-    SCALAR_FIELDS,
     STREAMS_DIR,
     Layout,
     Schema,
     State,
+    array_names,
     from_attrs,
     group_doc,
     slot_count,
@@ -35,7 +35,6 @@ from replaystore.format.validate import check_arrays, parse_group_doc
 from replaystore.storage.backend import FRAMES, Backend
 from replaystore.storage.objects.bucket import Bucket
 from replaystore.storage.objects.commits import (
-    ARRAYS,
     DEFAULT_GC_GRACE,
     DEFAULT_LEASE_TTL,
     ObjectStreams,
@@ -111,9 +110,10 @@ class ObjectBackend(Backend):
         return schema, layout
 
     def check_arrays(self) -> None:
-        names = ("obs", *SCALAR_FIELDS)
+        schema, layout = self._known()
+        names = array_names(schema)
         metas = dict(zip(names, self.bucket.get_many([f"{name}/zarr.json" for name in names])))
-        check_arrays(self.where, *self._known(), metas.get)
+        check_arrays(self.where, schema, layout, metas.get)
 
     def stored_bytes(self) -> dict[str, int]:
         """Bytes of the objects the commits read name (superseded generations not yet collected are
@@ -231,7 +231,7 @@ class ObjectBackend(Backend):
 
     def _start_writing(self, k: int) -> None:
         doc: StreamDoc = self.streams.owned[k]
-        self._names[k] = {name: list(doc.objects[name]) for name in ARRAYS}
+        self._names[k] = {name: list(doc.objects[name]) for name in self.streams.arrays}
         self._superseded[k] = []
         self._suffix[k] = None
 

@@ -37,12 +37,12 @@ from typing import Any
 
 from replaystore.errors import CorruptStoreError, LeaseLostError, StoreLockedError, StoreNotFoundError
 from replaystore.format.schema import (
-    SCALAR_FIELDS,
     STREAM_ATTR_KEY,
     STREAMS_DIR,
     Layout,
     Schema,
     State,
+    array_names,
     item_ndim,
     stream_doc,
     stream_state_from_doc,
@@ -55,7 +55,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_LEASE_TTL = 60.0
 DEFAULT_GC_GRACE = 600.0
-ARRAYS = ("obs", *SCALAR_FIELDS)
 
 
 @dataclasses.dataclass
@@ -96,7 +95,8 @@ class ObjectStreams:
         self.layout = layout
         self.lease_ttl = float(lease_ttl)
         self.gc_grace = float(gc_grace)
-        self.ndims = {name: item_ndim(schema, name) for name in ARRAYS}
+        self.arrays = array_names(schema)  # every array of the store, each with its shard objects named
+        self.ndims = {name: item_ndim(schema, name) for name in self.arrays}
         self.per_stream = stream_stride(schema, layout) // layout.shard_len
         self.n_shards = -(-schema.stream_capacity // layout.shard_len)
         self.latest: dict[int, StreamDoc] = {}  # the last document read of each stream
@@ -140,7 +140,7 @@ class ObjectStreams:
         state = stream_state_from_doc(doc, stream=k, path=where)
         attrs = doc["attributes"][STREAM_ATTR_KEY]
         objects = attrs.get("objects")
-        if (not isinstance(objects, dict) or set(objects) != set(ARRAYS)
+        if (not isinstance(objects, dict) or set(objects) != set(self.arrays)
                 or any(not isinstance(v, list) or len(v) != self.n_shards for v in objects.values())):
             raise CorruptStoreError(f"{where} does not name its shard objects (format version 3); the store is damaged")
         lease = attrs.get("lease")
@@ -266,7 +266,7 @@ class ObjectStreams:
         named.update(key for key, _ in doc.retired)
         first, last = k * self.per_stream, (k + 1) * self.per_stream
         orphans = []
-        for name in ARRAYS:
+        for name in self.arrays:
             for meta in self.bucket.list(f"{name}/c/"):
                 path = meta["path"]
                 rel = path.split("/c/", 1)[-1]
@@ -320,7 +320,7 @@ class ObjectStreams:
 
 def empty_doc(streams: ObjectStreams, k: int) -> StreamDoc:
     """A new stream's document: nothing written."""
-    return StreamDoc(k, State(), {name: [None] * streams.n_shards for name in ARRAYS}, None, 0, 0, [])
+    return StreamDoc(k, State(), {name: [None] * streams.n_shards for name in streams.arrays}, None, 0, 0, [])
 
 
 def _precondition() -> type[BaseException]:

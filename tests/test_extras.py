@@ -1,0 +1,346 @@
+"""Extras (format/extras.py): per-move fields declared at ``create``, kept beside the action and
+reward, given back by every way of reading a store (batches of each sampler, windows, episodes,
+blocks on threads and in processes, tf.data, JAX), kept by ``compact`` and checked by ``verify``,
+on a file system and on object storage; bad input refused with the store unchanged."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from conftest import assert_same_ram, flip_byte_in_chunk, frame, ram_state, small_spaces, snapshot
+
+from replaystore import (
+    ConfigError,
+    CorruptStoreError,
+    FormatVersionError,
+    InvalidTransitionError,
+    Layout,
+    ReplayStore,
+)
+
+EXTRAS = {"move": "int64", "act": "int16", "ok": "bool", "logp": "float32",
+          "vec": ((2, 3), "float64"), "box": gym.spaces.Box(0, 9, (2,), np.uint8)}
+
+
+def extras_of(i: int) -> dict:
+    """Move ``i``'s extras: each a function of ``i`` (and of its action, ``i % 5``)."""
+    return {"move": i, "act": i % 5, "ok": i % 3 == 0, "logp": -0.5 * i,
+            "vec": np.arange(6, dtype=np.float64).reshape(2, 3) + i, "box": np.array([i % 7, 1], np.uint8)}
+
+
+def create(path, *, capacity: int = 64, frame_stack: int = 2, num_streams: int = 1, **kwargs) -> ReplayStore:
+    obs_space, act_space = small_spaces()
+    return ReplayStore.create(path, capacity, obs_space, act_space, frame_stack, num_streams=num_streams,
+                              layout=Layout(shard_len=16, obs_chunk_len=4), extras=EXTRAS, **kwargs)
+
+
+def fill(store: ReplayStore, steps: int, *, start: int = 0, episode_len: int = 7) -> None:
+    """``conftest.fill``'s moves, each with ``extras_of`` its index."""
+    obs = frame(start)
+    for i in range(start, start + steps):
+        nxt = frame(i + 1 + 100_000)
+        done = (i + 1) % episode_len == 0
+        store.add(obs, i % 5, float(i % 3), nxt, done and i % 2 == 0, done and i % 2 == 1, extras=extras_of(i))
+        obs = frame(i + 1) if done else nxt
+
+
+def check_moves(extras: dict, action: np.ndarray) -> None:
+    """Each row's extras are those of one move, and that move's action is ``action``."""
+    move = extras["move"]
+    assert extras["act"].dtype == np.int16 and extras["vec"].shape == (*move.shape, 2, 3)
+    np.testing.assert_array_equal(extras["act"], move % 5)
+    np.testing.assert_array_equal(action, move % 5)
+    np.testing.assert_array_equal(extras["ok"], move % 3 == 0)
+    np.testing.assert_array_equal(extras["logp"], (-0.5 * move).astype(np.float32))
+    np.testing.assert_array_equal(extras["vec"][..., 1, 2], move + 5.0)
+    np.testing.assert_array_equal(extras["box"][..., 0], move % 7)
+
+
+def test_every_reader_gives_each_moves_extras(tmp_path) -> None:
+    store = create(tmp_path / "x.zarr", capacity=48)
+    fill(store, 100)  # the ring (48 steps) has wrapped twice
+    rng = np.random.default_rng(0)
+    for kwargs in ({}, {"n_step": 3}, {"prioritized": True}):
+        batch = store.sample(32, rng=rng, **kwargs)
+        check_moves(batch.extras, batch.action)
+        assert set(batch.extras) == set(EXTRAS) and batch.extras["box"].dtype == np.uint8
+    window = store.sample_sequences(8, 3, rng=rng)
+    check_moves(window.extras, window.action)
+    np.testing.assert_array_equal(np.diff(window.extras["move"], axis=1), 1)
+    for episode in store.iter_episodes():
+        check_moves(episode.extras, episode.action)
+        assert episode.extras["move"].shape == (len(episode),)
+    store.close()
+    with ReplayStore.open(tmp_path / "x.zarr") as again:  # read back from the shards
+        batch = again.sample(32, rng=rng)
+        check_moves(batch.extras, batch.action)
+        assert again.schema.extras == store.schema.extras
+
+
+def test_an_episodes_last_step_and_the_newest_hold_zeros(tmp_path) -> None:
+    store = create(tmp_path / "x.zarr")
+    fill(store, 9, start=1)  # moves 1..6 end an episode; 7..9 are in progress
+    ring = store.ring
+    assert ring.is_last[6] and ring.fields["extras/move"][6] == 0
+    np.testing.assert_array_equal(ring.fields["extras/move"][:6], np.arange(1, 7))
+    assert ring.fields["extras/move"][ring.added - 1] == 0  # the newest step: no move from it yet
+    episode = store.episode(-1)
+    np.testing.assert_array_equal(episode.extras["move"], [7, 8, 9])
+
+
+def test_zarr_reads_the_extras_as_a_subgroup(tmp_path) -> None:
+    import zarr
+
+    path = tmp_path / "x.zarr"
+    with create(path) as store:
+        fill(store, 6, episode_len=100)
+    group = zarr.open_group(path, mode="r")
+    np.testing.assert_array_equal(group["extras"]["move"][:6], np.arange(6))
+    assert group["extras/vec"].shape == (64, 2, 3)
+    attrs = json.loads((path / "zarr.json").read_text())["attributes"]["replaystore"]["schema"]
+    assert attrs["requires"] == ["extras"] and attrs["extras"][0] == ["move", {"shape": [], "dtype": "int64"}]
+
+
+def test_vector_env_rows_keep_their_extras(tmp_path) -> None:
+    """``add_batch`` with next-step autoreset: a sub-env's reset row is skipped, and so are its extras."""
+    obs_space, act_space = small_spaces()
+    store = ReplayStore.create(tmp_path / "v.zarr", 128, obs_space, act_space, 2, num_streams=2,
+                               layout=Layout(shard_len=16, obs_chunk_len=4), extras={"t": "int32", "env": "uint8"})
+    obs = np.stack([frame(0), frame(1000)])
+    for t in range(30):
+        nxt = np.stack([frame(t + 1), frame(1000 + t + 1)])
+        ended = [t % 6 == 5, False]
+        # a vector env's info: the declared keys beside others, rows as the vector env gives them
+        info = {"t": np.array([t, 100 + t]), "env": np.array([0, 1]), "_t": np.array([True, True]), "x": "y"}
+        store.add_batch(obs, [t % 5, 1], [0.0, 1.0], nxt, ended, [False, False], extras=info)
+        obs = nxt
+    batch = store.sample(40, rng=np.random.default_rng(1))
+    stream = store.rings.stream_of_slots(batch.index)
+    np.testing.assert_array_equal(batch.extras["env"], stream)
+    t = batch.extras["t"] - 100 * stream
+    np.testing.assert_array_equal(batch.action[stream == 0], t[stream == 0] % 5)
+    assert not np.isin(t[stream == 0], [6, 12, 18, 24]).any()  # the reset rows carried no move
+
+
+@pytest.mark.parametrize(("extras", "message"), [
+    (None, "keeps extras 'move'"),
+    ({"move": 1}, "extras has no ['act'"),
+    ({**extras_of(3), "vec": np.zeros(6)}, "extras['vec'] has shape (6,)"),
+    ({**extras_of(3), "act": 1.5}, "keeps it as int16: pass ints"),
+    ({**extras_of(3), "act": 40_000}, "outside int16"),
+    ({**extras_of(3), "ok": 2}, "extras['ok'] holds 2"),
+    ({**extras_of(3), "logp": 1e39}, "beyond float32"),
+    ({**extras_of(3), "move": "seven"}, "pass numbers"),
+    ({**extras_of(3), "box": [[1, 2]]}, "has shape (1, 2)"),
+])
+def test_bad_extras_leave_the_store_as_it_was(tmp_path, extras, message) -> None:
+    store = create(tmp_path / "x.zarr")
+    fill(store, 12)
+    store.flush()
+    before, disk = ram_state(store), snapshot(tmp_path / "x.zarr")
+    with pytest.raises(InvalidTransitionError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        store.add(frame(5), 1, 0.0, frame(100_013), False, False, extras=extras)
+    with pytest.raises(InvalidTransitionError):
+        store.add_batch(frame(5)[None], [1], [0.0], frame(100_013)[None], [False], [False],
+                        extras=None if extras is None else {k: np.asarray(v)[None] for k, v in extras.items()}
+                        if message != "extras['vec'] has shape (6,)" else {**extras, "move": [1]})
+    assert_same_ram(before, ram_state(store))
+    store.flush()
+    assert snapshot(tmp_path / "x.zarr") == disk
+
+
+def test_extras_given_to_a_store_without_them_are_refused(tmp_path) -> None:
+    obs_space, act_space = small_spaces()
+    with ReplayStore.create(tmp_path / "p.zarr", 64, obs_space, act_space) as store:
+        with pytest.raises(InvalidTransitionError, match="declares none"):
+            store.add(frame(0), 1, 0.0, frame(1), False, False, extras={"a": 1})
+        assert len(store) == 0
+        store.add(frame(0), 1, 0.0, frame(1), False, False)
+        assert store.sample(1).extras == {}
+
+
+@pytest.mark.parametrize(("extras", "message"), [
+    ({"1bad": "int8"}, "extras name '1bad'"),
+    ({"a/b": "int8"}, "extras name 'a/b'"),
+    ({"s": "U5"}, "strings and objects are not stored"),
+    ({"o": object}, "strings and objects"),
+    ({"c": "complex64"}, "use one of bool"),
+    ({"z": "nonsense"}, "numpy does not know"),
+    ({"v": ((0,), "float32")}, "shape"),
+    ({"v": ((2, -1), "float32")}, "shape"),
+    ({"big": ((1024, 2), "float32")}, "at most 4096"),
+    (["move"], "pass a dict"),
+])
+def test_bad_declarations_are_refused_before_anything_is_written(tmp_path, extras, message) -> None:
+    obs_space, act_space = small_spaces()
+    with pytest.raises(ConfigError, match=message):
+        ReplayStore.create(tmp_path / "n.zarr", 64, obs_space, act_space, extras=extras)
+    assert not (tmp_path / "n.zarr").exists() or not any((tmp_path / "n.zarr").iterdir())
+
+
+def _edit_schema(path: Path, change) -> None:
+    doc = json.loads((path / "zarr.json").read_text())
+    change(doc["attributes"]["replaystore"]["schema"])
+    (path / "zarr.json").write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize(("change", "error", "message"), [
+    (lambda s: s.update(requires=["extras", "time-travel"]), FormatVersionError, "upgrade replaystore"),
+    (lambda s: s.pop("requires"), CorruptStoreError, "requires"),
+    (lambda s: s.update(requires="extras"), CorruptStoreError, "requires"),
+    (lambda s: s["extras"].append(["move", {"shape": [], "dtype": "int8"}]), CorruptStoreError, "repeat"),
+    (lambda s: s["extras"][0][1].update(dtype="object"), CorruptStoreError, "dtype"),
+    (lambda s: s["extras"][0][1].update(shape=[10**9]), CorruptStoreError, "damaged"),
+    (lambda s: s.update(extras={"a": 1}), CorruptStoreError, "damaged"),
+    (lambda s: s["extras"][1][1].update(dtype="int32"), CorruptStoreError, "does not match"),
+])
+def test_damaged_attributes_are_named(tmp_path, change, error, message) -> None:
+    path = tmp_path / "x.zarr"
+    with create(path) as store:
+        fill(store, 10)
+    _edit_schema(path, change)
+    with pytest.raises(error, match=message):
+        ReplayStore.open(path)
+
+
+def test_verify_finds_a_damaged_extras_chunk_and_compact_keeps_them(tmp_path) -> None:
+    path = tmp_path / "x.zarr"
+    with create(path, capacity=128, num_streams=2) as store:
+        obs = np.stack([frame(0), frame(1)])
+        for i in range(40):
+            nxt = np.stack([frame(2 * i + 2), frame(2 * i + 3)])
+            store.add_batch(obs, [i % 5, (i + 1) % 5], [0.0, 0.0], nxt, [False, False], [False, False],
+                            extras={name: np.stack([extras_of(i)[name], extras_of(i + 1)[name]]) for name in EXTRAS})
+            obs = nxt
+    cli = [sys.executable, "-m", "replaystore.cli"]
+    done = subprocess.run([*cli, "compact", str(path), str(tmp_path / "one.zarr"), "--streams", "1"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    with ReplayStore.open(tmp_path / "one.zarr") as merged:
+        assert merged.schema.extras == ReplayStore.open(path).schema.extras
+        batch = merged.sample(64, rng=np.random.default_rng(0), n_step=2)
+        check_moves(batch.extras, batch.action)
+        assert len(merged) == 80
+    summary = json.loads(subprocess.run([*cli, "inspect", "--json", str(path)], capture_output=True, text=True).stdout)
+    assert summary["schema"]["extras"]["vec"] == {"shape": [2, 3], "dtype": "float64"}
+    assert summary["extras"]["move"]["moves"] == 80 and summary["extras"]["move"]["max"] == 40
+    text = subprocess.run([*cli, "inspect", str(path)], capture_output=True, text=True).stdout
+    assert "extras            move int64: mean" in text and "vec float64(2, 3)" in text
+
+    flip_byte_in_chunk(path, 1, 0, 1, array="extras/logp")
+    done = subprocess.run([*cli, "verify", str(path)], capture_output=True, text=True)
+    assert done.returncode != 0 and "extras/logp" in done.stdout + done.stderr
+
+
+def test_episode_npz_holds_the_extras(tmp_path) -> None:
+    path = tmp_path / "x.zarr"
+    with create(path) as store:
+        fill(store, 20)
+    out = tmp_path / "ep.npz"
+    done = subprocess.run([sys.executable, "-m", "replaystore.cli", "episodes", str(path), "--save", "1", str(out)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    saved = np.load(out)
+    np.testing.assert_array_equal(saved["extras.move"], np.arange(7, 14))
+    assert saved["extras.vec"].shape == (7, 2, 3)
+
+
+@pytest.mark.parametrize("processes", [False, True])
+def test_blocks_carry_the_extras(tmp_path, processes) -> None:
+    store = create(tmp_path / "x.zarr", capacity=64)
+    fill(store, 60)
+    store.flush()
+    with store.blocks(8, batches_per_block=3, seed=1, processes=processes) as blocks:
+        block = next(blocks)
+        extras = {name: np.array(v) for name, v in block["extras"].items()}
+        check_moves(extras, np.array(block["action"]))
+        assert extras["vec"].shape == (3, 8, 2, 3)
+    with store.blocks(8, batches_per_block=2, seed=1, sequence_length=4) as blocks:
+        block = next(blocks)
+        assert block["extras"]["move"].shape == (2, 8, 4)
+        check_moves({name: np.array(v) for name, v in block["extras"].items()}, np.array(block["action"]))
+    store.close()
+
+
+def test_tf_data_and_jax_carry_the_extras(tmp_path) -> None:
+    store = create(tmp_path / "x.zarr", capacity=64)
+    fill(store, 60)
+    store.flush()
+    ds = store.as_dataset(8, seed=0, device=None, processes=False)
+    assert ds.element_spec["extras"]["vec"].shape == (8, 2, 3)
+    element = next(iter(ds))
+    check_moves({name: v.numpy() for name, v in element["extras"].items()}, element["action"].numpy())
+    ds.prefetcher.close()
+    pytest.importorskip("jax")
+    with store.jax_blocks(8, batches_per_block=2, seed=0, processes=False) as blocks:
+        block = next(blocks)
+        check_moves({name: np.asarray(v) for name, v in block["extras"].items()}, np.asarray(block["action"]))
+    store.close()
+
+
+def test_extras_on_object_storage(s3_url) -> None:
+    obs_space, act_space = small_spaces()
+    store = ReplayStore.create(s3_url, 64, obs_space, act_space, 2, layout=Layout(shard_len=16, obs_chunk_len=4),
+                               extras=EXTRAS)
+    fill(store, 49)  # (move 48 ends an episode)
+    store.close()
+    with ReplayStore.open(s3_url) as again:
+        batch = again.sample(32, rng=np.random.default_rng(0))
+        check_moves(batch.extras, batch.action)
+    with ReplayStore.open(s3_url, mode="a") as more:
+        fill(more, 10, start=49)
+        more.flush()
+        np.testing.assert_array_equal(more.episode(-1).extras["move"], [56, 57, 58])
+
+
+def test_hindsight_hands_each_transitions_extras_to_compute_reward(tmp_path) -> None:
+    """``compute_reward(achieved, desired, infos)`` gets each relabelled transition's extras as its info
+    (as SB3's ``HerReplayBuffer`` hands the infos it copied), here a reward scale the env reports."""
+    from goal_env import Reach, reach_reward
+
+    from replaystore import HindsightSampler
+
+    env = Reach(limit=12)
+    store = ReplayStore.create(tmp_path / "her.zarr", 512, env.observation_space, env.action_space,
+                               extras={"scale": "float32", "t": "int32"})
+    obs, _ = env.reset(seed=0)
+    rng = np.random.default_rng(0)
+    for t in range(300):
+        action = rng.uniform(-1, 1, 2).astype(np.float32)
+        nxt, reward, terminated, truncated, _ = env.step(action)
+        store.add(obs, action, reward, nxt, terminated, truncated,
+                  extras={"scale": 1 + t % 4, "t": t})
+        obs = nxt if not (terminated or truncated) else env.reset()[0]
+    seen: list[list[dict]] = []
+
+    def scaled(achieved, desired, infos):
+        seen.append(infos)
+        return reach_reward(achieved, desired, infos) * np.array([info["scale"] for info in infos])
+
+    batch = store.sample(128, sampler=HindsightSampler(scaled), rng=np.random.default_rng(1))
+    rows = np.flatnonzero(batch.relabelled)
+    assert rows.size and [sorted(info) for info in seen[0]] == [["scale", "t"]] * rows.size
+    np.testing.assert_array_equal([info["t"] for info in seen[0]], batch.extras["t"][rows])
+    goal, achieved = batch.obs["desired_goal"][rows, -1], batch.next_obs["achieved_goal"][rows, -1]
+    np.testing.assert_allclose(batch.reward[rows], reach_reward(achieved, goal, None) * (1 + batch.extras["t"][rows] % 4),
+                               rtol=1e-6)
+    store.close()
+
+
+def test_dqn_refuses_to_act_into_a_store_with_extras(tmp_path) -> None:
+    keras = pytest.importorskip("keras")
+    from replaystore.trainer import DQN, TrainerError
+
+    path = tmp_path / "x.zarr"
+    env = gym.make("CartPole-v1")
+    ReplayStore.create(path, 1000, env.observation_space, env.action_space, extras={"logp": "float32"}).close()
+    model = keras.Sequential([keras.Input((1, 4)), keras.layers.Flatten(), keras.layers.Dense(2)])
+    agent = DQN(model, path, learning_starts=10)
+    with pytest.raises(TrainerError, match=r"keeps extras \(logp\)"):
+        agent.fit(env, total_timesteps=20)
