@@ -31,6 +31,14 @@ def move(h: int) -> tuple[int, float, bool, bool]:
     return h % 4, float(h % 7) - 3.0, end and h % 2 == 0, end and h % 2 == 1
 
 
+#: the extras each move carries (format/extras.py), functions of the step it is made from
+EXTRAS = {"h": "int64", "half": ((2,), "float32")}
+
+
+def move_extras(h: int) -> dict[str, object]:
+    return {"h": h, "half": [h / 2, -h / 2]}
+
+
 def main(path: str, log: str, seed: int) -> None:
     import gymnasium as gym
 
@@ -44,7 +52,7 @@ def main(path: str, log: str, seed: int) -> None:
         except StoreNotFoundError:
             store = ReplayStore.create(path, CAPACITY, gym.spaces.Box(0, 255, SHAPE, np.uint8), gym.spaces.Discrete(4),
                                        STACK, layout=Layout(shard_len=SHARD, obs_chunk_len=CHUNK),
-                                       storage_options=options)
+                                       storage_options=options, extras=EXTRAS)
             break
         except StoreLockedError:
             time.sleep(0.2)
@@ -53,7 +61,7 @@ def main(path: str, log: str, seed: int) -> None:
     while True:
         h = store.added - 1 if store.episode_in_progress else store.added
         action, reward, term, trunc = move(h)
-        store.add(frame(h, SHAPE), action, reward, frame(h + 1, SHAPE), term, trunc)
+        store.add(frame(h, SHAPE), action, reward, frame(h + 1, SHAPE), term, trunc, extras=move_extras(h))
         if rng.random() < 0.02:
             store.flush()
             os.write(fd, f"{store.committed.added}\n".encode())

@@ -1,7 +1,7 @@
 """Crash safety: a child appending transitions is SIGKILLed at random moments, again and again.
 
 After every kill the store must verify clean, open, hold every transition it had committed (the child logs each
-commit), have every live step's frame and move exactly as written, and sample correctly; then a new
+commit), have every live step's frame and move (its extras too) exactly as written, and sample correctly; then a new
 child continues it, so kills land in every phase (mid-shard, at a shard boundary, while wrapping).
 """
 
@@ -40,12 +40,16 @@ def check_store(path: Path, committed_at_least: int) -> int:
         s = p % ring.capacity
         if not ring.is_last[s]:
             assert (ring.action[s], ring.reward[s], ring.terminated[s], ring.truncated[s]) == move(p)
+            assert ring.fields["extras/h"][s] == p and ring.fields["extras/half"][s].tolist() == [p / 2, -p / 2]
+        else:
+            assert ring.fields["extras/h"][s] == 0
     if len(store) >= 8:
         batch = store.sample(8, rng=np.random.default_rng(0))
         for i, slot in enumerate(batch.index.tolist()):
             p = int(positions[positions % ring.capacity == slot][0])
             np.testing.assert_array_equal(batch.obs[i][-1], frame(p, SHAPE))
             np.testing.assert_array_equal(batch.next_obs[i][-1], frame(p + 1, SHAPE))
+            assert batch.extras["h"][i] == p
     added = store.committed.added
     store.close()
     return added
@@ -109,6 +113,7 @@ def test_a_reader_during_writing_sees_a_consistent_store(tmp_path: Path) -> None
                 for i, slot in enumerate(batch.index.tolist()):
                     p = int(positions[positions % ring.capacity == slot][0])
                     np.testing.assert_array_equal(batch.next_obs[i][-1], frame(p + 1, SHAPE))
+                    assert batch.extras["h"][i] == p
             store.close()
             readers += 1
         assert child.poll() is None, child.stderr.read().decode() if child.stderr else "writer exited"
