@@ -296,6 +296,7 @@ def _sample_committed(reader: ReplayStore, until: float) -> int:
             np.testing.assert_array_equal(batch.obs[i][-1], frame(p, SHAPE), err_msg=f"step {p}")
             np.testing.assert_array_equal(batch.next_obs[i][-1], frame(p + 1, SHAPE), err_msg=f"step {p + 1}")
             assert (int(batch.action[i]), float(batch.reward[i])) == move(p)[:2], f"the move from step {p}"
+            assert batch.extras["h"][i] == p, f"the extras of the move from step {p}"
         n += 1
     return n
 
