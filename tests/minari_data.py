@@ -15,9 +15,10 @@ from minari.data_collector.episode_buffer import EpisodeBuffer
 from replaystore import ReplayStore
 
 
-def record(dataset_id: str, env: gym.Env, steps: int, *, seed: int = 0) -> minari.MinariDataset:
-    """``steps`` random moves of ``env`` recorded by Minari's own DataCollector."""
-    collector = minari.DataCollector(env)
+def record(dataset_id: str, env: gym.Env, steps: int, *, seed: int = 0, record_infos: bool = False
+           ) -> minari.MinariDataset:
+    """``steps`` random moves of ``env`` recorded by Minari's own DataCollector (with the env's infos)."""
+    collector = minari.DataCollector(env, record_infos=record_infos)
     collector.reset(seed=seed)
     collector.action_space.seed(seed)
     for _ in range(steps):

@@ -288,3 +288,72 @@ def test_a_dict_dataset_is_stored_and_exported_exactly(tmp_path: Path) -> None:
     assert back.observation_space == data.observation_space
     for a, b in zip(episodes, back.iterate_episodes(), strict=True):
         assert all(np.array_equal(a.observations[k], b.observations[k]) for k in a.observations)
+
+
+# -------------------------------------------------------------------------------------------------
+# Infos
+
+
+class Reporting(gym.Wrapper):
+    """CartPole whose infos report numbers (kept), a nested dict and a string (left out)."""
+
+    def reset(self, **kwargs):
+        obs, _ = self.env.reset(**kwargs)
+        self.t = 0
+        return obs, self._info()
+
+    def step(self, action):
+        obs, reward, terminated, truncated, _ = self.env.step(action)
+        self.t += 1
+        return obs, reward, terminated, truncated, self._info()
+
+    def _info(self) -> dict:
+        return {"t": np.int64(self.t), "even": self.t % 2 == 0, "pole": np.full(2, self.t / 4, np.float32),
+                "nested": {"a": np.int64(self.t)}, "word": "x" * (self.t % 3 + 1)}
+
+
+def test_infos_are_kept_as_extras_and_exported_back(tmp_path: Path) -> None:
+    data = record("cartpole/infos-v0", Reporting(gym.make("CartPole-v1")), 300, record_infos=True)
+    episodes = list(data.iterate_episodes())
+    path = tmp_path / "infos.zarr"
+    report = store_from_minari("cartpole/infos-v0", path)
+    assert report.infos == ("even", "pole", "t")
+    assert any(left.startswith("nested (a nested dict") for left in report.infos_left)
+    assert any(left.startswith("word (dtype") for left in report.infos_left)
+    with ReplayStore.open(path) as store:
+        for i, ep in enumerate(episodes):  # move t keeps the info its step returned, infos[t + 1]
+            got = store.episode(i).extras
+            np.testing.assert_array_equal(got["t"], ep.infos["t"][1:])
+            np.testing.assert_array_equal(got["pole"], ep.infos["pole"][1:])
+            np.testing.assert_array_equal(got["even"], ep.infos["even"][1:])
+        batch = store.sample(64, rng=np.random.default_rng(0))
+        at = where(store, data)
+        for j, g in enumerate(batch.index):
+            e, t = at[int(g)]
+            assert batch.extras["t"][j] == episodes[e].infos["t"][t + 1] == t + 1
+    minari_from_store(path, "replaystore/cartpole/infos-back-v0")
+    back = list(minari.load_dataset("replaystore/cartpole/infos-back-v0").iterate_episodes())
+    for a, b in zip(episodes, back, strict=True):
+        assert sorted(b.infos) == ["even", "pole", "t"]
+        np.testing.assert_array_equal(b.infos["t"][1:], a.infos["t"][1:])
+        np.testing.assert_array_equal(b.infos["pole"], np.concatenate([[[0, 0]], a.infos["pole"][1:]]))
+        assert b.infos["t"][0] == 0  # the reset's info is not kept
+    assert store_from_minari("cartpole/infos-v0", tmp_path / "none.zarr", infos=False).infos == ()
+    assert store_from_minari("cartpole/infos-v0", tmp_path / "t.zarr", infos=["t"]).infos == ("t",)
+    with pytest.raises(ConfigError, match="'word' cannot be kept: dtype"):
+        store_from_minari("cartpole/infos-v0", tmp_path / "w.zarr", infos=["t", "word"])
+    with pytest.raises(ConfigError, match=r"infos names \['lives'\]"):
+        store_from_minari("cartpole/infos-v0", tmp_path / "l.zarr", infos=["lives"])
+    assert not (tmp_path / "w.zarr").exists() and not (tmp_path / "l.zarr").exists()
+
+
+def test_the_command_line_keeps_the_infos_it_is_told(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    record("cartpole/cli-infos-v0", Reporting(gym.make("CartPole-v1")), 60, seed=1, record_infos=True)
+    assert main(["import-minari", "cartpole/cli-infos-v0", str(tmp_path / "a.zarr"), "--quiet"]) == 0
+    said = capsys.readouterr().out
+    assert "infos kept as extras: even, pole, t; left out: nested (a nested dict), word (dtype" in said
+    assert main(["import-minari", "cartpole/cli-infos-v0", str(tmp_path / "b.zarr"), "--infos", "t", "--quiet"]) == 0
+    assert "infos kept as extras: t\n" in capsys.readouterr().out
+    assert main(["import-minari", "cartpole/cli-infos-v0", str(tmp_path / "c.zarr"), "--no-infos", "--quiet"]) == 0
+    assert "infos kept as extras: none\n" in capsys.readouterr().out
+    assert ReplayStore.open(tmp_path / "c.zarr").schema.extras == ()

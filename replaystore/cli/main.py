@@ -154,12 +154,16 @@ def _import_minari(args: argparse.Namespace) -> int:
             raise ConfigError(f"--frame-stack is {frame_stack!r}; pass auto (detect stacked observations), 1 (store "
                               "them whole) or the k of the dataset's frame stacks") from None
     with Progress(quiet=args.quiet) as bar:
-        r = store_from_minari(args.dataset, args.dst, frame_stack=frame_stack, capacity=args.capacity,
+        infos = False if args.no_infos else (args.infos or True)
+        r = store_from_minari(args.dataset, args.dst, frame_stack=frame_stack, capacity=args.capacity, infos=infos,
                               progress=lambda done, total: bar.update("storing moves", done, total))
     closed = f"; {r.closed:,} cut short, closed as truncated" if r.closed else ""
     empty = f"; {r.empty:,} without a move left out" if r.empty else ""
     print(f"stored the Minari dataset {r.dataset_id} in {r.path}: {r.episodes:,} episodes, {r.moves:,} moves "
           f"({r.stacking}), {r.bytes_on_disk:,} bytes on disk{closed}{empty}")
+    if r.infos or r.infos_left:
+        print(f"infos kept as extras: {', '.join(r.infos) or 'none'}"
+              + (f"; left out: {', '.join(r.infos_left)}" if r.infos_left and not args.no_infos else ""))
     return 0
 
 
@@ -230,6 +234,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto (default: find observations that are frame stacks and store each frame once), 1 "
                         "(store whole observations), or k")
     p.add_argument("--capacity", type=int, help="steps the store holds (default: every step of the dataset)")
+    infos = p.add_mutually_exclusive_group()
+    infos.add_argument("--infos", nargs="+", metavar="KEY",
+                       help="the info keys to keep as extras of the moves (default: every one a store can keep)")
+    infos.add_argument("--no-infos", action="store_true", help="keep no infos")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_import_minari)
     p = sub.add_parser("export-minari", help="write a store's whole episodes as a new Minari dataset",

@@ -20,13 +20,16 @@ store at ``path``.
   truncated: nothing of it continues, so its last observation is not bootstrapped as terminal.
 - An episode that ends before its last move, or whose arrays disagree in length, is refused, naming
   the episode; so is an observation or action outside the space, or a reward beyond float32.
-- ``infos`` and episode seeds are not kept (the store has no place for them).
+- ``infos`` are kept as extras of the moves (format/extras.py; ``infos=`` picks the keys, by default
+  every one of numbers of a fixed shape): move ``t`` keeps ``infos[key][t + 1]``, the info its step
+  returned. The reset's info, nested dicts, strings and episode seeds are not kept.
 
 **Out** (``minari_from_store``): each whole episode of the store (its first and last steps live),
 stream by stream, oldest first, into a new Minari dataset that ``minari.load_dataset`` reads. The
 observations are the stored frames, or with ``stacks=True`` the frame stacks the agent saw, padded
 as the store pads them. Episodes the ring has cut at their start, and episodes in progress, are
-left out and counted. The dataset is written in a hidden folder under Minari's datasets root and
+left out and counted. The store's extras become ``infos`` (the reset's, which the store does not
+keep, as zeros). The dataset is written in a hidden folder under Minari's datasets root and
 renamed to its id when whole, so a failure leaves no dataset behind. Its images are stored raw
 (``jpeg_encoding=False``; Minari's own default, JPEG, is lossy).
 

@@ -164,7 +164,9 @@ def _check_room(root: Path, dataset_id: str, episodes: int, moves: int, store: R
     boxes = obs_space.spaces.values() if obs_space.shape is None else [obs_space]  # (a Dict's entries)
     obs_bytes = sum(int(np.prod(box.shape)) * np.dtype(box.dtype).itemsize for box in boxes)
     action_bytes = max(1, int(np.prod(store.action_space.shape or (1,)))) * 8
-    need = (moves + episodes) * obs_bytes + moves * (action_bytes + 4 + 2) + episodes * 16_384 + (1 << 20)
+    extra_bytes = sum(e.step_bytes for e in store.schema.extras)
+    need = ((moves + episodes) * (obs_bytes + extra_bytes) + moves * (action_bytes + 4 + 2) + episodes * 16_384
+            + (1 << 20))
     free = shutil.disk_usage(root).free
     if need > free:
         raise StoreWriteError(errno.ENOSPC, f"the Minari dataset {dataset_id} would take about {need / 1e6:,.1f} MB "
@@ -180,9 +182,17 @@ def _buffers(store: ReplayStore, count: int, stacks: bool, progress: Progress | 
     for done, episode in enumerate(store.iter_episodes(whole=True)):
         obs = _stacked(episode, store.frame_stack, store.schema.frame_padding) if stacks else episode.obs
         yield EpisodeBuffer(observations=obs, actions=episode.action, rewards=episode.reward,
-                            terminations=episode.terminated, truncations=episode.truncated, infos={})
+                            terminations=episode.terminated, truncations=episode.truncated, infos=_infos(episode))
         if progress is not None:
             progress(done + 1, count)
+
+
+def _infos(episode: Episode) -> dict[str, np.ndarray]:
+    """The store's extras of the episode's moves as Minari's ``infos``, one value per observation:
+    the info each move returned follows the observation it led to; the reset's, which the store does
+    not keep, is zeros."""
+    return {name: np.concatenate([np.zeros((1, *values.shape[1:]), values.dtype), values])
+            for name, values in episode.extras.items()}
 
 
 def _stacked(episode: Episode, k: int, padding: str) -> Any:

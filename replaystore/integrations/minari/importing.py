@@ -20,6 +20,7 @@ from replaystore.errors import (
     StoreNotFoundError,
 )
 from replaystore.format.dictobs import DictSpec, dict_from_space, is_dict_space
+from replaystore.format.extras import ExtraSpec, extras_from_arg
 from replaystore.format.spaces import action_from_space, box_from_space
 from replaystore.integrations.minari.common import Progress, minari_module
 from replaystore.integrations.stacking import StackLayout, choose
@@ -41,11 +42,13 @@ class MinariImport:
     stacking: str  # how observations are kept (StackLayout.describe)
     frame_stack: int
     bytes_on_disk: int
+    infos: tuple[str, ...] = ()  # the info keys kept, as extras of the moves (format/extras.py)
+    infos_left: tuple[str, ...] = ()  # the info keys left out, each with why
 
 
 def store_from_minari(dataset: Any, path: str | Path, *, frame_stack: Any = "auto", stack_axis: Any = None,
                       padding: Any = None, capacity: int | None = None, layout: Any = None,
-                      storage_options: dict[str, Any] | None = None,
+                      storage_options: dict[str, Any] | None = None, infos: Any = True,
                       progress: Progress | None = None) -> MinariImport:
     """Make a new store at ``path`` holding every episode of ``dataset`` (a ``MinariDataset``, a
     dataset id in Minari's local datasets, or a dataset's folder), and return what was written.
@@ -55,7 +58,12 @@ def store_from_minari(dataset: Any, path: str | Path, *, frame_stack: Any = "aut
     first episode; 1 stores whole observations). ``capacity``: steps the store holds, by default
     every step of the dataset (its moves plus one last observation per episode); a smaller one keeps
     the newest episodes. ``layout`` and ``storage_options`` (an ``s3://`` path) are as for
-    ``ReplayStore.create``. ``progress(done, total)`` is called with the moves written so far.
+    ``ReplayStore.create``. ``infos``: which of the episodes' ``infos`` keys to keep, as extras of
+    the moves (``batch.extras[key]``): True (the default) every one a store can keep (numbers of a
+    fixed shape, at most 4 KB a move in all; the others are named in ``infos_left``), False none, or
+    a list of keys (each must be keepable). Move ``t`` keeps ``infos[key][t + 1]``, the info its
+    step returned; the reset's info (``infos[key][0]``) has no move and is not kept.
+    ``progress(done, total)`` is called with the moves written so far.
     """
     data, name = _load(dataset)
     obs_space, action_space = data.observation_space, data.action_space
@@ -84,6 +92,7 @@ def store_from_minari(dataset: Any, path: str | Path, *, frame_stack: Any = "aut
     episodes = _read(data, name)
     first = next(episodes)
     stack = _detect(first, obs_shape, name, spec, frame_stack=frame_stack, stack_axis=stack_axis, padding=padding)
+    extras, left = _choose_infos(first, infos, name)
     staged = target.staging()
     if staged.exists():
         staged.destroy()  # this process's own leftover
@@ -92,7 +101,7 @@ def store_from_minari(dataset: Any, path: str | Path, *, frame_stack: Any = "aut
         space = obs_space if spec is not None else _frame_space(stack, obs_space)
         store = ReplayStore.create(staged.where, capacity, space, action_space,
                                    stack.frame_stack, layout=layout, cache_bytes=0, frame_padding=stack.padding,
-                                   storage_options=storage_options)
+                                   storage_options=storage_options, extras=extras)
         with store:
             for episode in chain([first], episodes):
                 _add_episode(store, episode, stack, f"the Minari dataset {name}, episode {episode.id}", counts, spec)
@@ -106,7 +115,8 @@ def store_from_minari(dataset: Any, path: str | Path, *, frame_stack: Any = "aut
     target.publish(staged)
     return MinariImport(dataset_id=name, path=target.where, episodes=counts["episodes"], moves=counts["moves"],
                         closed=counts["closed"], empty=counts["empty"], stacking=_describe(stack),
-                        frame_stack=stack.frame_stack, bytes_on_disk=stored)
+                        frame_stack=stack.frame_stack, bytes_on_disk=stored, infos=tuple(extras),
+                        infos_left=tuple(left))
 
 
 def _load(dataset: Any) -> tuple[Any, str]:
@@ -146,6 +156,71 @@ def _read(data: Any, name: str) -> Iterator[Any]:
         except (KeyError, ValueError, TypeError, AssertionError, OSError) as exc:
             raise CorruptStoreError(f"could not read the Minari dataset {name}: {type(exc).__name__}: {exc}") from None
         yield episode
+
+
+def _choose_infos(first: Any, infos: Any, name: str) -> tuple[dict[str, tuple[tuple[int, ...], str]], list[str]]:
+    """The info keys to keep (``store_from_minari``'s ``infos``), as extras declared from the first
+    episode's arrays, and the keys left out, each with why."""
+    given = first.infos if isinstance(first.infos, dict) else {}
+    if infos is False or infos is None:
+        return {}, [f"{key} (infos=False)" for key in given]
+    asked = None if infos is True else ([infos] if isinstance(infos, str) else list(infos))
+    if asked is not None:
+        missing = [key for key in asked if key not in given]
+        if missing:
+            raise ConfigError(f"infos names {missing}, which the Minari dataset {name}'s first episode does not hold "
+                              f"(it holds {sorted(given)})")
+    moves = len(np.asarray(first.rewards))
+    kept: dict[str, tuple[tuple[int, ...], str]] = {}
+    left = []
+    for key in given if asked is None else asked:
+        why = _unkeepable(key, given[key], moves)
+        if why is None:
+            arr = np.asarray(given[key])
+            kept[key] = (arr.shape[1:], arr.dtype.name)
+            try:
+                extras_from_arg(kept)
+                continue
+            except ConfigError as exc:
+                del kept[key]
+                why = str(exc)
+        if asked is not None:
+            raise ConfigError(f"the Minari dataset {name}'s info {key!r} cannot be kept: {why}; leave it out of infos")
+        left.append(f"{key} ({why})")
+    return kept, left
+
+
+def _unkeepable(key: str, value: Any, moves: int) -> str | None:
+    """Why an episode's info ``value`` cannot be kept as an extra (None: it can)."""
+    if isinstance(value, dict):
+        return "a nested dict"
+    try:
+        arr = np.asarray(value)
+    except (ValueError, TypeError):
+        return "not an array"
+    if arr.dtype.kind not in "biuf":
+        return f"dtype {arr.dtype}, not numbers"
+    if arr.ndim == 0 or len(arr) != moves + 1:
+        return f"shape {arr.shape}, not one value per observation ({moves + 1})"
+    return None
+
+
+def _infos(episode: Any, extras: tuple[ExtraSpec, ...], where: str) -> dict[str, np.ndarray]:
+    """The kept infos of an episode, one row a move: ``infos[key][1:]`` (the info each move returned)."""
+    given = episode.infos if isinstance(episode.infos, dict) else {}
+    moves = len(np.asarray(episode.rewards))
+    out = {}
+    for extra in extras:
+        if extra.name not in given:
+            raise InvalidTransitionError(f"{where}: its infos have no {extra.name!r}, which the first episode's have; "
+                                         "import with infos=False, or with the keys every episode holds")
+        arr = np.asarray(given[extra.name])
+        if arr.shape != (moves + 1, *extra.shape):
+            raise InvalidTransitionError(f"{where}: info {extra.name!r} has shape {arr.shape}, not "
+                                         f"{(moves + 1, *extra.shape)} (one value per observation, as in the first "
+                                         "episode)")
+        out[extra.name] = arr[1:]
+    return out
 
 
 def _observations(episode: Any, spec: DictSpec | None, where: str) -> np.ndarray:
@@ -225,9 +300,11 @@ def _add_episode(store: ReplayStore, episode: Any, stack: StackLayout, where: st
                                          "frame_stack=1 to store whole observations")
         obs = stack.newest(obs).reshape(len(obs), *_frame_shape(stack))
     given = store.schema.obs_view(obs)  # (a Dict store's: dicts of views)
+    infos = _infos(episode, store.schema.extras, where)
     for t in range(moves):
         try:
-            store.add(_step(given, t), action[t], reward[t], _step(given, t + 1), terminated[t], truncated[t])
+            store.add(_step(given, t), action[t], reward[t], _step(given, t + 1), terminated[t], truncated[t],
+                      extras={key: values[t] for key, values in infos.items()} if infos else None)
         except InvalidTransitionError as exc:  # (the staged store is then discarded whole)
             raise InvalidTransitionError(f"{where}, move {t}: {exc}") from None
     if not done[-1]:
