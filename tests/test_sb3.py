@@ -302,3 +302,61 @@ def test_full_disk_is_a_clear_error_and_keeps_commits(tmp_path, tiny_disk):
                 flushed = t + 1
     with ReplayStore.open(tiny_disk / "r.zarr") as store:
         assert len(store) >= flushed > 0
+
+
+class Lives(gym.Wrapper):
+    """CartPole whose infos carry ``lives`` (every step) and ``bonus`` (every third step only)."""
+
+    def reset(self, **kwargs):
+        self.t = 0
+        return self.env.reset(**kwargs)
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.t += 1
+        info = {**info, "lives": np.int32(3 - self.t % 3)}
+        if self.t % 3 == 0:
+            info["bonus"] = np.array([self.t, -self.t], np.float32)
+        return obs, reward, terminated, truncated, info
+
+
+def test_info_keys_are_kept_with_each_move(tmp_path):
+    """``info_keys``: the infos SB3 hands ``add`` keep those keys as the store's extras (0 where an
+    env's info lacks one); the buffer pickles them, a continued store keeps them, another list is refused."""
+    path = str(tmp_path / "i.zarr")
+    env = DummyVecEnv([lambda: Lives(gym.make("CartPole-v1")) for _ in range(2)])
+    model = DQN("MlpPolicy", env, buffer_size=4_000, learning_starts=100, seed=0, device="cpu",
+                replay_buffer_class=ReplayStoreBuffer,
+                replay_buffer_kwargs={"path": path, "info_keys": {"lives": "int8", "bonus": ((2,), "float32")}})
+    model.learn(600)
+    store = model.replay_buffer.store
+    assert [(e.name, e.dtype) for e in store.schema.extras] == [("lives", "int8"), ("bonus", "float32")]
+    for episode in store.iter_episodes():  # SB3's infos of move t are those its step t returned
+        t = episode.first_move + np.arange(1, len(episode) + 1)
+        np.testing.assert_array_equal(episode.extras["lives"], 3 - t % 3)
+        np.testing.assert_array_equal(episode.extras["bonus"][:, 0], np.where(t % 3 == 0, t, 0))
+    clone = pickle.loads(pickle.dumps(model.replay_buffer))
+    assert clone.side.info_keys == {"lives": "int8", "bonus": ((2,), "float32")}
+    clone.side.close()
+    model.replay_buffer.close()
+    again = ReplayStoreBuffer(4_000, env.observation_space, env.action_space, device="cpu", n_envs=2, path=path)
+    assert again.side.info_names == ("lives", "bonus")  # (adopted from the store)
+    again.close()
+    with pytest.raises(ConfigError, match=r"keeps the info keys \['lives', 'bonus'\], but info_keys names \['lives'\]"):
+        ReplayStoreBuffer(4_000, env.observation_space, env.action_space, device="cpu", n_envs=2, path=path,
+                          info_keys=["lives"])
+    inferred = ReplayStoreBuffer(100, env.observation_space, env.action_space, device="cpu", n_envs=2,
+                                 path=str(tmp_path / "n.zarr"), info_keys=["lives"])
+    obs = np.zeros((2, 4), np.float32)
+    inferred.add(obs, obs + 1, np.array([0, 1]), np.zeros(2), np.zeros(2), [{"lives": 2}, {"lives": 1}])
+    assert [(e.name, e.dtype) for e in inferred.store.schema.extras] == [("lives", "int64")]
+    with pytest.raises(InvalidTransitionError, match="infos is dict"):
+        inferred.add(obs + 1, obs + 2, np.array([0, 1]), np.zeros(2), np.zeros(2), {"lives": 2})
+    with pytest.raises(ConfigError, match="no env's first info holds it"):
+        ReplayStoreBuffer(100, env.observation_space, env.action_space, device="cpu", n_envs=2,
+                          path=str(tmp_path / "m.zarr"), info_keys=["gone"]).add(
+            obs, obs + 1, np.array([0, 1]), np.zeros(2), np.zeros(2), [{}, {}])
+    with pytest.raises(ConfigError, match="info_keys is 'lives'"):
+        ReplayStoreBuffer(100, env.observation_space, env.action_space, device="cpu", path=str(tmp_path / "s.zarr"),
+                          info_keys="lives")
+    inferred.close()

@@ -129,7 +129,7 @@ def test_what_cannot_be_relabelled_is_refused(tmp_path) -> None:
     space, actions = dict_env.observation_space, dict_env.action_space
     path = str(tmp_path / "r.zarr")
     cases = [
-        (dict(copy_info_dict=True), "copy_info_dict=True: the replay store keeps no infos"),
+        (dict(copy_info_dict=True), "copy_info_dict=True: the replay store keeps only the info keys it is told"),
         (dict(goal_selection_strategy="past"), "goal_selection_strategy is 'past'"),
         (dict(n_sampled_goal=-1), "n_sampled_goal is -1"),
         (dict(n_steps=3), "n_steps is 3, but a relabelled reward is one step's"),
@@ -210,3 +210,58 @@ def test_sigkill_resume_with_hindsight(tmp_path) -> None:
     reached = (nxt["achieved_goal"] == nxt["desired_goal"]).all(axis=1)
     assert np.array_equal(batch.rewards.numpy()[:, 0], np.where(reached, 0.0, -1.0))
     assert np.array_equal(_numpy(batch.observations)["desired_goal"], nxt["desired_goal"])
+
+
+class TolerantReach(Reach):
+    """A goal env whose reward needs its info: a goal counts as reached within ``info["tol"]``, a
+    tolerance that changes with the step (``tolerance`` of the ``steps`` entry it returns)."""
+
+    def step(self, action):
+        obs, _, _, truncated, _ = super().step(action)
+        tol = tolerance(obs["steps"][0])
+        reward = float(self.compute_reward(obs["achieved_goal"], obs["desired_goal"], [{"tol": tol}])[0])
+        return obs, reward, reward == 0.0, truncated, {"tol": tol, "other": "not kept"}
+
+    def compute_reward(self, achieved_goal, desired_goal, info) -> np.ndarray:
+        tol = np.array([i["tol"] for i in info], np.float32)
+        return -(-reach_reward(achieved_goal, desired_goal, info) > tol).astype(np.float32)
+
+
+def tolerance(steps: int) -> float:
+    return 0.1 * (1 + int(steps) % 4)
+
+
+def test_compute_reward_gets_the_kept_infos(tmp_path) -> None:
+    """copy_info_dict=True with info_keys: each relabelled reward is the env's compute_reward with the
+    info its transition returned (here a tolerance that changes every step), as with SB3's buffer."""
+    envs = DummyVecEnv([lambda: TolerantReach(limit=12), lambda: TolerantReach(limit=12)])
+    ours = ReplayStoreHerBuffer(5_000, envs.observation_space, envs.action_space, envs, device="cpu", n_envs=2,
+                                copy_info_dict=True, path=str(tmp_path / "tol.zarr"), info_keys=["tol"], seed=0)
+    theirs = HerReplayBuffer(5_000, envs.observation_space, envs.action_space, envs, device="cpu", n_envs=2,
+                             copy_info_dict=True)
+    envs.seed(0)
+    obs = envs.reset()
+    rng = np.random.default_rng(0)
+    for _ in range(400):
+        action = rng.uniform(-1, 1, (2, 2)).astype(np.float32)
+        nxt, reward, done, infos = envs.step(action)
+        real_next = {k: v.copy() for k, v in nxt.items()}
+        for i in np.flatnonzero(done):
+            for k in real_next:
+                real_next[k][i] = infos[i]["terminal_observation"][k]
+        for buffer in (ours, theirs):
+            buffer.add(obs, real_next, action, reward, done, infos)
+        obs = nxt
+    assert [e.name for e in ours.store.schema.extras] == ["tol"]
+    np.random.seed(0)  # (SB3's buffer draws with numpy's global generator)
+    mine, sb3 = [], []
+    for _ in range(10):
+        batch = ours.sample(256)
+        nxt = _numpy(batch.next_observations)
+        tol = np.array([tolerance(t) for t in nxt["steps"][:, 0]], np.float32)
+        want = -(-reach_reward(nxt["achieved_goal"], nxt["desired_goal"], None) > tol).astype(np.float32)
+        np.testing.assert_array_equal(batch.rewards.numpy()[:, 0], want)
+        mine.append(batch.rewards.numpy())
+        sb3.append(theirs.sample(256).rewards.numpy())
+    assert abs(np.concatenate(mine).mean() - np.concatenate(sb3).mean()) < 0.05
+    envs.close()

@@ -193,7 +193,7 @@ def _define(torch: Any, base_buffer: Any, replay_buffer: Any, samples: Any, dict
                              **side.options, "n_steps": side.n_steps, "gamma": side.gamma,
                              "handle_timeout_termination": side.handle_timeout_termination,
                              "layout": side.layout_arg, "cache_bytes": side.cache_bytes,
-                             "storage_options": side.storage_options}
+                             "storage_options": side.storage_options, "info_keys": side.info_keys}
             return state
 
         def __setstate__(self, state: dict[str, Any]) -> None:
@@ -224,16 +224,17 @@ def _define_her(store_buffer: Any, her_buffer: Any) -> Any:
         whose batches are drawn by a ``HindsightSampler`` (sampling/hindsight.py), the env's
         ``compute_reward`` giving the relabelled rewards. SB3 passes ``env`` (it checks for a
         ``HerReplayBuffer`` subclass); ``n_sampled_goal`` and ``goal_selection_strategy`` as in SB3.
-        ``copy_info_dict=True`` is refused: the store keeps no infos."""
+        ``compute_reward`` gets each transition's kept infos (``info_keys``, as the store's extras),
+        else empty dicts; ``copy_info_dict=True`` needs ``info_keys``: the keys it reads."""
 
         def __init__(self, buffer_size: int, observation_space: Any, action_space: Any, env: Any, device: Any = "auto",
                      n_envs: int = 1, optimize_memory_usage: bool = False, handle_timeout_termination: bool = True,
                      n_sampled_goal: int = 4, goal_selection_strategy: Any = "future", copy_info_dict: bool = False,
                      *, path: Any = None, **kwargs: Any) -> None:
-            if copy_info_dict:
-                raise ConfigError("copy_info_dict=True: the replay store keeps no infos, so compute_reward is called "
-                                  "with empty info dicts; use copy_info_dict=False (an env whose reward needs its "
-                                  "infos cannot be relabelled from the store)")
+            if copy_info_dict and not kwargs.get("info_keys"):
+                raise ConfigError("copy_info_dict=True: the replay store keeps only the info keys it is told, so "
+                                  "compute_reward would get empty info dicts; pass info_keys=[...] (the keys the env's "
+                                  "compute_reward reads) in replay_buffer_kwargs, or use copy_info_dict=False")
             strategy = goal_selection_strategy
             if isinstance(strategy, GoalSelectionStrategy):
                 strategy = strategy.name.lower()
@@ -241,7 +242,7 @@ def _define_her(store_buffer: Any, her_buffer: Any) -> Any:
                 raise ConfigError(f"goal_selection_strategy is {goal_selection_strategy!r}; it must be 'future', "
                                   "'final' or 'episode'")
             self.env = env
-            self.copy_info_dict = False
+            self.copy_info_dict = bool(copy_info_dict)
             self.goal_selection_strategy = GoalSelectionStrategy[strategy.upper()]
             self.n_sampled_goal = n_sampled_goal
             super().__init__(buffer_size, observation_space, action_space, device, n_envs, optimize_memory_usage,

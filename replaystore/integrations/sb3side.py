@@ -10,12 +10,14 @@ import logging
 import math
 import os
 import weakref
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from replaystore.errors import ConfigError, InvalidTransitionError, StoreNotFoundError
 from replaystore.format.dictobs import Packed, dict_from_space, is_dict_space
+from replaystore.format.extras import extras_from_arg
 from replaystore.format.spaces import action_from_space, box_from_space
 from replaystore.integrations.stacking import StackChecker, StackLayout, choose, from_frames
 from replaystore.sampling.hindsight import HindsightSampler, goal_entries
@@ -35,6 +37,10 @@ class StoreSide:
     ``path`` instead of continuing it. ``layout``, ``cache_bytes``: as for ``ReplayStore.create``.
     ``hindsight``: a ``HindsightSampler`` (not yet bound) that ``sample`` draws with, for
     ``ReplayStoreHerBuffer``; it needs a Dict space with ``achieved_goal`` and ``desired_goal``.
+    ``info_keys``: keys of the infos SB3 passes to ``add`` to keep with each move as the store's
+    extras (format/extras.py): a list of names (each one's shape and dtype taken from the first
+    ``add`` whose infos hold it) or a dict of name -> dtype, ``(shape, dtype)`` or Box. An env whose
+    info lacks a key at a step keeps 0 there. A store continued keeps the extras it was made with.
     """
 
     def __init__(self, buffer_size: int, observation_space: Any, action_space: Any, n_envs: int, *, path: Any,
@@ -42,7 +48,7 @@ class StoreSide:
                  gamma: float = 0.99, handle_timeout_termination: bool = True, overwrite: bool = False,
                  layout: Any = None, cache_bytes: int | None = None,
                  storage_options: dict[str, Any] | None = None, seed: int | None = None,
-                 hindsight: HindsightSampler | None = None) -> None:
+                 hindsight: HindsightSampler | None = None, info_keys: Any = None) -> None:
         if path is None or str(path) == "":
             raise ConfigError("ReplayStoreBuffer needs a path: replay_buffer_kwargs={'path': 'runs/replay.zarr'}")
         # a Dict's steps are packed into the store's frames here and stored whole (no stack to find)
@@ -62,6 +68,8 @@ class StoreSide:
                 raise ConfigError(f"n_steps is {n_steps!r}, but a relabelled reward is one step's: hindsight "
                                   "relabelling takes n_steps=1 (as SB3's HerReplayBuffer)")
         self.hindsight = hindsight
+        self.info_keys = info_keys
+        self.info_names = _info_names(info_keys)  # (a dict's checked here, before anything is made)
         self.stored_actions = buffer_action_space(action_space)
         if isinstance(n_steps, bool) or not isinstance(n_steps, (int, np.integer)) or not 1 <= n_steps <= 1000:
             raise ConfigError(f"n_steps is {n_steps!r}; it must be an int from 1 (one-step returns) to 1000")
@@ -113,6 +121,7 @@ class StoreSide:
             if said not in ("auto", None) and int(said) != stacks.frame_stack:
                 raise ConfigError(f"frame_stack is {said}, but the store at {store.path} holds stacks of "
                                   f"{stacks.frame_stack}; pass its frame_stack or use a new path")
+            self._check_infos(store)
             store.end_episode()  # the envs were reset: their episodes cannot go on
         except BaseException:
             store.close()
@@ -139,15 +148,45 @@ class StoreSide:
             raise ConfigError(f"the store at {where} holds actions of {schema.action}, this env's action space is "
                               f"{self.action_space} (stored as {self.stored_actions}); use a new path")
 
-    def create(self, first: np.ndarray) -> None:
-        """Make the store, its stacking layout found from ``first`` (the first observations)."""
+    def _check_infos(self, store: ReplayStore) -> None:
+        """The store continued keeps the info keys it was made with: the same as ``info_keys``, if given."""
+        held = tuple(e.name for e in store.schema.extras)
+        if self.info_names is None:
+            self.info_names = held
+        elif tuple(self.info_names) != held:
+            raise ConfigError(f"the store at {store.path} keeps the info keys {list(held)}, but info_keys names "
+                              f"{list(self.info_names)}; pass the store's keys or use a new path")
+        elif isinstance(self.info_keys, Mapping) and extras_from_arg(self.info_keys) != store.schema.extras:
+            raise ConfigError(f"the store at {store.path} keeps its info keys as "
+                              f"{[(e.name, e.shape, e.dtype) for e in store.schema.extras]}, not as info_keys "
+                              "declares them; pass the store's or use a new path")
+
+    def _extras(self, infos: Any) -> dict[str, Any] | None:
+        """How the store keeps ``info_names``: as declared, or each as its first value in ``infos``."""
+        if not self.info_names:
+            return None
+        if isinstance(self.info_keys, Mapping):
+            return dict(self.info_keys)
+        out = {}
+        for name in self.info_names:
+            value = next((info[name] for info in _info_list(infos, self.n_envs) if name in info), None)
+            if value is None:
+                raise ConfigError(f"info_keys names {name!r}, but no env's first info holds it, so its shape and "
+                                  f"dtype are not known; declare them: info_keys={{{name!r}: 'float32', ...}}")
+            arr = np.asarray(value)
+            out[name] = (arr.shape, arr.dtype.name)
+        return out
+
+    def create(self, first: np.ndarray, infos: Any = None) -> None:
+        """Make the store, its stacking layout found from ``first`` (the first observations), keeping
+        ``info_names`` as found in ``infos`` (the first infos)."""
         stacks = choose(self.obs_shape, first, **self.options)
         capacity = max(2, self.buffer_size // self.n_envs) * self.n_envs
         self.store = ReplayStore.create(
             self.path, capacity, stacks.frame_space(self.observation_space), self.stored_actions, stacks.frame_stack,
             num_streams=self.n_envs, frame_padding=stacks.padding if stacks.frame_stack > 1 else "reset",
             layout=self.layout_arg, overwrite=self.overwrite, cache_bytes=self.cache_bytes,
-            storage_options=self.storage_options)
+            storage_options=self.storage_options, extras=self._extras(infos))
         self.stacks, self.checker = stacks, StackChecker(stacks, self.n_envs, self.dict_spec)
         _WRITING[_key(self.path)] = self
         log.info("created replay store %s for %d steps: %s", self.store.path, capacity, stacks.describe())
@@ -186,16 +225,21 @@ class StoreSide:
         if self.handle_timeout_termination and isinstance(infos, (list, tuple)):
             timeouts = np.array([bool(info.get("TimeLimit.truncated", False)) for info in infos], dtype=bool)
         if self.store is None:
-            self.create(obs_a)
+            self.create(obs_a, infos)
         assert self.checker is not None and self.stacks is not None and self.store is not None
         end, skip = self.checker.check(obs_a, next_a)
         store = self.store
         if end:
             store.end_episode(streams=end)
         stacks = self.stacks
+        extras = None
+        if store.schema.extras:  # each env's value of each kept key (0 where its info lacks it)
+            given = _info_list(infos, n)
+            extras = {e.name: np.array([info.get(e.name, np.zeros(e.shape, e.dtype)) for info in given])
+                      for e in store.schema.extras}
         store.add_batch(self._given(stacks.newest(obs_a)), act.reshape(shape), np.asarray(reward).reshape(n),
                         self._given(stacks.newest(next_a)),
-                        done_b & ~timeouts, done_b & timeouts, autoreset_mode="disabled", skip=skip)
+                        done_b & ~timeouts, done_b & timeouts, autoreset_mode="disabled", skip=skip, extras=extras)
         self.checker.advance(next_a, done_b, skip)
         self.skipped += len(skip)
 
@@ -268,6 +312,30 @@ class StoreSide:
 
     def __len__(self) -> int:
         return 0 if self.store is None else len(self.store)
+
+
+def _info_names(info_keys: Any) -> tuple[str, ...] | None:
+    """The names ``info_keys`` gives (None: none given), checked."""
+    if info_keys is None:
+        return None
+    if isinstance(info_keys, Mapping):
+        return tuple(e.name for e in extras_from_arg(info_keys))
+    if isinstance(info_keys, str) or not all(isinstance(k, str) for k in info_keys):
+        raise ConfigError(f"info_keys is {info_keys!r}; pass a list of the info keys to keep, such as "
+                          "['is_success'], or a dict of key -> dtype")
+    names = tuple(info_keys)
+    extras_from_arg({name: "float32" for name in names})  # (the names checked)
+    if len(set(names)) != len(names):
+        raise ConfigError(f"info_keys is {info_keys!r}; name each key once")
+    return names
+
+
+def _info_list(infos: Any, n: int) -> list[dict[str, Any]]:
+    """SB3's infos (a list of one dict per env) as such a list, checked."""
+    if not isinstance(infos, (list, tuple)) or len(infos) != n or not all(isinstance(i, dict) for i in infos):
+        raise InvalidTransitionError(f"infos is {type(infos).__name__}; this buffer keeps info keys, so add takes "
+                                     f"infos as SB3 passes them: a list of {n} dicts, one per env")
+    return list(infos)
 
 
 def _join(parts: list[Any], n: int) -> Any:
