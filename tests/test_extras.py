@@ -333,14 +333,36 @@ def test_hindsight_hands_each_transitions_extras_to_compute_reward(tmp_path) -> 
     store.close()
 
 
-def test_dqn_refuses_to_act_into_a_store_with_extras(tmp_path) -> None:
+class Counting(gym.Wrapper):
+    """CartPole whose info counts the episode's moves (``t``)."""
+
+    def reset(self, **kwargs):
+        self.t = 0
+        return self.env.reset(**kwargs)
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.t += 1
+        return obs, reward, terminated, truncated, {**info, "t": self.t}
+
+
+@pytest.mark.parametrize("envs", [1, 2])
+def test_dqn_fills_the_extras_from_the_envs_infos(tmp_path, envs) -> None:
+    """DQN acting into a store with extras (a dataset's copy, fine-tuned online) keeps each from the
+    env's info where it holds that key (a vector env's rows), else zeros."""
     keras = pytest.importorskip("keras")
-    from replaystore.trainer import DQN, TrainerError
+    from replaystore.trainer import DQN
 
     path = tmp_path / "x.zarr"
-    env = gym.make("CartPole-v1")
-    ReplayStore.create(path, 1000, env.observation_space, env.action_space, extras={"logp": "float32"}).close()
+    make = lambda: Counting(gym.make("CartPole-v1"))  # noqa: E731
+    env = make() if envs == 1 else gym.vector.SyncVectorEnv([make] * envs)
+    single = env.observation_space if envs == 1 else env.single_observation_space
+    ReplayStore.create(path, 1000, single, gym.spaces.Discrete(2), num_streams=envs,
+                       extras={"t": "int32", "unknown": ((2,), "float32")}).close()
     model = keras.Sequential([keras.Input((1, 4)), keras.layers.Flatten(), keras.layers.Dense(2)])
-    agent = DQN(model, path, learning_starts=10)
-    with pytest.raises(TrainerError, match=r"keeps extras \(logp\)"):
-        agent.fit(env, total_timesteps=20)
+    DQN(model, path, learning_starts=100, batch_size=8).fit(env, total_timesteps=120)
+    with ReplayStore.open(path) as store:
+        assert len(store) >= 100
+        for episode in store.iter_episodes():
+            np.testing.assert_array_equal(episode.extras["t"], episode.first_move + np.arange(1, len(episode) + 1))
+            assert not episode.extras["unknown"].any()

@@ -12,7 +12,8 @@ Both act epsilon-greedily on frame stacks built exactly as the store builds them
 episode's first frame repeated as padding). With ``clip_reward`` the store learns from the sign of
 the reward; with ``terminal_on_life_loss`` a lost life (``info["lives"]``) ends the store's episode
 while the game goes on. The returns reported are raw game scores over all lives (what the
-environment's episode returned), not the store's per-life episodes.
+environment's episode returned), not the store's per-life episodes. A store with extras gets each
+from the env's info where it holds that key, else zeros (``info_extras``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,27 @@ from .config import TrainerError
 from .envs import FrameStacker, vector_frames
 
 Act = Callable[[np.ndarray], np.ndarray]  # (n, frame_stack, *frame) stacks -> n greedy actions
+
+
+def info_extras(store: ReplayStore, info: Any, n: int | None = None) -> dict[str, np.ndarray] | None:
+    """A move's extras for a store that keeps them (format/extras.py): each from the env's ``info``
+    where it holds that key (a vector env's rows where its ``_key`` mask is set), else zeros; None
+    for a store without extras."""
+    if not store.schema.extras:
+        return None
+    out = {}
+    for e in store.schema.extras:
+        shape = e.shape if n is None else (n, *e.shape)
+        value = info.get(e.name) if isinstance(info, dict) else None
+        if value is None:
+            out[e.name] = np.zeros(shape, e.dtype)
+            continue
+        arr = np.asarray(value)
+        mask = info.get(f"_{e.name}") if n is not None else None
+        if mask is not None and arr.shape == shape:
+            arr = np.where(np.asarray(mask, bool).reshape(n, *[1] * len(e.shape)), arr, np.zeros((), arr.dtype))
+        out[e.name] = arr
+    return out
 
 
 class EnvActing:
@@ -62,7 +84,7 @@ class EnvActing:
         self.lives = lives
         end = bool(terminated) or (self.life_loss and lost)
         self.store.add(self.obs, action, float(np.sign(reward)) if self.clip else float(reward), next_obs, end,
-                       bool(truncated) and not end)
+                       bool(truncated) and not end, extras=info_extras(self.store, info))
         self.ep_return += float(reward)
         self.ep_length += 1
         ended = []
@@ -127,7 +149,8 @@ class VectorActing:
         lost = (now < self.lives) & ~self.resetting if now is not None and self.lives is not None else np.zeros(n, bool)
         end_learning = terminated | (self.life_loss & lost)
         self.store.add_batch(self.obs, actions, np.sign(reward) if self.clip else reward, next_obs, end_learning,
-                             truncated & ~end_learning, info, env_done=env_done, autoreset_mode=self.mode)
+                             truncated & ~end_learning, info, env_done=env_done, autoreset_mode=self.mode,
+                             extras=info_extras(self.store, info, n))
         moved = ~self.resetting
         self.ep_return += np.where(moved, reward, 0.0)
         self.ep_length += moved

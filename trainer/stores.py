@@ -46,10 +46,6 @@ def check_for_env(store: ReplayStore, observation_space: Any, action_space: Any,
     if not store.writing:
         raise TrainerError(f"{store.path} is open read-only; DQN adds what it acts to the store: open it with "
                            "mode='a'")
-    if store.schema.extras:
-        names = ", ".join(e.name for e in store.schema.extras)
-        raise TrainerError(f"{store.path} keeps extras ({names}) with every move, which DQN's acting does not "
-                           "give; act into another store, or learn from this one as it is (fit_offline)")
     if store.observation_space.shape != observation_space.shape or store.action_space != action_space:
         raise TrainerError(f"{store.path} stores {store.observation_space} with {store.action_space}, which the "
                            f"environment's {observation_space} and {action_space} do not match")
