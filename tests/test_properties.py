@@ -1,6 +1,6 @@
 """A Hypothesis state machine drives ReplayStore and a plain in-RAM model side by side.
 
-The model is a list of steps (frame, action, reward, flags, ep_step, is_last) by position. Rules add
+The model is a list of steps (frame, action, reward, flags, extras, ep_step, is_last) by position. Rules add
 transitions with random episode ends, flush, close-and-reopen, compact in place (with a random chunk
 length), and sample with random n-step; every
 sampled transition is recomputed from the model with a textbook n-step return and must match.
@@ -52,7 +52,8 @@ class StoreVersusModel(RuleBasedStateMachine):
         shard_len = 8 if capacity % 8 == 0 else 4
         obs_space, act_space = small_spaces(SHAPE, n=4)
         self.store = ReplayStore.create(self.path, capacity, obs_space, act_space, frame_stack, cache_bytes=cache_bytes,
-                                        layout=Layout(shard_len=shard_len, obs_chunk_len=min(chunk_len, shard_len)))
+                                        layout=Layout(shard_len=shard_len, obs_chunk_len=min(chunk_len, shard_len)),
+                                        extras={"x": ((2,), "float32"), "flag": "bool"})
         self.capacity, self.k = capacity, frame_stack
         self.steps: list[dict] = []  # by position
         self.counter = 0
@@ -89,8 +90,9 @@ class StoreVersusModel(RuleBasedStateMachine):
         return np.stack([self.steps[p - min(o, ep)]["obs"] for o in range(self.k - 1, -1, -1)])
 
     # ------------------------------------------------------------------ rules
-    @rule(action=st.integers(0, 3), reward=st.floats(-5, 5, width=32), roll=st.integers(0, 199))
-    def add(self, action: int, reward: float, roll: int) -> None:
+    @rule(action=st.integers(0, 3), reward=st.floats(-5, 5, width=32), roll=st.integers(0, 199),
+          x=st.lists(st.floats(-1e6, 1e6, width=32), min_size=2, max_size=2), flag=st.booleans())
+    def add(self, action: int, reward: float, roll: int, x: list[float], flag: bool) -> None:
         end = "" if roll >= 2 * self.end_percent else ("term" if roll % 2 else "trunc")
         if self.in_progress():
             obs = self.steps[-1]["obs"]
@@ -101,9 +103,10 @@ class StoreVersusModel(RuleBasedStateMachine):
         self.counter += 1
         nxt = frame(self.counter, SHAPE)
         head = self.steps[-1]
-        head.update(action=action, reward=np.float32(reward), term=end == "term", trunc=end == "trunc")
+        head.update(action=action, reward=np.float32(reward), term=end == "term", trunc=end == "trunc",
+                    x=np.array(x, np.float32), flag=flag)
         self.steps.append(dict(obs=nxt, ep=head["ep"] + 1, is_last=bool(end)))
-        self.store.add(obs, action, reward, nxt, end == "term", end == "trunc")
+        self.store.add(obs, action, reward, nxt, end == "term", end == "trunc", extras={"x": x, "flag": flag})
 
     @rule()
     def flush(self) -> None:
@@ -131,7 +134,7 @@ class StoreVersusModel(RuleBasedStateMachine):
             return
         wrong = frame(10**6 + self.counter, SHAPE)
         try:
-            self.store.add(wrong, 0, 0.0, wrong, False, False)
+            self.store.add(wrong, 0, 0.0, wrong, False, False, extras={"x": [0, 0], "flag": False})
         except ValueError:
             return
         raise AssertionError("add accepted an obs that does not continue the episode")
@@ -166,6 +169,8 @@ class StoreVersusModel(RuleBasedStateMachine):
             np.testing.assert_array_equal(batch.obs[i], self.stack(p))
             np.testing.assert_array_equal(batch.next_obs[i], self.stack(p + m))
             assert batch.action[i] == self.steps[p]["action"]
+            np.testing.assert_array_equal(batch.extras["x"][i], self.steps[p]["x"])
+            assert batch.extras["flag"][i] == self.steps[p]["flag"]
             assert np.isclose(batch.reward[i], exp_reward, rtol=1e-5, atol=1e-5)
             assert batch.terminated[i] == last["term"] and batch.truncated[i] == last["trunc"]
             assert np.isclose(batch.discount[i], 0.0 if last["term"] else gamma**m)
