@@ -342,7 +342,8 @@ class ReplayStore:
                    stream: int | None = None) -> None:
         """Fill this new, empty store (or stream ``stream`` of it) with whole steps at positions
         ``0 .. n-1`` (``compact`` copies a store's live steps this way): ``scalars`` holds every
-        per-step field of ``SCALAR_FIELDS`` for the ``n`` steps, ``frame_blocks`` yields their
+        per-step field of ``SCALAR_FIELDS`` (and each extra, as ``extras/<name>``) for the ``n``
+        steps, ``frame_blocks`` yields their
         observations in order, a block at a time. Episodes keep their ``ep_step``, so stacks and
         n-step returns are what they were; an episode left in progress at the end is continued by
         the next ``add``. The steps are not validated again: they come from a verified store. Call
