@@ -168,6 +168,8 @@ def test_extras_given_to_a_store_without_them_are_refused(tmp_path) -> None:
 @pytest.mark.parametrize(("extras", "message"), [
     ({"1bad": "int8"}, "extras name '1bad'"),
     ({"a/b": "int8"}, "extras name 'a/b'"),
+    ({"zarr.json": "int8"}, "extras name 'zarr.json'"),
+    ({"__meta": "int8"}, "extras name '__meta'"),
     ({"s": "U5"}, "strings and objects are not stored"),
     ({"o": object}, "strings and objects"),
     ({"c": "complex64"}, "use one of bool"),

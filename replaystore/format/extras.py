@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from replaystore.errors import ConfigError, CorruptStoreError, InvalidTransitionError
+from replaystore.errors import ConfigError, CorruptStoreError, FormatVersionError, InvalidTransitionError
 
 #: the array name prefix (a zarr subgroup) of the extras; also their field names in ``Pending``
 PREFIX = "extras/"
@@ -81,9 +81,10 @@ def extras_from_arg(extras: Any) -> tuple[ExtraSpec, ...]:
 
 
 def _spec(name: Any, value: Any) -> ExtraSpec:
-    if not isinstance(name, str) or not NAME.fullmatch(name):
+    if not isinstance(name, str) or not NAME.fullmatch(name) or name.startswith("__") or name == "zarr.json":
         raise ConfigError(f"extras name {name!r} is not allowed; use 1 to 64 letters, digits, '_', '.' or '-', "
-                          "starting with a letter or '_' (such as 'is_success' or 'TimeLimit.truncated')")
+                          "starting with a letter or one '_' (such as 'is_success' or 'TimeLimit.truncated'; "
+                          "'zarr.json' names the group's own file)")
     shape: Any
     if hasattr(value, "shape") and hasattr(value, "dtype") and type(value).__name__ == "Box":
         shape, dtype = value.shape, value.dtype
@@ -118,31 +119,32 @@ def extras_attrs(specs: tuple[ExtraSpec, ...]) -> list[list[Any]]:
 
 def parse_extras(value: Any, where: str) -> tuple[ExtraSpec, ...]:
     """The ``extras`` list of the schema attributes read back, checked."""
-    bad = f"{where} is damaged ({{}}); the store's zarr.json is damaged"
+
+    def bad(why: str) -> str:
+        return f"{where} is damaged ({why}); the store's zarr.json is damaged"
+
     if not isinstance(value, list) or len(value) > MAX_EXTRAS:
-        raise CorruptStoreError(bad.format(f"expected a list of at most {MAX_EXTRAS} [name, spec] pairs"))
+        raise CorruptStoreError(bad(f"expected a list of at most {MAX_EXTRAS} [name, spec] pairs"))
     specs = []
     for item in value:
         if (not isinstance(item, list) or len(item) != 2 or not isinstance(item[1], dict)
                 or not isinstance(item[1].get("shape"), list) or not isinstance(item[1].get("dtype"), str)):
-            raise CorruptStoreError(bad.format(f"entry {item!r} is not [name, {{'shape': [...], 'dtype': ...}}]"))
+            raise CorruptStoreError(bad(f"entry {item!r} is not [name, {{'shape': [...], 'dtype': ...}}]"))
         name, doc = item
         if doc["dtype"] not in DTYPES:
-            raise CorruptStoreError(bad.format(f"extra {name!r} has dtype {doc['dtype']!r}"))
+            raise CorruptStoreError(bad(f"extra {name!r} has dtype {doc['dtype']!r}"))
         try:
             spec = _spec(name, (tuple(doc["shape"]), doc["dtype"]))
         except ConfigError as exc:
-            raise CorruptStoreError(bad.format(str(exc))) from exc
+            raise CorruptStoreError(bad(str(exc))) from exc
         specs.append(spec)
     if len({s.name for s in specs}) != len(specs) or sum(s.step_bytes for s in specs) > MAX_STEP_BYTES:
-        raise CorruptStoreError(bad.format("names repeat, or the extras are too large"))
+        raise CorruptStoreError(bad("names repeat, or the extras are too large"))
     return tuple(specs)
 
 
 def check_requires(value: Any, where: str) -> tuple[str, ...]:
     """The schema's ``requires`` list: every feature must be one this replaystore knows."""
-    from replaystore.errors import FormatVersionError
-
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise CorruptStoreError(f"{where}.requires is {value!r}, expected a list of feature names; the store's "
                                 "zarr.json is damaged")
