@@ -14,6 +14,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from conftest import assert_same_ram, flip_byte_in_chunk, frame, ram_state, small_spaces, snapshot
+from info_env import Reporting
 
 from replaystore import (
     ConfigError,
@@ -335,19 +336,6 @@ def test_hindsight_hands_each_transitions_extras_to_compute_reward(tmp_path) -> 
     store.close()
 
 
-class Counting(gym.Wrapper):
-    """CartPole whose info counts the episode's moves (``t``)."""
-
-    def reset(self, **kwargs):
-        self.t = 0
-        return self.env.reset(**kwargs)
-
-    def step(self, action):
-        obs, reward, terminated, truncated, info = self.env.step(action)
-        self.t += 1
-        return obs, reward, terminated, truncated, {**info, "t": self.t}
-
-
 @pytest.mark.parametrize("envs", [1, 2])
 def test_dqn_fills_the_extras_from_the_envs_infos(tmp_path, envs) -> None:
     """DQN acting into a store with extras (a dataset's copy, fine-tuned online) keeps each from the
@@ -356,7 +344,7 @@ def test_dqn_fills_the_extras_from_the_envs_infos(tmp_path, envs) -> None:
     from replaystore.trainer import DQN
 
     path = tmp_path / "x.zarr"
-    make = lambda: Counting(gym.make("CartPole-v1"))  # noqa: E731
+    make = lambda: Reporting(gym.make("CartPole-v1"), lambda t: {"t": t})  # noqa: E731
     env = make() if envs == 1 else gym.vector.SyncVectorEnv([make] * envs)
     single = env.observation_space if envs == 1 else env.single_observation_space
     ReplayStore.create(path, 1000, single, gym.spaces.Discrete(2), num_streams=envs,

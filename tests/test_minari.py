@@ -12,6 +12,7 @@ import pytest
 
 minari = pytest.importorskip("minari")
 
+from info_env import Reporting  # noqa: E402
 from minari_data import VECTOR, episode, left_beside, record, where, written  # noqa: E402
 
 from replaystore import ReplayStore  # noqa: E402
@@ -294,26 +295,18 @@ def test_a_dict_dataset_is_stored_and_exported_exactly(tmp_path: Path) -> None:
 # Infos
 
 
-class Reporting(gym.Wrapper):
-    """CartPole whose infos report numbers (kept), a nested dict and a string (left out)."""
+def reported(t: int) -> dict:
+    """Infos of numbers (kept), a nested dict and a string (left out)."""
+    return {"t": np.int64(t), "even": t % 2 == 0, "pole": np.full(2, t / 4, np.float32), "nested": {"a": np.int64(t)},
+            "word": "x" * (t % 3 + 1)}
 
-    def reset(self, **kwargs):
-        obs, _ = self.env.reset(**kwargs)
-        self.t = 0
-        return obs, self._info()
 
-    def step(self, action):
-        obs, reward, terminated, truncated, _ = self.env.step(action)
-        self.t += 1
-        return obs, reward, terminated, truncated, self._info()
-
-    def _info(self) -> dict:
-        return {"t": np.int64(self.t), "even": self.t % 2 == 0, "pole": np.full(2, self.t / 4, np.float32),
-                "nested": {"a": np.int64(self.t)}, "word": "x" * (self.t % 3 + 1)}
+def reporting() -> gym.Env:
+    return Reporting(gym.make("CartPole-v1"), reported, at_reset=True)
 
 
 def test_infos_are_kept_as_extras_and_exported_back(tmp_path: Path) -> None:
-    data = record("cartpole/infos-v0", Reporting(gym.make("CartPole-v1")), 300, record_infos=True)
+    data = record("cartpole/infos-v0", reporting(), 300, record_infos=True)
     episodes = list(data.iterate_episodes())
     path = tmp_path / "infos.zarr"
     report = store_from_minari("cartpole/infos-v0", path)
@@ -348,7 +341,7 @@ def test_infos_are_kept_as_extras_and_exported_back(tmp_path: Path) -> None:
 
 
 def test_the_command_line_keeps_the_infos_it_is_told(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    record("cartpole/cli-infos-v0", Reporting(gym.make("CartPole-v1")), 60, seed=1, record_infos=True)
+    record("cartpole/cli-infos-v0", reporting(), 60, seed=1, record_infos=True)
     assert main(["import-minari", "cartpole/cli-infos-v0", str(tmp_path / "a.zarr"), "--quiet"]) == 0
     said = capsys.readouterr().out
     assert "infos kept as extras: even, pole, t; left out: nested (a nested dict), word (dtype" in said

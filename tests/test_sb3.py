@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import killed_after_checkpoints
+from info_env import Reporting
 from sb3_contrib import QRDQN
 from stable_baselines3 import DQN, SAC, TD3
 from stable_baselines3.common.buffers import NStepReplayBuffer, ReplayBuffer
@@ -304,27 +305,16 @@ def test_full_disk_is_a_clear_error_and_keeps_commits(tmp_path, tiny_disk):
         assert len(store) >= flushed > 0
 
 
-class Lives(gym.Wrapper):
-    """CartPole whose infos carry ``lives`` (every step) and ``bonus`` (every third step only)."""
-
-    def reset(self, **kwargs):
-        self.t = 0
-        return self.env.reset(**kwargs)
-
-    def step(self, action):
-        obs, reward, terminated, truncated, info = self.env.step(action)
-        self.t += 1
-        info = {**info, "lives": np.int32(3 - self.t % 3)}
-        if self.t % 3 == 0:
-            info["bonus"] = np.array([self.t, -self.t], np.float32)
-        return obs, reward, terminated, truncated, info
+def lives_and_bonus(t: int) -> dict:
+    """``lives`` every move, ``bonus`` every third move only."""
+    return {"lives": np.int32(3 - t % 3), **({"bonus": np.array([t, -t], np.float32)} if t % 3 == 0 else {})}
 
 
 def test_info_keys_are_kept_with_each_move(tmp_path):
     """``info_keys``: the infos SB3 hands ``add`` keep those keys as the store's extras (0 where an
     env's info lacks one); the buffer pickles them, a continued store keeps them, another list is refused."""
     path = str(tmp_path / "i.zarr")
-    env = DummyVecEnv([lambda: Lives(gym.make("CartPole-v1")) for _ in range(2)])
+    env = DummyVecEnv([lambda: Reporting(gym.make("CartPole-v1"), lives_and_bonus) for _ in range(2)])
     model = DQN("MlpPolicy", env, buffer_size=4_000, learning_starts=100, seed=0, device="cpu",
                 replay_buffer_class=ReplayStoreBuffer,
                 replay_buffer_kwargs={"path": path, "info_keys": {"lives": "int8", "bonus": ((2,), "float32")}})

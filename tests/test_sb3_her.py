@@ -52,17 +52,20 @@ def test_dqn_learns_bit_flipping_with_hindsight(tmp_path) -> None:
     assert len(store) > 3_000 and store.observation_space == env.observation_space
 
 
-def _twin_buffers(tmp_path, strategy: str) -> tuple:
-    """This buffer and SB3's, fed the same SAC-style transitions of two Reach envs."""
-    envs = DummyVecEnv([lambda: Reach(limit=12), lambda: Reach(limit=12)])
+def _twin_buffers(tmp_path, strategy: str, env: type = Reach, moves: int = 600, **options) -> tuple:
+    """This buffer and SB3's (each with ``options``), fed the same SAC-style transitions of two
+    ``env`` (Reach-like) envs."""
+    envs = DummyVecEnv([lambda: env(limit=12), lambda: env(limit=12)])
     space, actions = envs.observation_space, envs.action_space
     ours = ReplayStoreHerBuffer(5_000, space, actions, envs, device="cpu", n_envs=2, goal_selection_strategy=strategy,
-                                path=str(tmp_path / "twin.zarr"), seed=0)
-    theirs = HerReplayBuffer(5_000, space, actions, envs, device="cpu", n_envs=2, goal_selection_strategy=strategy)
+                                path=str(tmp_path / "twin.zarr"), seed=0, **options)
+    options.pop("info_keys", None)
+    theirs = HerReplayBuffer(5_000, space, actions, envs, device="cpu", n_envs=2, goal_selection_strategy=strategy,
+                             **options)
     envs.seed(0)
     obs = envs.reset()
     rng = np.random.default_rng(0)
-    for _ in range(600):
+    for _ in range(moves):
         action = rng.uniform(-1, 1, (2, 2)).astype(np.float32)
         nxt, reward, done, infos = envs.step(action)
         real_next = {k: v.copy() for k, v in nxt.items()}
@@ -234,24 +237,7 @@ def tolerance(steps: int) -> float:
 def test_compute_reward_gets_the_kept_infos(tmp_path) -> None:
     """copy_info_dict=True with info_keys: each relabelled reward is the env's compute_reward with the
     info its transition returned (here a tolerance that changes every step), as with SB3's buffer."""
-    envs = DummyVecEnv([lambda: TolerantReach(limit=12), lambda: TolerantReach(limit=12)])
-    ours = ReplayStoreHerBuffer(5_000, envs.observation_space, envs.action_space, envs, device="cpu", n_envs=2,
-                                copy_info_dict=True, path=str(tmp_path / "tol.zarr"), info_keys=["tol"], seed=0)
-    theirs = HerReplayBuffer(5_000, envs.observation_space, envs.action_space, envs, device="cpu", n_envs=2,
-                             copy_info_dict=True)
-    envs.seed(0)
-    obs = envs.reset()
-    rng = np.random.default_rng(0)
-    for _ in range(400):
-        action = rng.uniform(-1, 1, (2, 2)).astype(np.float32)
-        nxt, reward, done, infos = envs.step(action)
-        real_next = {k: v.copy() for k, v in nxt.items()}
-        for i in np.flatnonzero(done):
-            for k in real_next:
-                real_next[k][i] = infos[i]["terminal_observation"][k]
-        for buffer in (ours, theirs):
-            buffer.add(obs, real_next, action, reward, done, infos)
-        obs = nxt
+    ours, theirs, envs = _twin_buffers(tmp_path, "future", TolerantReach, 400, copy_info_dict=True, info_keys=["tol"])
     assert [e.name for e in ours.store.schema.extras] == ["tol"]
     np.random.seed(0)  # (SB3's buffer draws with numpy's global generator)
     mine, sb3 = [], []
