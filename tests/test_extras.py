@@ -136,6 +136,7 @@ def test_vector_env_rows_keep_their_extras(tmp_path) -> None:
     ({**extras_of(3), "act": 1.5}, "keeps it as int16: pass ints"),
     ({**extras_of(3), "act": 40_000}, "outside int16"),
     ({**extras_of(3), "ok": 2}, "extras['ok'] holds 2"),
+    ({**extras_of(3), "ok": 0.5}, "extras['ok'] holds 0.5"),
     ({**extras_of(3), "logp": 1e39}, "beyond float32"),
     ({**extras_of(3), "move": "seven"}, "pass numbers"),
     ({**extras_of(3), "box": [[1, 2]]}, "has shape (1, 2)"),
@@ -154,6 +155,18 @@ def test_bad_extras_leave_the_store_as_it_was(tmp_path, extras, message) -> None
     assert_same_ram(before, ram_state(store))
     store.flush()
     assert snapshot(tmp_path / "x.zarr") == disk
+
+
+def test_values_are_kept_in_the_dtype_declared(tmp_path) -> None:
+    """What an env's info holds is cast where nothing is lost: gymnasium-robotics' float
+    ``is_success`` (0.0 or 1.0) into a bool, Python ints and floats, numpy scalars of other widths."""
+    store = create(tmp_path / "x.zarr")
+    given = {"move": np.int8(3), "act": 3, "ok": np.float32(1.0), "logp": -1.5, "vec": np.ones((2, 3), np.uint8),
+             "box": [3, 1]}
+    store.add(frame(0), 3, 0.0, frame(100_001), False, False, extras=given)
+    kept = {name: values[0] for name, values in store.ring.extras.items()}
+    assert kept["extras/ok"] is np.True_ and kept["extras/logp"] == np.float32(-1.5) and kept["extras/move"] == 3
+    assert kept["extras/vec"].dtype == np.float64 and kept["extras/box"].tolist() == [3, 1]
 
 
 def test_extras_given_to_a_store_without_them_are_refused(tmp_path) -> None:

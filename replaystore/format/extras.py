@@ -201,9 +201,7 @@ def _value(spec: ExtraSpec, value: Any, path: str | Path, lead: tuple[int, ...])
         raise InvalidTransitionError(f"{name} has dtype {arr.dtype}; {path} keeps it as {dt}: pass numbers")
     if arr.dtype == dt:
         return arr
-    if dt.kind == "b":
-        if arr.dtype.kind == "f":
-            raise InvalidTransitionError(f"{name} has dtype {arr.dtype}; {path} keeps it as bool: pass bools or 0/1")
+    if dt.kind == "b":  # (0 and 1 of any dtype: gymnasium-robotics reports is_success as a float)
         if arr.size and not np.isin(arr, (0, 1)).all():
             raise InvalidTransitionError(f"{name} holds {_first(arr, ~np.isin(arr, (0, 1)))}; {path} keeps it as bool: "
                                          "pass bools or 0/1; nothing was written")
