@@ -254,6 +254,19 @@ def test_verify_finds_a_damaged_extras_chunk_and_compact_keeps_them(tmp_path) ->
     assert done.returncode != 0 and "extras/logp" in done.stdout + done.stderr
 
 
+def test_the_episode_listing_shows_each_scalar_extra_at_the_last_move(tmp_path) -> None:
+    path = tmp_path / "x.zarr"
+    with create(path) as store:
+        fill(store, 24)  # three episodes of 7 moves, then 3 moves in progress
+    cli = [sys.executable, "-m", "replaystore.cli", "episodes", str(path)]
+    rows = json.loads(subprocess.run([*cli, "--json"], capture_output=True, text=True).stdout)["episodes"]
+    assert [row["extras_at_last_move"]["move"] for row in rows] == [6, 13, 20, 23]
+    assert set(rows[0]["extras_at_last_move"]) == {"move", "act", "ok", "logp"}  # (vec and box are not scalars)
+    text = subprocess.run(cli, capture_output=True, text=True).stdout.splitlines()
+    assert text[1].split()[-5:] == ["move", "act", "ok", "logp", "ended"]
+    assert text[2].split()[4:] == ["6", "1", "True", "-3", "terminated"]
+
+
 def test_episode_npz_holds_the_extras(tmp_path) -> None:
     path = tmp_path / "x.zarr"
     with create(path) as store:

@@ -44,11 +44,17 @@ def list_episodes(path: str | Path, *, stream: int = 0, newest: int | None = NEW
         count = int(table["start_step"].size)
         first = 0 if newest is None else max(0, count - newest)
         rows = []
+        scalars = [e for e in store.schema.extras if e.shape == ()]  # (shown: each one at the last move)
         for i in range(first, count):
             ended, from_start = how_it_ended(ring, table, i)
-            rows.append({"index": i, "first_step": int(table["start_step"][i]), "last_step": int(table["end_step"][i]),
-                         "moves": int(table["lengths"][i]), "return": float(table["returns"][i]), "ended": ended,
-                         "from_start": from_start})
+            row = {"index": i, "first_step": int(table["start_step"][i]), "last_step": int(table["end_step"][i]),
+                   "moves": int(table["lengths"][i]), "return": float(table["returns"][i]), "ended": ended,
+                   "from_start": from_start}
+            if scalars:
+                last = (int(table["end_step"][i]) - 1) % ring.capacity if table["lengths"][i] else None
+                row["extras_at_last_move"] = {e.name: None if last is None else ring.fields[e.field][last].item()
+                                              for e in scalars}
+            rows.append(row)
         return {"path": str(path), "stream": stream, "num_streams": store.num_streams, "live_episodes": count,
                 "complete": int(np.count_nonzero(table["whole"])), "episodes": rows}
 
@@ -62,12 +68,22 @@ def format_episodes(info: dict[str, Any]) -> list[str]:
         head += f"; the newest {shown} (--all lists every one)"
     lines = [head]
     if shown:
-        lines.append(f"{'index':>7}  {'first step':>12}  {'moves':>7}  {'return':>10}  ended")
+        names = list(info["episodes"][0].get("extras_at_last_move", {}))  # a store's scalar extras, last move's
+        extra = "".join(f"  {name[:12]:>12}" for name in names)
+        lines.append(f"{'index':>7}  {'first step':>12}  {'moves':>7}  {'return':>10}{extra}  ended")
         for row in info["episodes"]:
             note = "" if row["from_start"] else "  (its start was overwritten)"
-            lines.append(f"{row['index']:>7}  {row['first_step']:>12,}  {row['moves']:>7,}  {row['return']:>10.2f}  "
-                         f"{row['ended']}{note}")
+            values = "".join(f"  {_short(row['extras_at_last_move'][name]):>12}" for name in names)
+            lines.append(f"{row['index']:>7}  {row['first_step']:>12,}  {row['moves']:>7,}  {row['return']:>10.2f}"
+                         f"{values}  {row['ended']}{note}")
     return lines
+
+
+def _short(value: Any) -> str:
+    """An extra's value for the listing: a bool or int as it is, a float to 4 significant digits."""
+    if value is None:
+        return "-"
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def save_episode(path: str | Path, index: int, out: str | Path, *, stream: int = 0, fps: float = 15.0,
