@@ -362,7 +362,30 @@ def test_hindsight_hands_each_transitions_extras_to_compute_reward(tmp_path) -> 
     store.close()
 
 
-@pytest.mark.parametrize("envs", [1, 2])
+def counting() -> gym.Env:
+    return Reporting(gym.make("CartPole-v1"), lambda t: {"t": t})
+
+
+def test_a_same_step_vector_env_gives_an_ended_rows_extras_in_final_info(tmp_path) -> None:
+    """With same-step autoreset an ended sub-env's info is its reset's; the info its last move
+    returned is ``info["final_info"]``, which ``add_batch(extras=info)`` takes for that row."""
+    envs = gym.vector.SyncVectorEnv([counting] * 3, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    store = ReplayStore.create(tmp_path / "s.zarr", 3000, envs.single_observation_space, envs.single_action_space,
+                               num_streams=3, extras={"t": "int32"})
+    obs, _ = envs.reset(seed=0)
+    for _ in range(300):
+        actions = envs.action_space.sample()
+        nxt, reward, terminated, truncated, info = envs.step(actions)
+        store.add_batch(obs, actions, reward, nxt, terminated, truncated, info, autoreset_mode="same_step",
+                        extras=info)
+        obs = nxt
+    whole = [e for e in store.iter_episodes(whole=True)]
+    assert len(whole) > 10
+    for episode in whole:  # the last move keeps its own t, not the reset's
+        np.testing.assert_array_equal(episode.extras["t"], np.arange(1, len(episode) + 1))
+
+
+@pytest.mark.parametrize("envs", [1, 2, "same_step"])
 def test_dqn_fills_the_extras_from_the_envs_infos(tmp_path, envs) -> None:
     """DQN acting into a store with extras (a dataset's copy, fine-tuned online) keeps each from the
     env's info where it holds that key (a vector env's rows), else zeros."""
@@ -370,10 +393,12 @@ def test_dqn_fills_the_extras_from_the_envs_infos(tmp_path, envs) -> None:
     from replaystore.trainer import DQN
 
     path = tmp_path / "x.zarr"
-    make = lambda: Reporting(gym.make("CartPole-v1"), lambda t: {"t": t})  # noqa: E731
-    env = make() if envs == 1 else gym.vector.SyncVectorEnv([make] * envs)
+    if envs == "same_step":
+        env = gym.vector.SyncVectorEnv([counting] * 2, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    else:
+        env = counting() if envs == 1 else gym.vector.SyncVectorEnv([counting] * envs)
     single = env.observation_space if envs == 1 else env.single_observation_space
-    ReplayStore.create(path, 1000, single, gym.spaces.Discrete(2), num_streams=envs,
+    ReplayStore.create(path, 1000, single, gym.spaces.Discrete(2), num_streams=1 if envs == 1 else 2,
                        extras={"t": "int32", "unknown": ((2,), "float32")}).close()
     model = keras.Sequential([keras.Input((1, 4)), keras.layers.Flatten(), keras.layers.Dense(2)])
     DQN(model, path, learning_starts=100, batch_size=8).fit(env, total_timesteps=120)

@@ -31,13 +31,16 @@ from .envs import FrameStacker, vector_frames
 Act = Callable[[np.ndarray], np.ndarray]  # (n, frame_stack, *frame) stacks -> n greedy actions
 
 
-def info_extras(store: ReplayStore, info: Any, n: int | None = None) -> dict[str, np.ndarray] | None:
+def info_extras(store: ReplayStore, info: Any, n: int | None = None) -> dict[str, Any] | None:
     """A move's extras for a store that keeps them (format/extras.py): each from the env's ``info``
     where it holds that key (a vector env's rows where its ``_key`` mask is set), else zeros; None
-    for a store without extras."""
+    for a store without extras. A same-step vector env's ``final_info`` goes along: ``add_batch``
+    takes an ended row's extras from it."""
     if not store.schema.extras:
         return None
-    out = {}
+    out: dict[str, Any] = {}
+    if n is not None and isinstance(info, dict) and "final_info" in info:
+        out.update({key: info[key] for key in ("final_info", "_final_info") if key in info})
     for e in store.schema.extras:
         shape = e.shape if n is None else (n, *e.shape)
         value = info.get(e.name) if isinstance(info, dict) else None

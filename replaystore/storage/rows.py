@@ -5,7 +5,8 @@ Every row is checked before any stream changes; each stream's move is then all o
 (stream.py). With next-step autoreset (gymnasium 1.x's default, ale-py's ``AtariVectorEnv``) the
 row after an episode end is the sub-env's reset: its ``obs`` is the episode's last observation and
 it carries no move, so it is skipped and the next episode starts from its ``next_obs``. With
-same-step autoreset the true last observation of an ended episode is ``info["final_obs"]``.
+same-step autoreset the true last observation of an ended episode is ``info["final_obs"]``, and
+its last move's info (extras given as the env's info) is ``info["final_info"]``.
 """
 
 from __future__ import annotations
@@ -89,6 +90,29 @@ def check_continues(writer: StreamWriter, obs: np.ndarray, name: str, where: str
             "the previous transition's next_obs; pass that next_obs as obs, or end the episode (terminated or "
             "truncated) before starting a new one"
         )
+
+
+def final_extras(extras: Any, n: int) -> Any:
+    """``extras`` given as a same-step vector env's ``info``: an ended row's own values are the reset's
+    (the info its episode's last move returned is ``info["final_info"]``), so each key of
+    ``final_info`` replaces those rows (``_final_info``, and the key's own ``_key`` mask there).
+    Anything else is returned as it is."""
+    if not isinstance(extras, Mapping) or not isinstance(extras.get("final_info"), Mapping):
+        return extras
+    final = extras["final_info"]
+    ended = np.asarray(extras.get("_final_info", np.ones(n, bool)), dtype=bool)
+    out = dict(extras)
+    for name, value in final.items():
+        got = np.asarray(value) if not (isinstance(name, str) and name.startswith("_")) else None
+        if got is None or got.dtype.kind not in "biuf" or got.shape[:1] != (n,) or ended.shape != (n,):
+            continue
+        rows = ended & np.asarray(final.get(f"_{name}", np.ones(n, bool)), dtype=bool)
+        base = np.asarray(extras[name]) if name in extras else np.zeros_like(got)
+        if base.shape != got.shape:
+            continue  # (refused as it is by the extras' own check)
+        out[name] = np.where(rows.reshape(n, *[1] * (got.ndim - 1)), got, base)
+        out[f"_{name}"] = np.asarray(extras.get(f"_{name}", np.zeros(n, bool)), dtype=bool) | rows
+    return out
 
 
 def _final_obs(schema: Schema, where: str | Path, info: Mapping[str, Any] | None, next_a: np.ndarray,

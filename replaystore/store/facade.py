@@ -37,7 +37,7 @@ from replaystore.storage.choose import is_url, open_backend
 from replaystore.storage.reader import FrameReader
 from replaystore.storage.ring import Ring
 from replaystore.storage.rings import Rings
-from replaystore.storage.rows import add_rows, check_continues
+from replaystore.storage.rows import add_rows, check_continues, final_extras
 from replaystore.storage.rows import autoreset_mode as parse_autoreset
 from replaystore.storage.stream import StreamWriter
 from replaystore.storage.view import View
@@ -259,7 +259,8 @@ class ReplayStore(Reading):
         ``terminated | truncated`` (episodes that end at a lost life). ``skip``: rows that carry no
         move and are not written (a wrapper that recognised its env's reset rows itself; their
         values are still checked). ``extras``: each extra's rows, as for ``add`` (a vector env's
-        ``info`` holding them). docs/streams.md has the details.
+        ``info`` holding them; with same-step autoreset an ended row's are taken from its
+        ``final_info``). docs/streams.md has the details.
 
         Every row is checked before anything is written; each stream's move is all or nothing, and a
         ``StoreWriteError`` names the stream it failed on and those that kept their move.
@@ -269,7 +270,9 @@ class ReplayStore(Reading):
             self._writable("add")
             rows = check_rows(self.schema, self.path, len(self._writers), obs, action, reward, next_obs, terminated,
                               truncated)
-            extra = check_extras(self.schema.extras, extras, self.path, (len(self._writers),))
+            n = len(self._writers)
+            extra = check_extras(self.schema.extras, final_extras(extras, n) if mode == "same_step" else extras,
+                                 self.path, (n,))
             skipped = frozenset(int(i) for i in skip)
             if any(not 0 <= i < len(self._writers) for i in skipped):
                 raise ConfigError(f"skip is {sorted(skipped)}; rows are 0..{len(self._writers) - 1}")
