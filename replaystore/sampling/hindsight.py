@@ -280,44 +280,49 @@ class EpisodeEnds:
     def __init__(self, rings: Rings) -> None:
         self.rings = rings
         n = rings.num_streams
-        self.scanned = [0] * n  # per stream: positions below this are indexed (the newest is not)
-        self.seen = [-1] * n  # per stream: its ``added`` at the last update (no change: nothing to do)
-        self.ends = [np.zeros(0, dtype=np.int64) for _ in range(n)]  # per stream, global positions
-        self.all = np.zeros(0, dtype=np.int64)
+        self.scanned = np.zeros(n, dtype=np.int64)  # per stream: positions below this are indexed (not the newest)
+        self.seen = np.full(n, -1, dtype=np.int64)  # per stream: its ``added`` at the last update
+        self.all = np.zeros(0, dtype=np.int64)  # every stream's indexed ends, global positions, sorted
         self.top = np.arange(n, dtype=np.int64) << SHIFT if n > 1 else np.zeros(1, dtype=np.int64)
         self.newest = np.full(n, -1, dtype=np.int64)  # per stream: its newest step, global
         self.newest_last = np.zeros(n, dtype=bool)  # ... and whether it ends an episode
 
     def update(self) -> None:
         """Index the steps added since the last call, and forget the ones the ring no longer holds
-        (call under the store's lock)."""
-        changed = False
-        for k, ring in enumerate(self.rings.streams):
-            newest = ring.added - 1
-            if newest >= 0:  # (end_episode marks the newest step without adding one: looked at every time)
-                self.newest_last[k] = bool(ring.is_last[newest % ring.capacity])
-            if ring.added == self.seen[k]:
-                continue
-            self.seen[k] = ring.added
-            self.newest[k] = int(self.top[k]) | newest if newest >= 0 else -1
-            lo = ring.lo
-            ends, top = self.ends[k], int(self.top[k])
-            if newest < self.scanned[k]:  # (a store refilled from its start: index it again)
-                ends, self.scanned[k] = ends[:0], 0
-            if ends.size and ends[0] < (top | lo):
-                ends = ends[np.searchsorted(ends, top | lo):]
-                changed = True
-            start = max(self.scanned[k], lo)
-            if newest > start:
-                positions = np.arange(start, newest, dtype=np.int64)
-                new = positions[ring.is_last[positions % ring.capacity]] | top
-                if new.size:
-                    ends = np.concatenate([ends, new])
-                    changed = True
-                self.scanned[k] = newest
-            self.ends[k] = ends
-        if changed:
-            self.all = np.concatenate(self.ends)
+        (call under the store's lock). Every stream at once: a vector env's many streams cost what a
+        few array operations cost, not a loop over them."""
+        rings, n = self.rings, self.rings.num_streams
+        added = np.fromiter((r.added for r in rings.streams), np.int64, n)
+        newest = added - 1
+        # end_episode marks the newest step without adding one: looked at on every call
+        self.newest_last = (newest >= 0) & rings.is_last[rings.slots(self.top | np.maximum(newest, 0))]
+        changed = added != self.seen
+        if not changed.any():
+            return
+        lo = np.fromiter((r.lo for r in rings.streams), np.int64, n)
+        self.seen = added
+        self.newest = np.where(newest >= 0, self.top | newest, -1)
+        refilled = changed & (newest < self.scanned)  # (a store refilled from its start: index it again)
+        self.scanned[refilled] = 0
+        ends = self.all
+        if ends.size:  # the ends the ring no longer holds, and a refilled stream's, go
+            first = np.minimum(np.searchsorted(ends, self.top), ends.size - 1)
+            mine = (ends[first] >> SHIFT) == (self.top >> SHIFT)
+            if (refilled | (mine & (ends[first] < (self.top | lo)))).any():
+                k = ends >> SHIFT if n > 1 else np.zeros(ends.size, dtype=np.int64)
+                ends = ends[(ends >= (self.top | lo)[k]) & ~refilled[k]]
+        start = np.maximum(self.scanned, lo)
+        count = np.where(newest > start, newest - start, 0)
+        total = int(count.sum())
+        if total:  # each stream's new steps but its newest, in stream order: sorted global positions
+            stream = np.repeat(np.arange(n, dtype=np.int64), count)
+            offset = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)
+            positions = self.top[stream] | (start[stream] + offset)
+            new = positions[rings.is_last[rings.slots(positions)]]
+            if new.size:
+                ends = np.insert(ends, np.searchsorted(ends, new), new)
+            self.scanned = np.where(count > 0, newest, self.scanned)
+        self.all = ends
 
     def last(self, positions: np.ndarray) -> np.ndarray:
         """For each position (a transition), the position of its episode's last step, or -1 where
