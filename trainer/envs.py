@@ -124,16 +124,18 @@ class FrameStacker:
 
 def env_spaces(env: Any) -> tuple[Any, Any]:
     """The observation space of one frame and the action space of ``env`` (a gymnasium env or a
-    vector env); TrainerError unless they are a Box and a Discrete."""
+    vector env); TrainerError unless they are a Box (or a Discrete, MultiBinary or MultiDiscrete:
+    stacks of their ints, which the model embeds) and a Discrete."""
     vector = hasattr(env, "num_envs")
     observation_space = vector_frame_space(env) if vector else env.observation_space
     action_space = env.single_action_space if vector else env.action_space
     if not isinstance(action_space, gym.spaces.Discrete):
         raise TrainerError(f"the environment's action space is {action_space}; DQN needs a Discrete one "
                            "(one Q-value per action)")
-    if not isinstance(observation_space, gym.spaces.Box):
-        raise TrainerError(f"the environment's observation space is {observation_space}; this DQN takes Box "
-                           "observations (images or vectors, stacked): flatten a Dict with gymnasium's "
-                           "FlattenObservation, or learn from a Dict store with SB3's MultiInputPolicy (a goal env: "
-                           "with ReplayStoreHerBuffer; docs/sb3.md)")
+    stackable = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiBinary, gym.spaces.MultiDiscrete)
+    if not isinstance(observation_space, stackable):
+        raise TrainerError(f"the environment's observation space is {observation_space}; this DQN takes Box, "
+                           "Discrete, MultiBinary or MultiDiscrete observations (stacked): flatten a Dict with "
+                           "gymnasium's FlattenObservation, or learn from a Dict store with SB3's MultiInputPolicy (a "
+                           "goal env: with ReplayStoreHerBuffer; docs/sb3.md)")
     return observation_space, action_space

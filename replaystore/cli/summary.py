@@ -132,6 +132,8 @@ def _entry(spec: EntrySpec) -> dict[str, Any]:
 
 def _observations(schema: Schema) -> dict[str, Any]:
     """The observation space for the summary; a Dict's entries, and the frame a step is kept in."""
+    if schema.observation_entry is not None:  # a Discrete, MultiBinary or MultiDiscrete space
+        return _entry(schema.observation_entry)
     if schema.observation_dict is None:
         return _box(schema.observation)
     return {"type": "Dict", "spaces": {key: _entry(spec) for key, spec in schema.observation_dict.spaces},
@@ -153,6 +155,8 @@ def _describe_entry(entry: dict[str, Any]) -> str:
 
 
 def _describe_observations(obs: dict[str, Any]) -> str:
+    if obs.get("type") in ("Discrete", "MultiBinary", "MultiDiscrete"):
+        return f"{_describe_entry(obs)}, kept as {obs['dtype']}{tuple(obs['shape'])}"
     if obs.get("type") != "Dict":
         return _describe_box(obs)
     entries = ", ".join(f"{key}: {_describe_entry(box)}" for key, box in obs["spaces"].items())

@@ -30,8 +30,17 @@ import numpy as np
 from replaystore.errors import CorruptStoreError, FormatVersionError
 from replaystore.format.dictobs import DictSpec
 from replaystore.format.extras import PREFIX, ExtraSpec, check_requires, extras_attrs, parse_extras
-from replaystore.format.spacedoc import get, get_int, parse_box, parse_dict
-from replaystore.format.spaces import MAX_ACTION_SIZE, ActionSpec, BoxSpec, DiscreteSpec, StepField, space_attrs
+from replaystore.format.spacedoc import get, get_int, parse_box, parse_dict, parse_entry
+from replaystore.format.spaces import (
+    MAX_ACTION_SIZE,
+    ActionSpec,
+    BoxSpec,
+    DiscreteSpec,
+    EntrySpec,
+    StepField,
+    space_attrs,
+    stored_box,
+)
 
 FORMAT_VERSION = 3  # the newest format version written (and the highest read): see the versions below
 ROOT_STATE_VERSION = 1  # one stream, its commit in the root zarr.json (read and appended to, no longer created)
@@ -42,6 +51,8 @@ STREAM_ATTR_KEY = "replaystore_stream"
 STREAMS_DIR = "streams"
 MAX_STREAMS = 4096
 
+#: Observation spaces kept as the Box of their values, given back as themselves (``Schema.observation_entry``).
+ENTRY_TYPES = ("Discrete", "MultiBinary", "MultiDiscrete")
 #: Scalar per-step fields: name -> dtype. ``obs`` is the frame array; the rest are 1-D over slots.
 SCALAR_FIELDS: dict[str, str] = {
     "action": "int32",
@@ -76,10 +87,13 @@ class Schema:
     observation_dict: DictSpec | None = None
     #: per-move fields the user declared (format/extras.py), kept beside ``action`` and ``reward``
     extras: tuple[ExtraSpec, ...] = ()
+    #: a ``Discrete``, ``MultiBinary`` or ``MultiDiscrete`` observation space: ``observation`` is the
+    #: Box its values are kept as (spaces.stored_box), and the store gives this space back
+    observation_entry: EntrySpec | None = None
 
     def observation_space(self) -> Any:
         """The gymnasium space of the observations the store takes and gives (a Box, or a Dict)."""
-        return (self.observation_dict or self.observation).to_space()
+        return (self.observation_dict or self.observation_entry or self.observation).to_space()
 
     def obs_view(self, frames: np.ndarray) -> Any:
         """Stored frames ``(..., *observation.shape)`` as the store gives them: as they are, or a
@@ -192,7 +206,7 @@ def to_attrs(schema: Schema, layout: Layout, version: int) -> dict[str, Any]:
         "format_version": version,
         "schema": {
             "observation_space": (schema.observation_dict.attrs() if schema.observation_dict is not None
-                                  else space_attrs(schema.observation)),
+                                  else space_attrs(schema.observation_entry or schema.observation)),
             "action_space": space_attrs(schema.action),
             "capacity": schema.capacity,
             "frame_stack": schema.frame_stack,
@@ -256,11 +270,14 @@ def from_attrs(attrs: Any, *, path: str) -> tuple[Schema, Layout, int]:
                                 "the store's zarr.json is damaged")
     obs = get(s, "observation_space", dict, f"{where}.schema")
     act = get(s, "action_space", dict, f"{where}.schema")
-    if obs.get("type") not in ("Box", "Dict") or act.get("type") not in ("Discrete", "Box"):
+    if obs.get("type") not in ("Box", "Dict", *ENTRY_TYPES) or act.get("type") not in ("Discrete", "Box"):
         raise CorruptStoreError(f"{where}.schema holds space types {obs.get('type')!r}/{act.get('type')!r}, expected "
-                                "Box or Dict observations and Discrete or Box actions")
+                                "Box, Discrete, MultiBinary, MultiDiscrete or Dict observations and Discrete or Box "
+                                "actions")
     obs_dict = parse_dict(obs, f"{where}.observation_space") if obs["type"] == "Dict" else None
-    box = obs_dict.stored if obs_dict is not None else parse_box(obs, f"{where}.observation_space")
+    entry = parse_entry(obs, f"{where}.observation_space") if obs["type"] in ENTRY_TYPES else None
+    box = (obs_dict.stored if obs_dict is not None else stored_box(entry) if entry is not None
+           else parse_box(obs, f"{where}.observation_space"))
     action: ActionSpec
     if act["type"] == "Box":
         action = parse_box(act, f"{where}.action_space")
@@ -300,7 +317,8 @@ def from_attrs(attrs: Any, *, path: str) -> tuple[Schema, Layout, int]:
         raise CorruptStoreError(f"{where}.layout {layout} does not fit capacity {capacity}")
     if version == ROOT_STATE_VERSION:
         root_state(attrs, path=path)  # checked now: the store's one commit
-    return Schema(box, action, capacity, frame_stack, num_streams, padding, obs_dict, extras), layout, version
+    return (Schema(box, action, capacity, frame_stack, num_streams, padding, obs_dict, extras, observation_entry=entry),
+            layout, version)
 
 
 def root_state(attrs: Any, *, path: str) -> State:

@@ -60,7 +60,7 @@ def parse_dict(d: dict[str, Any], where: str) -> DictSpec:
             raise CorruptStoreError(f"{where}.spaces[{i}] is {pair!r:.200}, expected [key, {{\"type\": \"Box\" (or "
                                     "\"Discrete\", \"MultiBinary\", \"MultiDiscrete\"), ...}}]; the store's zarr.json "
                                     "is damaged, or was written by a newer replaystore")
-        spaces.append((pair[0], _parse_entry(pair[1], f"{where}.spaces[{i}]")))
+        spaces.append((pair[0], parse_entry(pair[1], f"{where}.spaces[{i}]")))
     if len({key for key, _ in spaces}) < len(spaces):
         raise CorruptStoreError(f"{where}.spaces names a key twice; the store's zarr.json is damaged")
     nbytes = sum(math.prod(box.shape) * np.dtype(box.dtype).itemsize for box in (stored_box(e) for _, e in spaces))
@@ -69,8 +69,9 @@ def parse_dict(d: dict[str, Any], where: str) -> DictSpec:
     return DictSpec(tuple(spaces))
 
 
-def _parse_entry(d: dict[str, Any], where: str) -> EntrySpec:
-    """A Dict entry in the attributes, checked: a Box, a Discrete, a MultiBinary or a MultiDiscrete."""
+def parse_entry(d: dict[str, Any], where: str) -> EntrySpec:
+    """A Dict entry (or an observation space that is one of these) in the attributes, checked: a Box,
+    a Discrete, a MultiBinary or a MultiDiscrete."""
     if d["type"] == "Discrete":
         return DiscreteSpec(n=get_int(d, "n", where, 1, 2**62), start=get_int(d, "start", where, -(2**62), 2**62))
     if d["type"] == "MultiBinary":

@@ -106,6 +106,16 @@ def stored_box(spec: EntrySpec) -> BoxSpec:
     return spec
 
 
+def observation_from_space(space: Any) -> tuple[BoxSpec, EntrySpec | None]:
+    """A Box, Discrete, MultiBinary or MultiDiscrete observation space (not a Dict): the Box its
+    observations are kept as (``stored_box``), and the space itself when it is not a Box (its values
+    are checked to lie in it, and the store gives it back)."""
+    spec = entry_from_space(space)
+    if isinstance(spec, BoxSpec):
+        return spec, None
+    return stored_box(spec), spec
+
+
 def entry_from_space(space: Any) -> EntrySpec:
     """Describe a Dict observation's entry: a Box, Discrete, MultiBinary or MultiDiscrete
     (``ConfigError`` for any other)."""
@@ -169,8 +179,9 @@ def box_from_space(space: Any) -> BoxSpec:
 
     if not isinstance(space, gym.spaces.Box):
         raise ConfigError(
-            f"observation_space is {space!r}, but replaystore stores Box observations, or Dict observations of "
-            "Box, Discrete, MultiBinary and MultiDiscrete entries; wrap the env (e.g. FlattenObservation) so it yields one of those"
+            f"observation_space is {space!r}, but replaystore stores Box, Discrete, MultiBinary and MultiDiscrete "
+            "observations, or Dict observations of those; wrap the env (e.g. FlattenObservation) so it yields one "
+            "of those"
         )
     return BoxSpec(
         shape=tuple(int(s) for s in space.shape),

@@ -20,7 +20,7 @@ from replaystore.errors import (
     CorruptStoreError,
     InvalidTransitionError,
 )
-from replaystore.format.dictobs import dict_from_space, is_dict_space
+from replaystore.format.dictobs import describe_entry, dict_from_space, is_dict_space
 from replaystore.format.extras import extras_from_arg
 from replaystore.format.schema import (
     FRAME_PADDINGS,
@@ -33,7 +33,7 @@ from replaystore.format.schema import (
     slot_count,
 )
 from replaystore.format.shards import validate_codec
-from replaystore.format.spaces import BoxSpec, action_from_space, box_from_space
+from replaystore.format.spaces import BoxSpec, action_from_space, observation_from_space, parse_bound
 
 
 def parse_group_doc(raw: bytes, where: str) -> dict[str, Any]:
@@ -66,7 +66,24 @@ def check_obs(schema: Schema, path: str | Path, value: Any, name: str) -> np.nda
             )
         arr = arr.astype(np.dtype(spec.dtype))
     _refuse_nan(arr, name, path)
+    _refuse_outside(schema, arr, name, path)
     return arr
+
+
+def _refuse_outside(schema: Schema, arr: np.ndarray, name: str, path: str | Path, rows: bool = False) -> None:
+    """A Discrete, MultiBinary or MultiDiscrete observation must lie in its space (a Box's may not)."""
+    if schema.observation_entry is None or not arr.size:
+        return
+    box = schema.observation
+    low, high = (np.asarray(parse_bound(b), dtype=np.int64) for b in (box.low, box.high))
+    outside = (arr < low) | (arr > high)
+    if outside.any():
+        at = np.unravel_index(int(np.argmax(outside)), outside.shape)
+        where = f"{name}[{at[0]}]" if rows else name
+        raise InvalidTransitionError(f"{where} holds {arr[at].item()!r}, outside the observation space "
+                                     f"{describe_entry(schema.observation_entry)} of {path}; pass the env's observation "
+                                     "as it is; nothing was written")
+
 
 def check_action(schema: Schema, path: str | Path, action: Any) -> int | np.ndarray:
     """One step's action: an int in a ``Discrete`` store's range, or an array of a ``Box`` store's
@@ -163,7 +180,7 @@ def new_schema(capacity: Any, observation_space: Any, action_space: Any, frame_s
                layout: Layout | None, frame_padding: Any = "reset", extras: Any = None) -> tuple[Schema, Layout]:
     """The schema and layout of a new store, every argument of ``ReplayStore.create`` checked."""
     obs_dict = dict_from_space(observation_space) if is_dict_space(observation_space) else None
-    box = obs_dict.stored if obs_dict is not None else box_from_space(observation_space)
+    box, entry = (obs_dict.stored, None) if obs_dict is not None else observation_from_space(observation_space)
     action = action_from_space(action_space)
     cap = int_in(capacity, 2, MAX_CAPACITY)
     if cap is None:
@@ -184,7 +201,8 @@ def new_schema(capacity: Any, observation_space: Any, action_space: Any, frame_s
                           f"such as {lower} or {upper}")
     layout = layout or default_layout(box.frame_bytes, cap // n)
     validate_layout(layout, cap // n)
-    return Schema(box, action, cap, stack, n, str(frame_padding), obs_dict, extras_from_arg(extras)), layout
+    return Schema(box, action, cap, stack, n, str(frame_padding), obs_dict, extras_from_arg(extras),
+                  observation_entry=entry), layout
 
 
 def int_in(value: Any, lo: int, hi: int) -> int | None:
@@ -274,6 +292,8 @@ def check_rows(schema: Schema, path: str | Path, n: int, obs: Any, action: Any, 
     else:
         obs_a = check_obs_rows(spec, path, rows(obs, "obs", spec.shape), "obs")
         next_a = check_obs_rows(spec, path, rows(next_obs, "next_obs", spec.shape), "next_obs")
+        _refuse_outside(schema, obs_a, "obs", path, rows=True)
+        _refuse_outside(schema, next_a, "next_obs", path, rows=True)
     a = schema.action
     actions: list[int] | np.ndarray
     if isinstance(a, BoxSpec):

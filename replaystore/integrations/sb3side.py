@@ -18,7 +18,7 @@ import numpy as np
 from replaystore.errors import ConfigError, InvalidTransitionError, StoreNotFoundError
 from replaystore.format.dictobs import Packed, dict_from_space, is_dict_space
 from replaystore.format.extras import extras_from_arg
-from replaystore.format.spaces import action_from_space, box_from_space
+from replaystore.format.spaces import DiscreteSpec, action_from_space, observation_from_space
 from replaystore.integrations.stacking import StackChecker, StackLayout, choose, from_frames
 from replaystore.sampling.hindsight import HindsightSampler, goal_entries
 from replaystore.store import ReplayStore
@@ -53,11 +53,12 @@ class StoreSide:
             raise ConfigError("ReplayStoreBuffer needs a path: replay_buffer_kwargs={'path': 'runs/replay.zarr'}")
         # a Dict's steps are packed into the store's frames here and stored whole (no stack to find)
         self.dict_spec = dict_from_space(observation_space) if is_dict_space(observation_space) else None
-        if self.dict_spec is None:
-            box_from_space(observation_space)  # refuses what a store cannot hold, before anything is made
-        elif frame_stack not in ("auto", None, 1):
-            raise ConfigError(f"frame_stack is {frame_stack!r}, but Dict observations are stored whole; leave "
-                              "frame_stack out (a VecFrameStack's stacked keys are stored as they are)")
+        # a Discrete, MultiBinary or MultiDiscrete space: its values, stored whole and checked to lie in it
+        self.entry = None if self.dict_spec is not None else observation_from_space(observation_space)[1]
+        if (self.dict_spec is not None or self.entry is not None) and frame_stack not in ("auto", None, 1):
+            raise ConfigError(f"frame_stack is {frame_stack!r}, but {type(observation_space).__name__} observations "
+                              "are stored whole; leave frame_stack out (a VecFrameStack's stacks are stored as they "
+                              "are)")
         if hindsight is not None:
             if self.dict_spec is None:
                 raise ConfigError(f"hindsight relabelling (ReplayStoreHerBuffer) needs a Dict observation space with "
@@ -80,8 +81,8 @@ class StoreSide:
         self.observation_space, self.action_space = observation_space, action_space
         self.obs_shape = (self.dict_spec.stored.shape if self.dict_spec is not None
                           else tuple(int(s) for s in observation_space.shape))
-        self.options = {"frame_stack": 1 if self.dict_spec is not None else frame_stack, "stack_axis": stack_axis,
-                        "padding": padding}
+        whole = self.dict_spec is not None or self.entry is not None
+        self.options = {"frame_stack": 1 if whole else frame_stack, "stack_axis": stack_axis, "padding": padding}
         self.n_steps, self.gamma = int(n_steps), float(gamma)
         self.handle_timeout_termination = bool(handle_timeout_termination)
         self.overwrite = bool(overwrite)
@@ -141,6 +142,9 @@ class StoreSide:
             held = "Box" if schema.observation_dict is None else schema.observation_dict.describe()
             gives = "Box" if self.dict_spec is None else self.dict_spec.describe()
             raise ConfigError(f"the store at {where} holds {held} observations, this env gives {gives}; use a new path")
+        if schema.observation_entry != self.entry and self.dict_spec is None:
+            raise ConfigError(f"the store at {where} holds {schema.observation_space()} observations, this env gives "
+                              f"{self.observation_space}; use a new path")
         if np.dtype(schema.observation.dtype) != np.dtype(self.observation_space.dtype) and self.dict_spec is None:
             raise ConfigError(f"the store at {where} holds {schema.observation.dtype} observations, this env gives "
                               f"{np.dtype(self.observation_space.dtype)}; use a new path")
@@ -268,6 +272,8 @@ class StoreSide:
         if isinstance(stacks, dict):
             return {key: value.reshape(len(value), *value.shape[2:]) for key, value in stacks.items()}
         assert self.stacks is not None
+        if isinstance(self.entry, DiscreteSpec):  # (n, 1), as SB3's own buffer keeps a Discrete observation
+            return stacks.reshape(len(stacks), 1)
         return self.stacks.rebuild(stacks)
 
     def sample(self, batch_size: int, env: Any = None) -> dict[str, Any]:

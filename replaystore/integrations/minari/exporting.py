@@ -218,6 +218,8 @@ def _stack_space(store: ReplayStore) -> Any:
     if isinstance(space, gym.spaces.Dict):  # (another entry: gymnasium's own stack of it)
         return gym.spaces.Dict([(key, _box_stack(box, k) if isinstance(box, gym.spaces.Box)
                                  else gym.vector.utils.batch_space(box, k)) for key, box in space.spaces.items()])
+    if not isinstance(space, gym.spaces.Box):  # a Discrete, MultiBinary or MultiDiscrete: gymnasium's stack of it
+        return gym.vector.utils.batch_space(space, k)
     return _box_stack(space, k)
 
 

@@ -21,7 +21,7 @@ from replaystore.errors import (
 )
 from replaystore.format.dictobs import DictSpec, dict_from_space, is_dict_space
 from replaystore.format.extras import ExtraSpec, extras_from_arg
-from replaystore.format.spaces import action_from_space, box_from_space
+from replaystore.format.spaces import action_from_space, observation_from_space
 from replaystore.integrations.minari.common import Progress, minari_module
 from replaystore.integrations.stacking import StackLayout, choose
 from replaystore.storage.backend import Backend
@@ -69,15 +69,14 @@ def store_from_minari(dataset: Any, path: str | Path, *, frame_stack: Any = "aut
     obs_space, action_space = data.observation_space, data.action_space
     try:  # a Dict's observations are packed into the store's frames (format/dictobs.py) and stored whole
         spec = dict_from_space(obs_space) if is_dict_space(obs_space) else None
-        if spec is None:
-            box_from_space(obs_space)
+        entry = None if spec is not None else observation_from_space(obs_space)[1]  # (Discrete, MultiBinary, ...)
         action_from_space(action_space)
     except ConfigError as exc:
         raise ConfigError(f"the Minari dataset {name} cannot be stored: {exc}") from None
-    if spec is not None:
+    if spec is not None or entry is not None:
         if frame_stack not in ("auto", None, 1):
-            raise ConfigError(f"frame_stack is {frame_stack!r}, but the Minari dataset {name} has Dict observations, "
-                              "which are stored whole; leave frame_stack out")
+            raise ConfigError(f"frame_stack is {frame_stack!r}, but the Minari dataset {name} has "
+                              f"{type(obs_space).__name__} observations, which are stored whole; leave frame_stack out")
         frame_stack = 1
     obs_shape = spec.stored.shape if spec is not None else tuple(int(s) for s in obs_space.shape)
     total_moves, total_episodes = int(data.total_steps), len(data)
@@ -98,7 +97,7 @@ def store_from_minari(dataset: Any, path: str | Path, *, frame_stack: Any = "aut
         staged.destroy()  # this process's own leftover
     counts = {"episodes": 0, "moves": 0, "closed": 0, "empty": 0}
     try:
-        space = obs_space if spec is not None else _frame_space(stack, obs_space)
+        space = obs_space if spec is not None or entry is not None else _frame_space(stack, obs_space)
         store = ReplayStore.create(staged.where, capacity, space, action_space,
                                    stack.frame_stack, layout=layout, cache_bytes=0, frame_padding=stack.padding,
                                    storage_options=storage_options, extras=extras)
