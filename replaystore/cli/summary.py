@@ -102,19 +102,28 @@ def inspect_store(path: str | Path) -> dict[str, Any]:
 
 def extra_stats(store: ReplayStore) -> dict[str, Any]:
     """Per extra (format/extras.py): the mean, min and max of its values over the live moves of every
-    stream (an episode's last step holds no move), or None where there is no move yet."""
+    stream (an episode's last step holds no move), or None where there is no move yet; read a
+    stretch of moves at a time, so an extra of many values a move needs no copy of all of them."""
     out: dict[str, Any] = {}
-    if not store.schema.extras:
-        return out
-    rings = store.rings.streams
-    # a step holds a move unless it ends its episode or is the newest (an episode in progress)
-    moves = [(r, (p := np.arange(r.lo, max(r.lo, r.added - 1)) % r.capacity)[~r.is_last[p]]) for r in rings]
     for e in store.schema.extras:
-        values = np.concatenate([r.fields[e.field][s].reshape(-1) for r, s in moves]).astype(np.float64)
-        finite = values[np.isfinite(values)]
-        out[e.name] = ({"moves": sum(int(s.size) for _, s in moves), "mean": float(finite.mean()),
-                        "min": float(finite.min()), "max": float(finite.max())} if finite.size else None)
+        moves, count, total, low, high = 0, 0, 0.0, np.inf, -np.inf
+        for ring in store.rings.streams:
+            # a step holds a move unless it ends its episode or is the newest (an episode in progress)
+            for first in range(ring.lo, max(ring.lo, ring.added - 1), STATS_STRETCH):
+                slots = np.arange(first, min(first + STATS_STRETCH, ring.added - 1)) % ring.capacity
+                slots = slots[~ring.is_last[slots]]
+                values = ring.fields[e.field][slots].astype(np.float64).reshape(-1)
+                values = values[np.isfinite(values)]
+                moves += slots.size
+                if values.size:
+                    count, total = count + values.size, total + float(values.sum())
+                    low, high = min(low, float(values.min())), max(high, float(values.max()))
+        out[e.name] = {"moves": moves, "mean": total / count, "min": low, "max": high} if count else None
     return out
+
+
+#: Moves ``extra_stats`` reads at a time.
+STATS_STRETCH = 1 << 16
 
 
 def _box(spec: BoxSpec) -> dict[str, Any]:
