@@ -103,6 +103,15 @@ def moves(k: int, count: int, start: int = 0, *, box: bool = False):
         p += 1
 
 
+#: The extras of a store with extras (format/extras.py): functions of the stream and the step of the move.
+EXTRAS = {"pos": "int64", "stream": "uint8", "half": ((2,), "float32")}
+
+
+def move_extras(k: int, p: int) -> dict[str, Any]:
+    """The extras of the move made from stream ``k``'s step ``p``."""
+    return {"pos": p, "stream": k, "half": [p / 2, -k]}
+
+
 def stack(k: int, p: int, frame_stack: int) -> np.ndarray:
     """``(frame_stack, *SHAPE)`` positions' frames ending at ``p``, padded with the episode's first."""
     i = step(k, p).ep_step

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from groundtruth import check_batches, frame, moves, step
+from groundtruth import EXTRAS, check_batches, check_stack, frame, move_extras, moves, step
 
 from replaystore import FormatVersionError, ReplayStore
 from replaystore.cli import main as cli
@@ -42,6 +42,40 @@ def test_old_local_stores_open_verify_and_sample(name: str, tmp_path: Path, caps
     assert cli(["verify", str(path)]) == 0
     with ReplayStore.open(path) as store:
         check_batches(store, n_step=2)
+
+
+def test_a_store_with_extras_opens_verifies_and_samples(tmp_path: Path) -> None:
+    """tests/data/v2-extras.zarr (written when extras came): its extras come back with each move, and a
+    copy takes more moves with theirs."""
+    path = tmp_path / "x.zarr"
+    shutil.copytree(DATA / "v2-extras.zarr", path)
+    assert cli(["verify", str(path)]) == 0
+
+    def check(store: ReplayStore) -> None:
+        rng = np.random.default_rng(3)
+        for _ in range(4):
+            batch = store.sample(16, rng=rng)
+            for i in range(16):
+                k, p = check_stack(batch.obs[i], store.frame_stack)
+                want = move_extras(k, p)
+                assert (batch.extras["pos"][i], batch.extras["stream"][i]) == (want["pos"], want["stream"])
+                np.testing.assert_array_equal(batch.extras["half"][i], np.float32(want["half"]))
+
+    with ReplayStore.open(path) as store:
+        assert [e.name for e in store.schema.extras] == list(EXTRAS)
+        check_batches(store)
+        check(store)
+    for k, count in enumerate((20, 45)):
+        with ReplayStore.open(path, mode="a", streams=[k]) as store:
+            p = _after(k, count)
+            for move in moves(k, 30, start=p):
+                while step(k, p).is_last:
+                    p += 1
+                store.add(*move, extras=move_extras(k, p))
+                p += 1
+    assert cli(["verify", str(path)]) == 0
+    with ReplayStore.open(path) as store:
+        check(store)
 
 
 def _after(k: int, count: int) -> int:

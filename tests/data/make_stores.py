@@ -11,6 +11,8 @@ steps are tests/groundtruth.py's:
   stack of 2, wrapped once (100 moves), an episode left in progress, and priorities set on a few slots.
 - ``v2.zarr``: format version 2 (3 streams, a commit each under streams/<k>/), 32 steps a stream,
   stream 1 wrapped, stream 2 with fewer steps.
+- ``v2-extras.zarr``: format version 2 with extras (``schema.extras``, ``requires``, the arrays under
+  ``extras/``; groundtruth.EXTRAS, each move's ``move_extras``), 2 streams of 32 steps, stream 1 wrapped.
 - ``v3-objects/``: format version 3 (object storage: generation-keyed shard objects, a state object per
   stream), as the objects' keys laid out as files; the test uploads them to its S3 server.
 """
@@ -29,7 +31,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 import gymnasium as gym  # noqa: E402
-from groundtruth import N_ACTIONS, SHAPE, moves  # noqa: E402
+from groundtruth import EXTRAS, N_ACTIONS, SHAPE, move_extras, moves, step  # noqa: E402
 
 from replaystore import Layout, ReplayStore  # noqa: E402
 
@@ -61,6 +63,20 @@ def write_v2(path: Path) -> None:
     fill_streams(store, (20, 45, 9))
 
 
+def write_v2_extras(path: Path) -> None:
+    store = ReplayStore.create(path, 64, *SPACES, 3, layout=Layout(shard_len=8, obs_chunk_len=2), num_streams=2,
+                               extras=EXTRAS)
+    store.close()
+    for k, count in enumerate((20, 45)):
+        with ReplayStore.open(path, mode="a", streams=[k]) as one:
+            p = 0
+            for move in moves(k, count):
+                while step(k, p).is_last:
+                    p += 1
+                one.add(*move, extras=move_extras(k, p))
+                p += 1
+
+
 def write_v3(directory: Path) -> None:
     from s3server import S3Server
 
@@ -90,12 +106,12 @@ def write_v3(directory: Path) -> None:
 
 
 if __name__ == "__main__":
-    which = sys.argv[1:] or ["v1", "v2", "v3"]
+    which = sys.argv[1:] or ["v1", "v2", "v3"]  # (v2-extras: added later, by name)
     for name in which:
         target = HERE / ("v3-objects" if name == "v3" else f"{name}.zarr")
         if target.exists() and name != "v3":
             shutil.rmtree(target)
-        {"v1": write_v1, "v2": write_v2, "v3": write_v3}[name](target)
+        {"v1": write_v1, "v2": write_v2, "v2-extras": write_v2_extras, "v3": write_v3}[name](target)
         for lock in target.rglob("writer.lock"):
             lock.unlink()
         print("wrote", target)
