@@ -246,6 +246,7 @@ def test_verify_finds_a_damaged_extras_chunk_and_compact_keeps_them(tmp_path) ->
     summary = json.loads(subprocess.run([*cli, "inspect", "--json", str(path)], capture_output=True, text=True).stdout)
     assert summary["schema"]["extras"]["vec"] == {"shape": [2, 3], "dtype": "float64"}
     assert summary["extras"]["move"]["moves"] == 80 and summary["extras"]["move"]["max"] == 40
+    assert {f"extras/{name}" for name in EXTRAS} <= set(summary["bytes_by_array"])  # (each extra's own bytes)
     text = subprocess.run([*cli, "inspect", str(path)], capture_output=True, text=True).stdout
     assert "extras            move int64: mean" in text and "vec float64(2, 3)" in text
 

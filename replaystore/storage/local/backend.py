@@ -32,6 +32,7 @@ from replaystore.errors import (
     StoreNotFoundError,
     UnsafePathError,
 )
+from replaystore.format.extras import PREFIX
 from replaystore.format.schema import (
     ATTR_KEY,
     LOCAL_FORMAT_VERSION,
@@ -59,6 +60,8 @@ from replaystore.storage.backend import FRAMES, Backend
 from replaystore.storage.local.durable import atomic_write, fsync_dir, fsync_dirs, remove_partials
 from replaystore.storage.local.files import ShardFiles
 from replaystore.storage.local.lock import LOCK_NAME, WriterLock
+
+EXTRAS_GROUP = PREFIX.rstrip("/")  # the extras' subgroup (format/extras.py)
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +186,8 @@ class LocalBackend(Backend):
         sizes: dict[str, int] = {}
         for p in self.root.rglob("*"):
             if p.is_file() and p.name != LOCK_NAME:
-                top = p.relative_to(self.root).parts[0]
+                parts = p.relative_to(self.root).parts
+                top = "/".join(parts[:2]) if parts[0] == EXTRAS_GROUP and len(parts) > 2 else parts[0]  # (each extra)
                 sizes[top] = sizes.get(top, 0) + p.stat().st_size
         return sizes
 
