@@ -105,19 +105,19 @@ class ActorProcess:
         from .acting import VectorActing
         from .envs import make_env, make_vector_env
         from .learner import make_learner
-        from .models import q_network
+        from .models import q_network_for
         from .rundir import open_writing
 
         self.args = args = Args(**args_dict)
         self.index, self.coordinator = index, coordinator
         env = make_env(args.env_id)
-        space, n_actions = env.observation_space, int(getattr(env.action_space, "n"))  # make_env: a Box, a Discrete
+        space, n_actions = env.observation_space, int(getattr(env.action_space, "n"))  # (make_env checked them)
         env.close()
         self.store = open_writing(args, streams=actor_streams(args, index), cache_bytes=ACTOR_CACHE_BYTES)
         self.store.end_episode()  # after a crash or a resume: the episode in progress ends as truncated
         keras.utils.set_random_seed(args.seed + 1009 * (index + 1) + incarnation)
         stack_shape = (args.frame_stack, *(space.shape or ()))
-        model = q_network(stack_shape, space.dtype, n_actions, hidden_sizes=arguments.hidden_sizes(args))
+        model = q_network_for(space, args.frame_stack, n_actions, hidden_sizes=arguments.hidden_sizes(args))
         self.learner = make_learner(model, keras.optimizers.Adam(), stack_shape=stack_shape, dtype=space.dtype,
                                     target_every=1, tau=1.0)  # it only acts: its weights come from the learner
         seed = args.seed + 104_729 * (index + 1) + 7919 * incarnation

@@ -230,10 +230,10 @@ def _agent(keras: Any, args: Args, settings: Any, store: ReplayStore, saved: Any
 
 
 def _model(keras: Any, args: Args, frame_stack: int, space: Any, actions: int) -> Any:
-    from .models import q_network
+    from .models import q_network_for
 
     keras.utils.set_random_seed(args.seed)
-    return q_network((frame_stack, *space.shape), space.dtype, actions, hidden_sizes=arguments.hidden_sizes(args))
+    return q_network_for(space, frame_stack, actions, hidden_sizes=arguments.hidden_sizes(args))
 
 
 def _pretrained(args: Args, model: Any) -> list[Any] | None:

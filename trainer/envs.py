@@ -21,6 +21,9 @@ import numpy as np
 
 from .config import TrainerError
 
+#: The observation spaces the trainer stacks: a Box's frames, or the ints of the others.
+STACKABLE = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiBinary, gym.spaces.MultiDiscrete)
+
 
 def is_atari(env_id: str) -> bool:
     return env_id.startswith("ALE/")
@@ -46,10 +49,10 @@ def make_env(env_id: str) -> gym.Env:
         env.close()
         raise TrainerError(f"{env_id} has action space {env.action_space}; DQN needs a Discrete action space "
                            "(try CartPole-v1 or an ALE/... game)")
-    if not isinstance(env.observation_space, gym.spaces.Box):
+    if not isinstance(env.observation_space, STACKABLE):
         env.close()
         raise TrainerError(f"{env_id} has observation space {env.observation_space}; the trainer needs a Box "
-                           "(images or vectors)")
+                           "(images or vectors), a Discrete, a MultiBinary or a MultiDiscrete")
     return env
 
 
@@ -132,8 +135,7 @@ def env_spaces(env: Any) -> tuple[Any, Any]:
     if not isinstance(action_space, gym.spaces.Discrete):
         raise TrainerError(f"the environment's action space is {action_space}; DQN needs a Discrete one "
                            "(one Q-value per action)")
-    stackable = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiBinary, gym.spaces.MultiDiscrete)
-    if not isinstance(observation_space, stackable):
+    if not isinstance(observation_space, STACKABLE):
         raise TrainerError(f"the environment's observation space is {observation_space}; this DQN takes Box, "
                            "Discrete, MultiBinary or MultiDiscrete observations (stacked): flatten a Dict with "
                            "gymnasium's FlattenObservation, or learn from a Dict store with SB3's MultiInputPolicy (a "

@@ -82,12 +82,33 @@ def mlp(stack_shape: Sequence[int], n_actions: int, *, hidden_sizes: Sequence[in
     return keras.Model(inputs, _head(x, n_actions, dueling), name=name)
 
 
+def embedded_mlp(frame_stack: int, states: int, n_actions: int, *, hidden_sizes: Sequence[int] = (120, 84),
+                 width: int = 16, dueling: bool = False, name: str = "embedded_mlp") -> keras.Model:
+    """For stacks of ``Discrete(states)`` observations (FrozenLake, Taxi, CliffWalking: one int a
+    state): each state embedded in ``width`` learned values (a one-hot, learned), then ``mlp``'s layers."""
+    inputs = keras.Input(shape=(frame_stack,), dtype="int64", name="stack")
+    x = layers.Flatten()(layers.Embedding(states, width)(inputs))
+    for units in hidden_sizes:
+        x = layers.Dense(int(units), activation="relu")(x)
+    return keras.Model(inputs, _head(x, n_actions, dueling), name=name)
+
+
 def q_network(stack_shape: Sequence[int], dtype: Any, n_actions: int, *, hidden_sizes: Sequence[int],
               name: str = "online") -> keras.Model:
     """What ``replaystore-train`` builds: ``nature_cnn`` for stacks of 2-D frames, else ``mlp``."""
     if len(stack_shape) == 3:
         return nature_cnn(stack_shape, n_actions, dtype=dtype, name=name)
     return mlp(stack_shape, n_actions, hidden_sizes=hidden_sizes, dtype=dtype, name=name)
+
+
+def q_network_for(space: Any, frame_stack: int, n_actions: int, *, hidden_sizes: Sequence[int],
+                  name: str = "online") -> keras.Model:
+    """What ``replaystore-train`` builds for an observation space: ``embedded_mlp`` for a
+    ``Discrete`` of states ``0..n-1``, else ``q_network`` of its stacks (a MultiBinary's or
+    MultiDiscrete's ints go through ``mlp`` as numbers)."""
+    if hasattr(space, "n") and tuple(space.shape) == () and int(getattr(space, "start", 0)) == 0:
+        return embedded_mlp(frame_stack, int(space.n), n_actions, hidden_sizes=hidden_sizes, name=name)
+    return q_network((frame_stack, *space.shape), space.dtype, n_actions, hidden_sizes=hidden_sizes, name=name)
 
 
 def check_savable(model: Any) -> None:
