@@ -212,19 +212,3 @@ def test_a_command_line_run_loads_as_an_agent_and_goes_on(tmp_path: Path) -> Non
     agent.close()
     with pytest.raises(TrainerError, match="cannot load the run: .* holds no run"):
         load_run(tmp_path)
-
-
-def test_dict_observations_are_refused_with_what_takes_them(tmp_path: Path) -> None:
-    """A Dict store (goal-conditioned envs) or env: the DQN takes stacks of Box frames, and says what reads a Dict."""
-    from goal_env import Reach
-
-    env = Reach(discrete=True)
-    path = tmp_path / "goal.zarr"
-    ReplayStore.create(path, 64, env.observation_space, env.action_space).close()
-    before = snapshot(path)
-    with pytest.raises(TrainerError, match="holds observations of Dict.*MultiInputPolicy"):
-        DQN(model(), ReplayStore.open(path, mode="a"), **SMALL)
-    agent = DQN(model(), tmp_path / "new.zarr", **SMALL)
-    with pytest.raises(TrainerError, match="observation space is Dict.*FlattenObservation.*MultiInputPolicy"):
-        agent.fit(env, 200)
-    assert snapshot(path) == before and not (tmp_path / "new.zarr").exists()

@@ -15,13 +15,14 @@ from replaystore.trainer.args import Args, TrainerError, parse
 from replaystore.trainer.cli import main
 from replaystore.trainer.config import linear_schedule
 from replaystore.trainer.envs import FrameStacker
+from replaystore.trainer.stacks import StackSpec
 
 
 def test_agent_stacks_are_the_stores_stacks(store_path: Path) -> None:
     """What the agent saw at every step is bit for bit what sample() returns for that transition,
     including episodes that end mid-stack and restart from the next observation (a lost life)."""
     store = make_store(store_path, capacity=256, frame_stack=4, shard_len=32, chunk_len=8)
-    stacker = FrameStacker(4, frame(0).shape, np.uint8)
+    stacker = FrameStacker(StackSpec.single((4, *frame(0).shape), np.uint8))
     rng = np.random.default_rng(0)
     seen: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     obs = frame(0)

@@ -27,8 +27,9 @@ from replaystore import ReplayStore
 
 from .config import TrainerError
 from .envs import FrameStacker, vector_frames
+from .stacks import StackSpec, one_of, push_frames, stacks_of
 
-Act = Callable[[np.ndarray], np.ndarray]  # (n, frame_stack, *frame) stacks -> n greedy actions
+Act = Callable[[Any], np.ndarray]  # (n, frame_stack, *frame) stacks (a Dict env's: a dict of them) -> n greedy actions
 
 
 def info_extras(store: ReplayStore, info: Any, n: int | None = None) -> dict[str, Any] | None:
@@ -63,8 +64,7 @@ class EnvActing:
         self.env, self.store = env, store
         self.clip, self.life_loss = clip_reward, terminal_on_life_loss
         self.n_actions = int(env.action_space.n)
-        space = env.observation_space
-        self.stacker = FrameStacker(store.frame_stack, space.shape, space.dtype)
+        self.stacker = FrameStacker(StackSpec.of_space(env.observation_space, store.frame_stack))
         self.obs, info = env.reset(seed=seed)
         env.action_space.seed(seed)
         self.stacker.reset(self.obs)
@@ -80,7 +80,7 @@ class EnvActing:
         if rng.random() < epsilon:
             action = int(rng.integers(self.n_actions))
         else:
-            action = int(act(self.stacker.stack[None])[0])
+            action = int(act(one_of(self.stacker.stack))[0])
         next_obs, reward, terminated, truncated, info = self.env.step(action)
         lives = info.get("lives")
         lost = lives is not None and self.lives is not None and int(lives) < int(self.lives)
@@ -128,7 +128,7 @@ class VectorActing:
                                "ended envs themselves (gymnasium's next_step, the default, or same_step)")
         obs, info = envs.reset(seed=seed)
         self.obs = vector_frames(obs)
-        self.stacks = np.repeat(self.obs[:, None], store.frame_stack, axis=1)
+        self.stacks = stacks_of(self.obs, store.frame_stack)
         self.lives = np.asarray(info["lives"]) if "lives" in info else None
         self.resetting = np.zeros(self.n, dtype=bool)  # rows the vector env answers with a reset, not a move
         self.ep_return = np.zeros(self.n)
@@ -159,16 +159,12 @@ class VectorActing:
         self.ep_length += moved
         ended = [(float(self.ep_return[i]), int(self.ep_length[i])) for i in np.flatnonzero(env_done).tolist()]
         self.ep_return[env_done], self.ep_length[env_done] = 0.0, 0
-        stacks = self.stacks
-        stacks[:, :-1] = stacks[:, 1:]
-        stacks[:, -1] = next_obs
         if self.mode == "same_step":  # an ended env's next_obs is already its reset observation
             restart = env_done | end_learning
         else:  # a new (store) episode starts at next_obs: after the reset row, or at a lost life
             restart = self.resetting | (end_learning & ~env_done)
             self.resetting = env_done
-        if restart.any():
-            stacks[restart] = next_obs[restart][:, None]
+        push_frames(self.stacks, next_obs, restart)
         self.lives, self.obs = now, next_obs
         return int(moved.sum()), ended
 

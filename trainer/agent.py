@@ -5,6 +5,7 @@
     from replaystore.trainer import DQN
 
     model = keras.Sequential([...])   # (batch, frame_stack, *frame_shape) stacks -> (batch, n_actions) Q-values
+                                      # (a Dict env's: a dict of such stacks, one keras.Input per key)
     agent = DQN(model, "runs/x/replay.zarr", gamma=0.99, n_step=3, learning_starts=20_000,
                 optimizer=keras.optimizers.Adam(1e-4))
     history = agent.fit(env, total_timesteps=1_000_000, eval_env=eval_env, eval_frequency=50_000,
@@ -36,12 +37,14 @@ from .acting import EnvActing, VectorActing
 from .callbacks import Hooks
 from .config import TrainerError, check_count, check_run_arguments, config_from
 from .envs import env_spaces
-from .evaluation import evaluate_env, evaluate_vector
+from .evaluation import play
 from .feeding import Learning
+from .hindsight import check_goals, choose_reward, hindsight_sampler
 from .learner import MAX_GRAD_NORM, Learner, make_learner
 from .models import check_model, check_savable
 from .offline import OfflineRun
 from .run import Run, Source
+from .stacks import StackSpec
 from .state import RunState
 from .stores import AgentStore, check_dataset, check_for_network, check_not_dataset, place, store_at, store_ref
 
@@ -67,8 +70,7 @@ class DQN:
         self.replay = AgentStore(store, buffer_size=buffer_size, frame_stack=frame_stack, cache_bytes=cache_bytes,
                                  storage_options=storage_options)
         self.learner: Learner | None = None
-        self.stack_shape: tuple[int, ...] | None = None  # the Q-network's input: (frame_stack, *frame_shape)
-        self.dtype: np.dtype | None = None
+        self.stacks: StackSpec | None = None  # the Q-network's input (trainer/stacks.py)
         self.n_actions = 0
         self.state = RunState(epsilon=self.config.start_e)
         self.rng = np.random.default_rng(self.config.seed)
@@ -83,17 +85,18 @@ class DQN:
         if self.learner is None:
             self.replay.check_learnable(observation_space, action_space)
             stack = self.store.frame_stack if self.store is not None else self.replay.default_stack(observation_space)
-            self._make_learner((stack, *observation_space.shape), observation_space.dtype, int(action_space.n))
+            self._make_learner(StackSpec.of_space(observation_space, stack), int(action_space.n))
         assert self.learner is not None
         return self.learner
 
-    def _make_learner(self, stack_shape: tuple[int, ...], dtype: Any, n_actions: int) -> None:
-        check_model(self.model, stack_shape, dtype, n_actions)
-        self.learner = make_learner(self.model, self.optimizer, stack_shape=stack_shape, dtype=dtype,
-                                    target_every=self.config.target_every(), tau=self.config.tau,
-                                    cql_alpha=self.config.cql_alpha)
-        self.stack_shape, self.dtype, self.n_actions = stack_shape, np.dtype(dtype), n_actions
-        self.replay.stacks = (stack_shape, self.dtype)
+    def _make_learner(self, stacks: StackSpec, n_actions: int) -> None:
+        if self.config.her_n_sampled_goal:
+            check_goals(stacks)
+        check_model(self.model, stacks, n_actions)
+        self.learner = make_learner(self.model, self.optimizer, stacks=stacks, target_every=self.config.target_every(),
+                                    tau=self.config.tau, cql_alpha=self.config.cql_alpha)
+        self.stacks, self.n_actions = stacks, n_actions
+        self.replay.stacks = stacks
 
     @property
     def store(self) -> ReplayStore | None:
@@ -116,18 +119,15 @@ class DQN:
 
     # Acting -------------------------------------------------------------------------------------
 
-    def act(self, obs: np.ndarray) -> int | np.ndarray:
+    def act(self, obs: Any) -> int | np.ndarray:
         """The greedy action for one stack ``(frame_stack, *frame_shape)``, or the actions for a batch
-        of stacks ``(n, frame_stack, *frame_shape)``, as the store returns them."""
+        of stacks ``(n, frame_stack, *frame_shape)``, as the store returns them (a Dict store's: a
+        dict of them)."""
         learner = self._learner()
-        obs = np.asarray(obs)
-        assert self.stack_shape is not None
-        if obs.shape == self.stack_shape:
-            return learner.act(obs)
-        if obs.shape[1:] == self.stack_shape:
-            return learner.act_batch(obs)
-        raise TrainerError(f"act takes a stack shaped {self.stack_shape} or a batch of them, not {obs.shape}; "
-                           "stack frames oldest first, as the store returns them")
+        assert self.stacks is not None
+        batch, single = self.stacks.batch(obs)
+        actions = learner.act_batch(batch)
+        return int(actions[0]) if single else actions
 
     @property
     def train_steps(self) -> int:
@@ -144,7 +144,8 @@ class DQN:
     def fit(self, env: Any, total_timesteps: int, *, eval_env: Any = None, eval_frequency: int = 0,
             eval_episodes: int = 10, eval_epsilon: float = 0.0, eval_seed: int | None = None,
             callbacks: Sequence[keras.callbacks.Callback] = (), checkpoint_dir: str | Path | None = None,
-            checkpoint_frequency: int = 100_000, verbose: int = 0, source: Source | None = None,
+            checkpoint_frequency: int = 100_000, verbose: int = 0,
+            compute_reward: Callable[..., Any] | None = None, source: Source | None = None,
             should_stop: Callable[[], bool] | None = None,
             checkpoint_writer: Callable[[], None] | None = None) -> keras.callbacks.History:
         """Act on ``env`` (a gymnasium env, or a vector env whose envs write one stream each) until the
@@ -156,8 +157,9 @@ class DQN:
         games and an epoch ends (callbacks.py). With ``checkpoint_dir`` the agent is saved there
         (``save``) every ``checkpoint_frequency`` env steps and at the end, also when a callback
         stops the run (``model.stop_training = True``) or it is interrupted (Ctrl-C), so that
-        ``DQN.load`` resumes it after a crash with every transition the store committed.
-        ``source``, ``should_stop`` and ``checkpoint_writer`` are for ``replaystore-train`` (Ray
+        ``DQN.load`` resumes it after a crash with every transition the store committed. With
+        ``her_n_sampled_goal`` (a goal env) the batches are relabelled with ``compute_reward``, by
+        default the env's (hindsight.py). ``source``, ``should_stop`` and ``checkpoint_writer`` are for ``replaystore-train`` (Ray
         actors, signals, its run directory)."""
         check_count("total_timesteps", total_timesteps, least=1)
         check_run_arguments(eval_env, eval_frequency, eval_episodes, checkpoint_frequency, verbose)
@@ -177,9 +179,10 @@ class DQN:
             if source is None:  # an existing store is checked against the env before the model is
                 self.replay.for_append(*spaces, streams, create=False)
             learner = self._build(*spaces)
+            reward = choose_reward(config, compute_reward, env)
             if eval_env is not None:  # refused now, not at the first evaluation
-                assert self.stack_shape is not None
-                check_for_network(*env_spaces(eval_env), self.stack_shape, self.dtype, self.n_actions)
+                assert self.stacks is not None
+                check_for_network(*env_spaces(eval_env), self.stacks, self.n_actions)
             if state.global_step < total_timesteps and config.learning_starts >= total_timesteps:
                 raise TrainerError(f"learning_starts is {config.learning_starts:,}, not below total_timesteps "
                                    f"{total_timesteps:,}: the run would take no gradient step; lower learning_starts")
@@ -189,6 +192,7 @@ class DQN:
             raise
         store = self.replay.for_append(*spaces, streams, create=True) if source is None else self.store
         assert store is not None
+        sampler = hindsight_sampler(config, store, reward)
         stop = should_stop or (lambda: False)
         write = checkpoint_writer or self._saver(checkpoint_dir)
         if state.global_step >= total_timesteps:  # nothing to do: the store and the weights stay as they are
@@ -201,7 +205,7 @@ class DQN:
         self.resumed = False
         if place(self.location) not in state.written:
             state.written.append(place(self.location))
-        learning = Learning(config, store, learner, state)
+        learning = Learning(config, store, learner, state, sampler=sampler)
         hooks = Hooks(callbacks, learner, verbose=verbose, start_step=state.global_step, total=total_timesteps,
                       every=eval_frequency, evaluating=eval_env is not None, replay_ratio=learning.replay_ratio)
         owned = source is None
@@ -232,7 +236,8 @@ class DQN:
     def fit_offline(self, gradient_steps: int, *, eval_env: Any = None, eval_frequency: int = 0,
                     eval_episodes: int = 10, eval_epsilon: float = 0.0, eval_seed: int | None = None,
                     callbacks: Sequence[keras.callbacks.Callback] = (), checkpoint_dir: str | Path | None = None,
-                    checkpoint_frequency: int = 10_000, verbose: int = 0, should_stop: Callable[[], bool] | None = None,
+                    checkpoint_frequency: int = 10_000, verbose: int = 0,
+                    compute_reward: Callable[..., Any] | None = None, should_stop: Callable[[], bool] | None = None,
                     checkpoint_writer: Callable[[], None] | None = None) -> keras.callbacks.History:
         """Learn from the store as it is, acting nowhere (offline RL), until the learner has taken
         ``gradient_steps`` gradient steps in all (a loaded agent goes on from its count; one that
@@ -244,7 +249,8 @@ class DQN:
         ``fit``'s, counted in gradient steps: every ``eval_frequency`` of them ``eval_env`` (whose
         frames and actions must be the store's) plays ``eval_episodes`` games and an epoch ends;
         with ``checkpoint_dir`` the agent is saved every ``checkpoint_frequency`` of them, at the
-        end, when a callback stops the run and on Ctrl-C (offline.py). ``should_stop`` and
+        end, when a callback stops the run and on Ctrl-C (offline.py). With ``her_n_sampled_goal``
+        the batches are relabelled with ``compute_reward``, by default ``eval_env``'s. ``should_stop`` and
         ``checkpoint_writer`` are for ``replaystore-train --offline`` (signals, its run directory)."""
         check_count("gradient_steps", gradient_steps, least=1)
         check_run_arguments(eval_env, eval_frequency, eval_episodes, checkpoint_frequency, verbose)
@@ -261,6 +267,7 @@ class DQN:
             learner = self._build(store.observation_space, store.action_space)
             spaces = None if eval_env is None else env_spaces(eval_env)
             check_dataset(store, config.batch_size, config.n_step, spaces)
+            sampler = hindsight_sampler(config, store, choose_reward(config, compute_reward, eval_env))
         except BaseException:
             if opened:  # leave the store as it was found: closed
                 self.replay.close()
@@ -268,7 +275,7 @@ class DQN:
         where = place(self.location)
         if where not in self.state.written and where not in self.state.datasets:
             self.state.datasets.append(where)  # a dataset: fit will not append to it (check_not_dataset)
-        learning = Learning(config, store, learner, self.state)
+        learning = Learning(config, store, learner, self.state, sampler=sampler)
         done = learning.learned
         if done >= gradient_steps:  # nothing to do: the weights stay as they are
             return Hooks(callbacks, learner, verbose=verbose, start_step=done, total=done, every=0,
@@ -308,16 +315,10 @@ class DQN:
         ``epsilon``-random moves) on ``env``, a gymnasium env or a vector env (whose envs play
         ``episodes`` games between them, in equal shares)."""
         learner = self._learner()
-        assert self.stack_shape is not None
-        check_for_network(*env_spaces(env), self.stack_shape, self.dtype, self.n_actions)
-        check_count("episodes", episodes, least=1)
-        if not 0.0 <= epsilon <= 1.0:
-            raise TrainerError(f"epsilon is {epsilon!r}; it must be in [0, 1]")
-        rng = np.random.default_rng(self.config.seed + 100_000 if seed is None else seed)
-        life_loss = self.config.terminal_on_life_loss
-        if hasattr(env, "num_envs"):
-            return evaluate_vector(env, learner, episodes, epsilon, rng, self.stack_shape[0], life_loss)
-        return evaluate_env(env, learner, episodes, epsilon, rng, self.stack_shape[0], life_loss)
+        assert self.stacks is not None
+        return play(env, learner, self.stacks, self.n_actions, episodes, epsilon=epsilon,
+                    seed=self.config.seed + 100_000 if seed is None else seed,
+                    life_loss=self.config.terminal_on_life_loss)
 
     # Saving -------------------------------------------------------------------------------------
 
@@ -346,7 +347,7 @@ class DQN:
         doc = {"config": dataclasses.asdict(self.config), "store": store_ref(self.location, directory),
                "optimizer": keras.optimizers.serialize(self.optimizer), "buffer_size": self.replay.buffer_size,
                "frame_stack": self.replay.frame_stack, "storage_options": self.replay.storage_options,
-               "stacks": {"shape": list(self.stack_shape or ()), "dtype": str(self.dtype), "actions": self.n_actions}}
+               "stacks": self.stacks.to_json(self.n_actions) if self.stacks is not None else None}
         checkpoint.save_agent(directory, self.model, doc, arrays, state)
         return directory
 

@@ -22,6 +22,7 @@ from typing import IO, Any
 import numpy as np
 
 from .config import TrainerError
+from .stacks import StackSpec
 
 CHECKPOINT = "checkpoint.npz"
 PARTS = ("online", "target", "optimizer")
@@ -136,14 +137,14 @@ def load_agent(directory: Path, custom_objects: dict[str, Any] | None) -> tuple[
     return model, doc, saved
 
 
-def saved_stacks(directory: Path, doc: dict[str, Any]) -> tuple[tuple[int, ...], np.dtype, int] | None:
-    """The Q-network's stack shape, dtype and actions as ``agent.json`` keeps them (None in an agent
-    saved before they were kept); TrainerError if they are damaged."""
+def saved_stacks(directory: Path, doc: dict[str, Any]) -> tuple[StackSpec, int] | None:
+    """The Q-network's stacks and actions as ``agent.json`` keeps them (None in an agent saved before
+    they were kept); TrainerError if they are damaged."""
     stacks = doc.get("stacks")
     if stacks is None:
         return None
     try:
-        return tuple(int(d) for d in stacks["shape"]), np.dtype(stacks["dtype"]), int(stacks["actions"])
+        return StackSpec.from_json(stacks)
     except (KeyError, TypeError, ValueError) as exc:
         raise TrainerError(f"{directory / AGENT_FILE} is damaged: its stacks are {stacks!r} ({type(exc).__name__}); "
                            "put back a copy of the file") from None

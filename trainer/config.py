@@ -18,6 +18,8 @@ class TrainerError(Exception):
 #: Gradient steps per compiled learner call when ``steps_per_call`` is 0, per Keras backend
 #: (docs/benchmarks.md, "The learner").
 DEFAULT_STEPS_PER_CALL = {"tensorflow": 8, "jax": 32}
+#: Where a hindsight goal comes from (replaystore.HindsightSampler's strategies).
+HER_STRATEGIES = ("future", "final", "episode")
 
 
 @dataclasses.dataclass
@@ -45,6 +47,8 @@ class DQNConfig:
     terminal_on_life_loss: bool = False  # a lost life (info["lives"]) ends the episode for learning (Atari)
     seed: int = 1  # seeds exploration and the environments
     cql_alpha: float = 0.0  # conservative Q-learning's weight (offline learning, fit_offline); 0: plain DQN
+    her_n_sampled_goal: int = 0  # hindsight relabelled transitions per real one (a goal env's Dict store); 0: no HER
+    her_strategy: str = "future"  # where a relabelled goal comes from: future, final or episode
 
     def check(self) -> None:
         """Refuse values no run can use, naming the keyword and its range."""
@@ -67,6 +71,22 @@ class DQNConfig:
             raise TrainerError(f"cql_alpha is {self.cql_alpha!r}; it must be a finite number >= 0 (0: no "
                                "conservative term; 1.0 is CQL's usual weight for offline learning)")
         self.ratio()
+        self.check_her()
+
+    def check_her(self) -> None:
+        """Refuse hindsight settings no run can use (sampling/hindsight.py samples 1-step, uniformly)."""
+        k, strategy = self.her_n_sampled_goal, self.her_strategy
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= 1000:
+            raise TrainerError(f"her_n_sampled_goal is {k!r}; it must be an integer from 0 (no hindsight relabelling) "
+                               "to 1000 (4 is HER's usual k: 80% of each batch relabelled)")
+        if strategy not in HER_STRATEGIES:
+            raise TrainerError(f"her_strategy is {strategy!r}; it must be one of {', '.join(HER_STRATEGIES)}")
+        if k and self.n_step != 1:
+            raise TrainerError(f"n_step is {self.n_step} with her_n_sampled_goal {k}; hindsight relabelling samples "
+                               "1-step transitions (a relabelled reward is one move's): use n_step=1")
+        if k and self.prioritized:
+            raise TrainerError(f"prioritized replay with her_n_sampled_goal {k}; hindsight relabelling draws "
+                               "transitions uniformly: turn one of them off")
 
     def ratio(self) -> float:
         """``replay_ratio`` as a number: ``auto`` is batch_size / train_frequency; 0 means lockstep."""

@@ -20,6 +20,7 @@ import gymnasium as gym
 import numpy as np
 
 from .config import TrainerError
+from .stacks import StackSpec, tree_map
 
 #: The observation spaces the trainer stacks: a Box's frames, or the ints of the others.
 STACKABLE = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiBinary, gym.spaces.MultiDiscrete)
@@ -51,8 +52,9 @@ def make_env(env_id: str) -> gym.Env:
                            "(try CartPole-v1 or an ALE/... game)")
     if not isinstance(env.observation_space, STACKABLE):
         env.close()
-        raise TrainerError(f"{env_id} has observation space {env.observation_space}; the trainer needs a Box "
-                           "(images or vectors), a Discrete, a MultiBinary or a MultiDiscrete")
+        raise TrainerError(f"{env_id} has observation space {env.observation_space}; replaystore-train needs a "
+                           "Box (images or vectors), a Discrete, a MultiBinary or a MultiDiscrete (a Dict env: the "
+                           "Python API, DQN with dict_mlp; docs/trainer.md)")
     return env
 
 
@@ -87,16 +89,21 @@ def atari_game(env_id: str) -> str:
     raise TrainerError(f"{env_id} names no ALE game ale-py has; use an id such as ALE/Breakout-v5")
 
 
-def vector_frame_space(envs: Any) -> gym.spaces.Box:
+def vector_frame_space(envs: Any) -> Any:
     """A vector env's observation space of one frame (``vector_frames``' rows)."""
     space = envs.single_observation_space
+    if isinstance(space, gym.spaces.Dict):
+        return space
     if len(space.shape) == 3 and space.shape[0] == 1:
         return gym.spaces.Box(space.low[0], space.high[0], space.shape[1:], space.dtype)
     return space
 
 
-def vector_frames(obs: np.ndarray) -> np.ndarray:
-    """A vector env's observations as one frame per env (AtariVectorEnv adds a stack axis of 1)."""
+def vector_frames(obs: Any) -> Any:
+    """A vector env's observations as one frame per env (AtariVectorEnv adds a stack axis of 1; a
+    Dict env's are a dict of arrays, as they are)."""
+    if isinstance(obs, dict):
+        return obs
     return obs[:, 0] if obs.ndim == 4 and obs.shape[1] == 1 else obs
 
 
@@ -106,38 +113,52 @@ def default_frame_stack(observation_space: gym.spaces.Box) -> int:
 
 
 class FrameStacker:
-    """The last ``k`` frames of the current episode, oldest first; one reused buffer."""
+    """The last ``k`` frames of the current episode, oldest first (a Dict env's: each key's), in one
+    reused buffer (a dict of them)."""
 
-    def __init__(self, k: int, frame_shape: tuple[int, ...], dtype: Any) -> None:
-        self.k = k
-        self.stack = np.zeros((k, *frame_shape), dtype=dtype)
+    def __init__(self, spec: StackSpec) -> None:
+        self.k = spec.frame_stack
+        self.stack = tree_map(lambda z: z[0], spec.zeros(1))
 
-    def reset(self, frame: np.ndarray) -> np.ndarray:
+    def reset(self, frame: Any) -> Any:
         """Start an episode at ``frame``: every slot holds it (the store's padding)."""
-        self.stack[:] = frame
+        def fill(stack: np.ndarray, f: Any) -> None:
+            stack[:] = f
+
+        tree_map(fill, self.stack, frame)
         return self.stack
 
-    def push(self, frame: np.ndarray) -> np.ndarray:
+    def push(self, frame: Any) -> Any:
         """The episode moved on to ``frame``."""
-        if self.k > 1:
-            self.stack[:-1] = self.stack[1:]
-        self.stack[-1] = frame
+        def shift(stack: np.ndarray, f: Any) -> None:
+            if self.k > 1:
+                stack[:-1] = stack[1:]
+            stack[-1] = f
+
+        tree_map(shift, self.stack, frame)
         return self.stack
+
+
+def stackable(space: Any) -> bool:
+    """Whether the trainer stacks ``space``: a Box, Discrete, MultiBinary or MultiDiscrete, or a Dict
+    of them (a goal env's)."""
+    if isinstance(space, gym.spaces.Dict):
+        return bool(space.spaces) and all(isinstance(sub, STACKABLE) for sub in space.spaces.values())
+    return isinstance(space, STACKABLE)
 
 
 def env_spaces(env: Any) -> tuple[Any, Any]:
     """The observation space of one frame and the action space of ``env`` (a gymnasium env or a
     vector env); TrainerError unless they are a Box (or a Discrete, MultiBinary or MultiDiscrete:
-    stacks of their ints, which the model embeds) and a Discrete."""
+    stacks of their ints, which the model embeds; or a Dict of those: a dict of stacks) and a Discrete."""
     vector = hasattr(env, "num_envs")
     observation_space = vector_frame_space(env) if vector else env.observation_space
     action_space = env.single_action_space if vector else env.action_space
     if not isinstance(action_space, gym.spaces.Discrete):
         raise TrainerError(f"the environment's action space is {action_space}; DQN needs a Discrete one "
                            "(one Q-value per action)")
-    if not isinstance(observation_space, STACKABLE):
+    if not stackable(observation_space):
         raise TrainerError(f"the environment's observation space is {observation_space}; this DQN takes Box, "
-                           "Discrete, MultiBinary or MultiDiscrete observations (stacked): flatten a Dict with "
-                           "gymnasium's FlattenObservation, or learn from a Dict store with SB3's MultiInputPolicy (a "
-                           "goal env: with ReplayStoreHerBuffer; docs/sb3.md)")
+                           "Discrete, MultiBinary or MultiDiscrete observations, or a Dict of them (stacked): "
+                           "flatten a nested Dict or a Tuple with gymnasium's FlattenObservation")
     return observation_space, action_space

@@ -8,21 +8,38 @@ from typing import Any
 
 import numpy as np
 
-from .envs import FrameStacker, vector_frames
+from .config import TrainerError, check_count
+from .envs import FrameStacker, env_spaces, vector_frames
 from .learner import Learner
+from .stacks import StackSpec, one_of, push_frames, stacks_of
+from .stores import check_for_network
 
 
-def evaluate_env(env: Any, learner: Learner, episodes: int, epsilon: float, rng: np.random.Generator, stack: int,
-                  life_loss: bool) -> list[float]:
-    space = env.observation_space
-    stacker = FrameStacker(stack, space.shape, space.dtype)
+def play(env: Any, learner: Learner, stacks: StackSpec, n_actions: int, episodes: int, *, epsilon: float, seed: int,
+         life_loss: bool) -> list[float]:
+    """The raw returns of ``episodes`` games on ``env`` (a gymnasium env or a vector env), checked
+    first: an env whose frames or actions the Q-network cannot take, no games, or an ``epsilon``
+    outside [0, 1] is a TrainerError."""
+    check_for_network(*env_spaces(env), stacks, n_actions)
+    check_count("episodes", episodes, least=1)
+    if not 0.0 <= epsilon <= 1.0:
+        raise TrainerError(f"epsilon is {epsilon!r}; it must be in [0, 1]")
+    rng = np.random.default_rng(seed)
+    if hasattr(env, "num_envs"):
+        return evaluate_vector(env, learner, episodes, epsilon, rng, stacks, life_loss)
+    return evaluate_env(env, learner, episodes, epsilon, rng, stacks, life_loss)
+
+
+def evaluate_env(env: Any, learner: Learner, episodes: int, epsilon: float, rng: np.random.Generator,
+                 stacks: StackSpec, life_loss: bool) -> list[float]:
+    stacker = FrameStacker(stacks)
     returns = []
     for i in range(episodes):
         obs, info = env.reset(seed=int(rng.integers(2**31)) if i == 0 else None)
         lives, total = info.get("lives"), 0.0
         stacker.reset(obs)
         while True:
-            action = int(rng.integers(env.action_space.n)) if rng.random() < epsilon else learner.act(stacker.stack)
+            action = int(rng.integers(env.action_space.n)) if rng.random() < epsilon else int(learner.act_batch(one_of(stacker.stack))[0])
             obs, reward, terminated, truncated, info = env.step(action)
             total += float(reward)
             if terminated or truncated:
@@ -38,10 +55,9 @@ def evaluate_env(env: Any, learner: Learner, episodes: int, epsilon: float, rng:
 
 
 def evaluate_vector(envs: Any, learner: Learner, episodes: int, epsilon: float, rng: np.random.Generator,
-                     stack: int, life_loss: bool) -> list[float]:
+                    stacks: StackSpec, life_loss: bool) -> list[float]:
     obs, info = envs.reset(seed=int(rng.integers(2**31)))
-    frames = vector_frames(obs)
-    stacks = np.repeat(frames[:, None], stack, axis=1)
+    batch = stacks_of(vector_frames(obs), stacks.frame_stack)
     n = int(envs.num_envs)
     # each env plays its share of the games, so that short games are not over-counted (taking the
     # first `episodes` to end would favour them)
@@ -51,7 +67,7 @@ def evaluate_vector(envs: Any, learner: Learner, episodes: int, epsilon: float, 
     resetting = np.zeros(n, dtype=bool)
     lives = np.asarray(info["lives"]) if "lives" in info else None
     while len(returns) < episodes:
-        actions = learner.act_batch(stacks)
+        actions = learner.act_batch(batch)
         explore = rng.random(n) < epsilon
         actions = np.where(explore, rng.integers(int(envs.single_action_space.n), size=n), actions)
         obs, reward, terminated, truncated, info = envs.step(actions)
@@ -65,9 +81,6 @@ def evaluate_vector(envs: Any, learner: Learner, episodes: int, epsilon: float, 
         totals[done] = 0.0
         now = np.asarray(info["lives"]) if "lives" in info else None
         lost = (now < lives) & ~resetting if life_loss and now is not None and lives is not None else np.zeros(n, bool)
-        stacks[:, :-1] = stacks[:, 1:]
-        stacks[:, -1] = frames
-        restart = resetting | lost
-        stacks[restart] = frames[restart][:, None]
+        push_frames(batch, frames, resetting | lost)
         resetting, lives = done, now
     return returns

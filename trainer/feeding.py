@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from replaystore import ReplayStore
+from replaystore.sampling.samplers import Sampler
 
 from .config import DQNConfig
 from .learner import Learner
@@ -46,10 +47,13 @@ PRIORITY_EPS = 1e-6
 class Learning:
     """Starts the sampling pipeline once learning starts and takes the gradient steps the loop asks for."""
 
-    def __init__(self, config: DQNConfig, store: ReplayStore, learner: Learner, state: RunState) -> None:
+    def __init__(self, config: DQNConfig, store: ReplayStore, learner: Learner, state: RunState, *,
+                 sampler: Sampler | None = None) -> None:
         """``state``: the run's checkpointed state, where the steps due but not yet taken are kept
-        (``due_steps``), so that a resumed run takes them."""
+        (``due_steps``), so that a resumed run takes them. ``sampler``: one of the store's samplers
+        (a ``HindsightSampler``) instead of the one the hyperparameters describe."""
         self.args, self.store, self.agent, self.state = config, store, learner, state
+        self.sampler = sampler
         self.jax = learner.backend == "jax"
         self.steps_per_call = config.calls(learner.backend)
         self.source: Any = None  # the dataset iterator (TF) or the device blocks (JAX)
@@ -95,8 +99,18 @@ class Learning:
         then on the actor is held to the ratio, also while the learner builds its feed and compiles
         its first call (acting on meanwhile would run ahead of the ratio by that long)."""
         if not self._sampleable:
-            self._sampleable = self.started or len(self.store) >= self.args.batch_size + self.args.n_step
+            self._sampleable = self.started or self.can_sample()
         return self._sampleable
+
+    def can_sample(self) -> bool:
+        """Whether the store holds enough for a first batch: ``batch_size`` transitions with their
+        n-step returns (and, for hindsight relabelling, one finished episode to draw from)."""
+        store = self.store
+        if len(store) < self.args.batch_size + self.args.n_step:
+            return False
+        if self.sampler is None:
+            return True
+        return any(ring.added and bool(ring.is_last.any()) for ring in store.rings.streams)
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -105,12 +119,12 @@ class Learning:
             yield
 
     def _learner(self) -> None:
-        limiter, args = self.limiter, self.args
+        limiter = self.limiter
         assert limiter is not None
         try:
             while limiter.wait_learner():
                 if not self.started:
-                    if len(self.store) < args.batch_size + args.n_step:
+                    if not self.can_sample():
                         time.sleep(0.01)
                         continue
                     self.start(limiter.inserted)
@@ -156,8 +170,12 @@ class Learning:
 
     def start(self, global_step: int) -> None:
         args, store, k = self.args, self.store, self.steps_per_call
-        kwargs: dict[str, Any] = {"n_step": args.n_step, "gamma": args.gamma, "prioritized": args.prioritized, "alpha": args.alpha,
-                  "beta": args.beta, "threads": args.sample_threads, "seed": args.seed * 1_000_003 + global_step}
+        kwargs: dict[str, Any] = {"threads": args.sample_threads, "seed": args.seed * 1_000_003 + global_step}
+        if self.sampler is not None:
+            kwargs["sampler"] = self.sampler
+        else:
+            kwargs.update(n_step=args.n_step, gamma=args.gamma, prioritized=args.prioritized, alpha=args.alpha,
+                          beta=args.beta)
         if self.jax:
             self.source = store.jax_blocks(args.batch_size, batches_per_block=k, **kwargs)
             self._close = self.source.close

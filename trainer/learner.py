@@ -37,6 +37,7 @@ import numpy as np
 from keras import ops
 
 from .config import TrainerError
+from .stacks import StackSpec, one_of
 
 #: Fields of a block the gradient step reads (``index`` stays on the host, for the priorities).
 TRAIN_FIELDS = ("obs", "next_obs", "action", "reward", "discount", "weight")
@@ -70,15 +71,20 @@ def td_loss(online: Forward, target: Forward, batch: dict[str, Any], *,
     return loss, (ops.mean(q), ops.stop_gradient(abs_td))
 
 
-def make_learner(model: keras.Model, optimizer: keras.optimizers.Optimizer, *, stack_shape: Sequence[int],
-                 dtype: Any, target_every: int, tau: float, cql_alpha: float = 0.0) -> Learner:
-    """The learner for the backend Keras runs on (``KERAS_BACKEND``: tensorflow or jax)."""
+def make_learner(model: keras.Model, optimizer: keras.optimizers.Optimizer, *, stacks: StackSpec | None = None,
+                 stack_shape: Sequence[int] | None = None, dtype: Any = None, target_every: int, tau: float,
+                 cql_alpha: float = 0.0) -> Learner:
+    """The learner for the backend Keras runs on (``KERAS_BACKEND``: tensorflow or jax), for the model's
+    input ``stacks`` (or one array of stacks shaped ``stack_shape`` of ``dtype``)."""
+    if stacks is None:
+        if stack_shape is None or dtype is None:
+            raise TypeError("make_learner needs stacks=StackSpec(...) or stack_shape= and dtype=")
+        stacks = StackSpec.single(tuple(stack_shape), dtype)
     backend = keras.backend.backend()
     kinds: dict[str, type[TensorFlowLearner] | type[JaxLearner]] = {"tensorflow": TensorFlowLearner,
                                                                      "jax": JaxLearner}
     if backend in kinds:
-        return kinds[backend](model, optimizer, stack_shape=stack_shape, dtype=dtype, target_every=target_every,
-                              tau=tau, cql_alpha=cql_alpha)
+        return kinds[backend](model, optimizer, stacks=stacks, target_every=target_every, tau=tau, cql_alpha=cql_alpha)
     raise TrainerError(f"Keras runs on {backend!r}; the DQN learner runs on 'tensorflow' or 'jax' (set KERAS_BACKEND "
                        "before keras is imported)")
 
@@ -99,15 +105,17 @@ class Learner(abc.ABC):
     # Acting -------------------------------------------------------------------------------------
 
     @abc.abstractmethod
-    def q_values(self, stacks: np.ndarray) -> np.ndarray:
-        """Q-values of ``(n, frame_stack, *frame_shape)`` stacks, in one forward pass."""
+    def q_values(self, stacks: Any) -> np.ndarray:
+        """Q-values of ``(n, frame_stack, *frame_shape)`` stacks (a dict of them for a Dict store), in
+        one forward pass."""
 
-    def act(self, stack: np.ndarray) -> int:
-        """The greedy action for one stack ``(frame_stack, *frame_shape)``."""
-        return int(np.argmax(self.q_values(stack[None])[0]))
+    def act(self, stack: Any) -> int:
+        """The greedy action for one stack ``(frame_stack, *frame_shape)`` (or dict of them)."""
+        return int(np.argmax(self.q_values(one_of(stack))[0]))
 
-    def act_batch(self, stacks: np.ndarray) -> np.ndarray:
-        """The greedy actions for ``(n, frame_stack, *frame_shape)`` stacks, in one forward pass."""
+    def act_batch(self, stacks: Any) -> np.ndarray:
+        """The greedy actions for ``(n, frame_stack, *frame_shape)`` stacks (or a dict of them), in one
+        forward pass."""
         return np.argmax(self.q_values(stacks), axis=1)
 
     # Learning -----------------------------------------------------------------------------------
@@ -168,19 +176,18 @@ class TensorFlowLearner(Learner):
 
     backend = "tensorflow"
 
-    def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer, *, stack_shape: Sequence[int],
-                 dtype: Any, target_every: int, tau: float, cql_alpha: float = 0.0) -> None:
+    def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer, *, stacks: StackSpec,
+                 target_every: int, tau: float, cql_alpha: float = 0.0) -> None:
         import tensorflow as tf
 
         super().__init__(model, optimizer, target_every=target_every, tau=tau, cql_alpha=cql_alpha)
         self.variables = list(model.trainable_variables)
         self.target = [tf.Variable(v.value, trainable=False) for v in model.trainable_variables]
         self.target_frozen = [tf.Variable(v.value, trainable=False) for v in model.non_trainable_variables]
-        spec = tf.TensorSpec((None, *stack_shape), tf.as_dtype(np.dtype(dtype)))
-        self._q = tf.function(lambda stacks: model(stacks), input_signature=[spec])
+        self._q = tf.function(lambda x: model(x), input_signature=[stacks.tf_signature()])
         self._train = tf.function(self._train_block, reduce_retracing=True)
 
-    def q_values(self, stacks: np.ndarray) -> np.ndarray:
+    def q_values(self, stacks: Any) -> np.ndarray:
         return np.asarray(self._q(stacks))
 
     def train_block(self, block: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -195,10 +202,10 @@ class TensorFlowLearner(Learner):
         def target(stacks: Any) -> Any:
             return model.stateless_call(self.target, self.target_frozen, stacks)[0]
 
-        k = tf.shape(block["obs"])[0]
+        k = tf.shape(block["action"])[0]
         losses, q_means, abs_tds = (tf.TensorArray(tf.float32, size=k) for _ in range(3))
         for i in tf.range(k):  # autograph: a tf.while_loop
-            batch = {name: value[i] for name, value in block.items()}
+            batch = {name: tf.nest.map_structure(lambda v: v[i], value) for name, value in block.items()}
             with tf.GradientTape() as tape:
                 loss, (q_mean, abs_td) = td_loss(model, target, batch, cql_alpha=self.cql_alpha)
             optimizer.apply_gradients(zip(tape.gradient(loss, self.variables), self.variables, strict=True))
@@ -250,8 +257,8 @@ class JaxLearner(Learner):
 
     backend = "jax"
 
-    def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer, *, stack_shape: Sequence[int],
-                 dtype: Any, target_every: int, tau: float, cql_alpha: float = 0.0) -> None:
+    def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer, *, stacks: StackSpec,
+                 target_every: int, tau: float, cql_alpha: float = 0.0) -> None:
         import jax
 
         super().__init__(model, optimizer, target_every=target_every, tau=tau, cql_alpha=cql_alpha)
@@ -270,7 +277,7 @@ class JaxLearner(Learner):
         self.frozen = [v.value for v in self.model.non_trainable_variables]
         self.opt_vars = [v.value for v in self.optimizer.variables]
 
-    def q_values(self, stacks: np.ndarray) -> np.ndarray:
+    def q_values(self, stacks: Any) -> np.ndarray:
         return np.asarray(self._q(self.params, stacks))
 
     def train_block(self, block: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -1,11 +1,13 @@
-"""Q-networks: the ready-made ones (the Nature DQN CNN for image stacks, an MLP for vectors) and the
-checks any model handed to ``DQN`` passes before anything runs.
+"""Q-networks: the ready-made ones (the Nature DQN CNN for image stacks, an MLP for vectors, one for
+the dicts of a Dict store) and the checks any model handed to ``DQN`` passes before anything runs.
 
 A Q-network takes the stack exactly as the store returns it: ``(batch, frame_stack, *frame_shape)``
 in the store's dtype (uint8 for Atari frames, float32 for CartPole's vectors), frames oldest first,
 and returns one Q-value per action, ``(batch, n_actions)``. Scaling, a channels-last layout and
 casts belong inside the model (``Rescaling``, ``Permute``): the model is then the whole function from
-what is stored to Q-values, and it saves and loads as one ``.keras`` file.
+what is stored to Q-values, and it saves and loads as one ``.keras`` file. A Dict store's stacks
+come as a dict, one such array per key (trainer/stacks.py), which a functional model takes through
+one ``keras.Input`` named after each key.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import numpy as np
 from keras import layers
 
 from .config import TrainerError
+from .stacks import StackSpec
 
 
 class ModelError(TrainerError, ValueError):
@@ -93,6 +96,32 @@ def embedded_mlp(frame_stack: int, states: int, n_actions: int, *, hidden_sizes:
     return keras.Model(inputs, _head(x, n_actions, dueling), name=name)
 
 
+def dict_mlp(observation_space: Any, n_actions: int, *, frame_stack: int = 1, hidden_sizes: Sequence[int] = (256, 256),
+             width: int = 16, dueling: bool = False, name: str = "dict_mlp") -> keras.Model:
+    """For a Dict store's stacks (a goal env's ``observation``, ``achieved_goal``, ``desired_goal``):
+    one ``keras.Input`` per key of the gymnasium ``Dict`` ``observation_space``, named after it; a
+    ``Discrete`` entry of states ``0..n-1`` embedded in ``width`` learned values, every other entry
+    taken as float32 numbers; all of them flattened side by side, then ``hidden_sizes`` ReLU layers
+    and one Q-value per action."""
+    stacks = StackSpec.of_space(observation_space, frame_stack)
+    if not stacks.keyed:
+        raise TrainerError(f"dict_mlp is for a Dict observation space, not {observation_space}; use mlp, "
+                           "embedded_mlp or nature_cnn")
+    inputs, parts = {}, []
+    for key, shape, dtype in stacks.entries:
+        inputs[key] = keras.Input(shape=(stacks.frame_stack, *shape), dtype=dtype.name, name=key)
+        space = observation_space.spaces[key]
+        if hasattr(space, "n") and tuple(space.shape) == () and int(getattr(space, "start", 0)) == 0:
+            x = layers.Embedding(int(space.n), int(width), name=f"{key}_embedding")(inputs[key])
+        else:
+            x = layers.Rescaling(1.0, name=f"{key}_as_float")(inputs[key])  # (a cast to float32)
+        parts.append(layers.Flatten(name=f"{key}_flat")(x))
+    x = layers.Concatenate(name="features")(parts) if len(parts) > 1 else parts[0]
+    for units in hidden_sizes:
+        x = layers.Dense(int(units), activation="relu")(x)
+    return keras.Model(inputs, _head(x, n_actions, dueling), name=name)
+
+
 def q_network(stack_shape: Sequence[int], dtype: Any, n_actions: int, *, hidden_sizes: Sequence[int],
               name: str = "online") -> keras.Model:
     """What ``replaystore-train`` builds: ``nature_cnn`` for stacks of 2-D frames, else ``mlp``."""
@@ -123,22 +152,26 @@ def check_savable(model: Any) -> None:
                          "it with @keras.saving.register_keras_serializable(), or fit without checkpoint_dir") from None
 
 
-def check_model(model: Any, stack_shape: Sequence[int], dtype: Any, n_actions: int) -> None:
+def check_model(model: Any, stacks: StackSpec, n_actions: int) -> None:
     """Refuse, with one line saying why and what to do, a model ``DQN`` cannot train on these stacks
-    (``(batch, *stack_shape)`` of ``dtype``) and actions: not a Keras model, one that cannot take the
+    (``(batch, frame_stack, *frame_shape)`` arrays, or a dict of them) and actions: not a Keras model, one that cannot take the
     stacks, one whose output is not one Q-value per action, one with nothing to train, or one with
     state that training updates outside its trainable weights (the loss would leave it stale)."""
     if not isinstance(model, keras.Model):
         raise ModelError(f"the model is a {type(model).__name__}, not a keras.Model; build one that maps "
-                         f"stacks of shape {tuple(stack_shape)} to {n_actions} Q-values (replaystore.trainer.nature_cnn "
-                         "and mlp are ready-made)")
-    probe = np.zeros((2, *stack_shape), dtype=np.dtype(dtype))
+                         f"stacks of {stacks.describe()} to {n_actions} Q-values (replaystore.trainer.nature_cnn, mlp "
+                         "and dict_mlp are ready-made)")
+    probe = stacks.zeros(2)
     try:
         out = model(probe)  # builds a subclassed model
     except Exception as exc:  # noqa: BLE001 - whatever the model raised, said in one line
-        raise ModelError(f"the model cannot take the store's stacks, shaped (batch, {', '.join(map(str, stack_shape))}) "
-                         f"of {np.dtype(dtype).name} ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); its input "
-                         "must be that stack (frames oldest first; scale and transpose inside the model)") from exc
+        if stacks.keyed:
+            given, what = f"batches of {stacks.describe()}", "a dict of stacks (one keras.Input named after each key)"
+        else:
+            given = f"shaped (batch, {', '.join(map(str, stacks.shape))}) of {stacks.dtype.name}"
+            what = "that stack (frames oldest first; scale and transpose inside the model)"
+        raise ModelError(f"the model cannot take the store's stacks, {given} ({type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0][:200]}); its input must be {what}") from exc
     shape = tuple(int(d) for d in keras.ops.shape(out))
     if shape != (2, n_actions):
         raise ModelError(f"the model outputs shape {shape[1:]} per stack, but the environment has {n_actions} actions: "

@@ -88,7 +88,7 @@ class Run:
                 learning.acted(moved, wait=source.waits)
             elif step > config.learning_starts:
                 due = step // config.train_frequency - max(before, config.learning_starts) // config.train_frequency
-                if not learning.started and due and len(self.store) >= config.batch_size + config.n_step:
+                if not learning.started and due and learning.can_sample():
                     learning.start(step)
                 learning.steps(due)
             state.epsilon = epsilon

@@ -8,11 +8,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from replaystore import ReplayStore, StoreNotFoundError
 
 from .config import TrainerError
+from .stacks import StackSpec
 
 
 def open_to_append(location: str | Path, *, cache_bytes: int, options: dict[str, Any]) -> ReplayStore | None:
@@ -46,7 +45,7 @@ def check_for_env(store: ReplayStore, observation_space: Any, action_space: Any,
     if not store.writing:
         raise TrainerError(f"{store.path} is open read-only; DQN adds what it acts to the store: open it with "
                            "mode='a'")
-    if store.observation_space.shape != observation_space.shape or store.action_space != action_space:
+    if not same_frames(store.observation_space, observation_space) or store.action_space != action_space:
         raise TrainerError(f"{store.path} stores {store.observation_space} with {store.action_space}, which the "
                            f"environment's {observation_space} and {action_space} do not match")
     if len(store.writing) != num_streams:
@@ -57,22 +56,29 @@ def check_for_env(store: ReplayStore, observation_space: Any, action_space: Any,
                            "or with a DST after the path to copy)")
 
 
+def same_frames(stored: Any, observation_space: Any) -> bool:
+    """Whether an env observing ``observation_space`` gives the frames a store of ``stored`` keeps
+    (a Dict's keys, and each entry's shape and dtype)."""
+    try:
+        return StackSpec.of_space(stored, 1) == StackSpec.of_space(observation_space, 1)
+    except TrainerError:
+        return False
+
+
 def check_for_eval(store: ReplayStore, observation_space: Any, action_space: Any) -> None:
     """Refuse an evaluation env whose frames or actions are not the store's (so not the model's)."""
-    if observation_space.shape != store.observation_space.shape or action_space.n != store.action_space.n:
+    if not same_frames(store.observation_space, observation_space) or action_space.n != store.action_space.n:
         raise TrainerError(f"the evaluation env gives frames of {observation_space} with {action_space}, but {store.path} "
                            f"holds {store.observation_space} with {store.action_space}: evaluate on the env the "
                            "store was written from (with its wrappers, but without a frame stack)")
 
 
-def check_for_network(observation_space: Any, action_space: Any, stack_shape: tuple[int, ...], dtype: Any,
-                      n_actions: int) -> None:
+def check_for_network(observation_space: Any, action_space: Any, stacks: StackSpec, n_actions: int) -> None:
     """Refuse an env (to evaluate on) whose frames or actions are not the Q-network's."""
-    if tuple(observation_space.shape) != tuple(stack_shape[1:]) or int(action_space.n) != n_actions:
+    if not stacks.takes_frames_of(observation_space) or int(action_space.n) != n_actions:
         raise TrainerError(f"the env gives frames of {observation_space} with {action_space}, but this agent's "
-                           f"Q-network takes stacks of {tuple(stack_shape)} {np.dtype(dtype).name} and gives "
-                           f"{n_actions} Q-values: evaluate on the env it learned from (with its wrappers, but "
-                           "without a frame stack)")
+                           f"Q-network takes stacks of {stacks.describe()} and gives {n_actions} Q-values: evaluate "
+                           "on the env it learned from (with its wrappers, but without a frame stack)")
 
 
 def check_dataset(store: ReplayStore, batch_size: int, n_step: int, eval_spaces: tuple[Any, Any] | None) -> None:
@@ -104,13 +110,17 @@ def check_not_dataset(location: str | Path, datasets: list[str]) -> None:
                            "vector env of E envs)")
 
 
-def check_stacks(store: ReplayStore, stack_shape: tuple[int, ...], dtype: Any) -> None:
-    """Refuse a store whose stacks are not the learner's (``(frame_stack, *frame_shape)`` of ``dtype``)."""
-    shape = (store.frame_stack, *store.observation_space.shape)
-    if shape != tuple(stack_shape) or store.observation_space.dtype != dtype:
-        raise TrainerError(f"{store.path} holds stacks of {shape} {store.observation_space.dtype}, but this agent's "
-                           f"Q-network takes {tuple(stack_shape)} {dtype}: use a store of the agent's frames and "
-                           "frame stack (a path that holds no store is created with them)")
+def check_stacks(store: ReplayStore, stacks: StackSpec) -> None:
+    """Refuse a store whose stacks are not the learner's."""
+    try:
+        held = StackSpec.of_space(store.observation_space, store.frame_stack)
+    except TrainerError:
+        held = None
+    if held != stacks:
+        what = held.describe() if held is not None else str(store.observation_space)
+        raise TrainerError(f"{store.path} holds stacks of {what}, but this agent's Q-network takes "
+                           f"{stacks.describe()}: use a store of the agent's frames and frame stack (a path that "
+                           "holds no store is created with them)")
 
 
 def store_ref(location: str | Path, directory: Path) -> str:
@@ -139,22 +149,16 @@ class AgentStore:
         self.store: ReplayStore | None = None
         self.location: str | Path = ""
         self.reopen = False  # the store was opened here read-only: fit reopens it for appending
-        self.stacks: tuple[tuple[int, ...], Any] | None = None  # the Q-network's (stack shape, dtype), once made
+        self.stacks: StackSpec | None = None  # the Q-network's stacks, once made
         self.switch(store)
 
     def check_learnable(self, observation_space: Any, action_space: Any) -> None:
-        """Refuse spaces a Q-network cannot be made for: actions that are not Discrete, and a Dict
-        store's observations (format/dictobs.py), saying what reads those."""
+        """Refuse spaces a Q-network cannot be made for: actions that are not Discrete (every
+        observation space a store keeps is stacked: trainer/stacks.py)."""
         if not hasattr(action_space, "n"):
             where = f"{self.store.path} holds" if self.store is not None else "the environment has"
             raise TrainerError(f"{where} actions of {action_space}; DQN needs a Discrete action space (one Q-value "
                                "per action)")
-        if getattr(observation_space, "shape", None) is None:
-            raise TrainerError(f"{self.location} holds observations of {observation_space}; this DQN takes Box "
-                               "observations (stacks of frames): learn from a Dict store with SB3's "
-                               "MultiInputPolicy (a goal env: ReplayStoreHerBuffer; docs/sb3.md) or your own loop "
-                               "over store.sample / as_dataset (sampler=HindsightSampler(...) relabels goals), "
-                               "or flatten the env's (gymnasium's FlattenObservation) into a new store")
 
     def switch(self, store: ReplayStore | str | Path) -> None:
         """Use ``store`` from now on (the current one is closed first)."""
@@ -170,13 +174,15 @@ class AgentStore:
         return {"storage_options": self.storage_options} if self.storage_options else {}
 
     def default_stack(self, observation_space: Any) -> int:
-        """Frames a stack for a new store: ``frame_stack``, else 4 for image frames and 1 for vectors."""
-        return self.frame_stack or (4 if len(observation_space.shape) >= 2 else 1)
+        """Frames a stack for a new store: ``frame_stack``, else 4 for image frames and 1 for vectors
+        (and for a Dict's entries)."""
+        shape = getattr(observation_space, "shape", None)
+        return self.frame_stack or (4 if shape is not None and len(shape) >= 2 else 1)
 
     def check_stacks(self, store: ReplayStore) -> None:
         """Refuse a store whose stacks are not the Q-network's (once it is made)."""
         if self.stacks is not None:
-            check_stacks(store, *self.stacks)
+            check_stacks(store, self.stacks)
 
     def for_append(self, observation_space: Any, action_space: Any, num_streams: int, *,
                    create: bool) -> ReplayStore | None:
@@ -196,7 +202,7 @@ class AgentStore:
                                        f"{num_streams} envs (each env writes its own stream of the store); use "
                                        f"{lower:,} or {lower + num_streams:,}")
                 self.store = ReplayStore.create(self.location, self.buffer_size, observation_space, action_space,
-                                                self.stacks[0][0] if self.stacks else self.default_stack(observation_space),
+                                                self.stacks.frame_stack if self.stacks else self.default_stack(observation_space),
                                                 cache_bytes=self.cache_bytes, num_streams=num_streams,
                                                 **self.options())
         check_for_env(self.store, observation_space, action_space, num_streams)
