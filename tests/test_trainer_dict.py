@@ -4,7 +4,7 @@ A Dict env's stacks are a dict of stacks, one per key (trainer/stacks.py): what 
 bit for bit what the store samples; ``dict_mlp`` takes them (Box, Discrete, MultiBinary and
 MultiDiscrete entries of mixed dtypes); a vector env with a frame stack fits, saves, loads, acts on
 a dict and resumes, on TensorFlow and after JAX; ``her_n_sampled_goal`` relabels with the env's
-``compute_reward`` and learns 12-bit flipping, which plain DQN does not; ``fit_offline`` relabels
+``compute_reward`` and learns 10-bit flipping, which plain DQN does not; ``fit_offline`` relabels
 with its ``eval_env``'s; settings, models, envs and stores that cannot work are refused in one line
 with the store as it was.
 """
@@ -40,23 +40,24 @@ def goal_model(env: Any, stack: int = 1) -> Any:
 
 
 def bit_flipping(tmp_path: Path, k: int) -> float:
-    """Greedy success on 12-bit flipping after 10k steps, with ``k`` relabelled goals per real one."""
-    env, eval_env = BitFlip(12), BitFlip(12)
+    """Greedy success on 10-bit flipping after 5k steps, with ``k`` relabelled goals per real one."""
+    env, eval_env = BitFlip(10), BitFlip(10)
     keras.utils.set_random_seed(0)
-    agent = DQN(dict_mlp(env.observation_space, 12, hidden_sizes=(256, 256)), tmp_path / f"bits{k}.zarr",
+    agent = DQN(dict_mlp(env.observation_space, 10, hidden_sizes=(256, 256)), tmp_path / f"bits{k}.zarr",
                 buffer_size=100_000, learning_starts=500, batch_size=64, train_frequency=1,
                 target_network_frequency=500, learning_rate=1e-3, exploration_fraction=0.5, end_e=0.05,
                 her_n_sampled_goal=k)
-    agent.fit(env, 10_000)
+    agent.fit(env, 5_000)
     returns = agent.evaluate(eval_env, 100, seed=5)
     agent.close()
-    return float(np.mean(np.array(returns) > -12))
+    return float(np.mean(np.array(returns) > -10))
 
 
 def test_hindsight_learns_bit_flipping_that_plain_dqn_cannot(tmp_path: Path) -> None:
-    """HER's own task: the reward is -1 until all 12 bits match, which random moves almost never do."""
-    assert bit_flipping(tmp_path, 4) >= 0.8  # measured: 0.97
-    assert bit_flipping(tmp_path, 0) <= 0.05  # measured: 0.0
+    """HER's own task: the reward is -1 until all 10 bits match, which random moves almost never do."""
+    success = bit_flipping(tmp_path, 4), bit_flipping(tmp_path, 0)
+    print("greedy success with and without HER", success)
+    assert success[0] >= 0.8 and success[1] <= 0.05
 
 
 def test_the_agents_dict_stacks_are_the_stores(tmp_path: Path) -> None:
@@ -135,6 +136,16 @@ def test_fit_offline_relabels_with_the_eval_envs_reward(tmp_path: Path) -> None:
     offline.fit_offline(100, compute_reward=env.compute_reward)
     assert offline.train_steps >= 100
     offline.close()
+
+
+def test_lockstep_hindsight_one_step_a_call(tmp_path: Path) -> None:
+    """Without the learner thread (``replay_ratio=0``), one gradient step a call: tf.data's batches of
+    dicts as they come; learning starts once an episode has ended."""
+    agent = DQN(goal_model(BitFlip(6)), tmp_path / "bits.zarr", her_n_sampled_goal=4, steps_per_call=1, replay_ratio=0,
+                **{**SMALL, "learning_starts": 20, "batch_size": 4})
+    agent.fit(BitFlip(6), 300)
+    assert 270 <= agent.train_steps <= 280
+    agent.close()
 
 
 def single_input_model() -> Any:

@@ -187,7 +187,7 @@ class Learning:
             self.source = iter(dataset)
         else:  # batches as they come (the bridge's cost spread over 32 of them), each a block of one
             dataset = store.as_dataset(args.batch_size, batches_per_call=32, **kwargs)
-            self.source = ({name: tf.expand_dims(value, 0) for name, value in batch.items()} for batch in dataset)
+            self.source = (tf.nest.map_structure(lambda v: tf.expand_dims(v, 0), batch) for batch in dataset)
         self._close = dataset.prefetcher.close
 
     def steps(self, n: int) -> None:
