@@ -156,10 +156,11 @@ def test_a_minari_dataset_of_such_observations_round_trips(tmp_path, datasets_ro
 def test_the_command_line_learns_slippery_frozen_lake(tmp_path) -> None:
     """``replaystore-train`` on a Discrete observation space builds ``embedded_mlp`` (each state
     embedded, then the MLP); on slippery FrozenLake (a random policy succeeds 1.5% of the time, the
-    best about 75%) its greedy policy succeeds in 0.595 of 200 games after 30k steps (measured)."""
+    best about 75%) its greedy policy succeeds in 0.595 of 200 games after 30k steps, and in 0.595 and
+    0.735 in two runs of 20k steps (measured); the test runs 20k."""
     run = tmp_path / "run"
     done = subprocess.run([sys.executable, "-m", "replaystore.trainer.cli", "--env-id", "FrozenLake-v1",
-                           "--total-timesteps", "30000", "--learning-starts", "1000", "--train-frequency", "1",
+                           "--total-timesteps", "20000", "--learning-starts", "1000", "--train-frequency", "1",
                            "--target-network-frequency", "500", "--exploration-fraction", "0.3",
                            "--learning-rate", "0.001", "--run-dir", str(run), "--no-progress"],
                           capture_output=True, text=True, timeout=600)
