@@ -250,11 +250,11 @@ def _rows(value):
 
 
 @pytest.mark.parametrize(("space", "message"), [
-    (gym.spaces.Dict({"a": gym.spaces.Dict({"b": gym.spaces.Box(0, 1, (2,))})}), r"observation_space\['a'\] is Dict"),
-    (gym.spaces.Dict({"a": gym.spaces.Tuple([gym.spaces.Discrete(2)])}), r"observation_space\['a'\] is Tuple"),
-    (gym.spaces.Dict({}), "Dict of 0 entries"),
+    (gym.spaces.Dict({"a": gym.spaces.Dict({"b": gym.spaces.Text(3)})}), r"observation_space\['a/b'\] is Text"),
+    (gym.spaces.Dict({"a": gym.spaces.Sequence(gym.spaces.Discrete(2))}), r"observation_space\['a'\] is Sequence"),
+    (gym.spaces.Dict({}), "has 0 entries"),
     (gym.spaces.Dict([(1, gym.spaces.Box(0, 1, (2,)))]), "the key 1"),
-], ids=["nested", "tuple", "empty", "int-key"])
+], ids=["text", "sequence", "empty", "int-key"])
 def test_a_space_a_store_cannot_hold_is_refused(tmp_path: Path, space: gym.Space, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         ReplayStore.create(tmp_path / "r.zarr", 64, space, gym.spaces.Discrete(2))

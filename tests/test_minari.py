@@ -203,10 +203,10 @@ def test_a_bad_episode_is_named_and_no_store_is_left(tmp_path: Path, case: str) 
 
 
 def test_what_a_store_cannot_hold_is_refused_before_anything_is_made(tmp_path: Path) -> None:
-    space = gym.spaces.Dict({"pos": VECTOR, "n": gym.spaces.Dict({"m": gym.spaces.Discrete(3)})})
-    written("dict/obs-v0", [{**episode(3), "obs": {"pos": episode(3)["obs"], "n": {"m": np.zeros(4, np.int64)}}}],
+    space = gym.spaces.Dict({"pos": VECTOR, "n": gym.spaces.Dict({"m": gym.spaces.Text(3)})})
+    written("dict/obs-v0", [{**episode(3), "obs": {"pos": episode(3)["obs"], "n": {"m": ["abc"] * 4}}}],
             space, gym.spaces.Discrete(3))
-    with pytest.raises(ConfigError, match=r"dict/obs-v0 cannot be stored: observation_space\['n'\] is Dict"):
+    with pytest.raises(ConfigError, match=r"dict/obs-v0 cannot be stored: observation_space\['n/m'\] is Text"):
         store_from_minari("dict/obs-v0", tmp_path / "d.zarr")
     with pytest.raises(StoreNotFoundError, match="minari download nobody/nothing-v0"):
         store_from_minari("nobody/nothing-v0", tmp_path / "d.zarr")

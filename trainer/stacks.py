@@ -56,6 +56,10 @@ class StackSpec:
         try:
             if is_dict_space(space):
                 spec = dict_from_space(space)
+                if spec.tree is not None:
+                    raise TrainerError(f"the observation space is {spec.describe()}; this DQN takes a Dict of Boxes "
+                                       "and the like, not a nested Dict or a Tuple: flatten it (gymnasium's "
+                                       "FlattenObservation on the env) into a new store")
                 return cls(int(frame_stack), tuple((e.key, tuple(e.shape), np.dtype(e.dtype)) for e in spec.entries),
                            True)
             box, _ = observation_from_space(space)

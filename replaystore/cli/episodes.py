@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from replaystore.errors import ConfigError, UnsafePathError
+from replaystore.format import nesting
 from replaystore.format.spaces import BoxSpec, stored_box
 from replaystore.sampling.episodes import Episode, episode_table, how_it_ended, stream_ring, window
 from replaystore.sampling.memory import check_episode
@@ -114,7 +115,8 @@ def save_episode(path: str | Path, index: int, out: str | Path, *, stream: int =
         low, high = box.low, box.high
     data = io.BytesIO()
     if out.suffix.lower() == ".npz":
-        obs = {f"obs.{key}": v for key, v in episode.obs.items()} if isinstance(episode.obs, dict) else {"obs": episode.obs}
+        flat = _flat_obs(store, episode.obs)
+        obs = {f"obs.{key}": v for key, v in flat.items()} if flat is not None else {"obs": episode.obs}
         arrays: dict[str, Any] = {**obs, "action": episode.action, "reward": episode.reward,
                                   "terminated": episode.terminated, "truncated": episode.truncated,
                                   "stream": episode.stream, "index": episode.index, "first_step": episode.first_step,
@@ -123,7 +125,8 @@ def save_episode(path: str | Path, index: int, out: str | Path, *, stream: int =
                                   **{f"extras.{name}": v for name, v in episode.extras.items()}}
         np.savez_compressed(data, **arrays)
     else:
-        frames = episode.obs[key] if key is not None else episode.obs
+        flat = _flat_obs(store, episode.obs)
+        frames = flat[key] if key is not None and flat is not None else episode.obs
         _write_gif(data, _to_uint8(frames, low, high), fps)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
@@ -157,6 +160,18 @@ def _shown(store: ReplayStore, path: str | Path, key: str | None) -> tuple[str |
                           + (f"pass --key with one of {images}" if images else "none is an image, so save the episode "
                              "as .npz (each key as obs.KEY)"))
     return key, boxes[key]
+
+
+def _flat_obs(store: ReplayStore, obs: Any) -> dict[str, np.ndarray] | None:
+    """A Dict store's observations as one array per entry, a nested one's named by their paths
+    (``achieved_goal/kettle``); None for a Box store's."""
+    spec = store.schema.observation_dict
+    if spec is None:
+        return None
+    if spec.tree is None:
+        return dict(obs)
+    leaves = nesting.flatten(spec.tree, obs, name="obs", path=str(store.path), expected=spec.describe)
+    return dict(zip(spec.keys, leaves, strict=True))
 
 
 def _is_image(shape: tuple[int, ...]) -> bool:

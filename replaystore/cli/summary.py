@@ -145,8 +145,13 @@ def _observations(schema: Schema) -> dict[str, Any]:
         return _entry(schema.observation_entry)
     if schema.observation_dict is None:
         return _box(schema.observation)
-    return {"type": "Dict", "spaces": {key: _entry(spec) for key, spec in schema.observation_dict.spaces},
-            "stored_as": {"shape": list(schema.observation.shape), "dtype": schema.observation.dtype}}
+    spec = schema.observation_dict
+    out: dict[str, Any] = {"type": "Tuple" if spec.tree is not None and spec.tree[0] == "Tuple" else "Dict",
+                           "spaces": {key: _entry(entry) for key, entry in spec.spaces},
+                           "stored_as": {"shape": list(schema.observation.shape), "dtype": schema.observation.dtype}}
+    if spec.tree is not None:  # a nested Dict or a Tuple: its leaves named by their paths above, its structure here
+        out["structure"] = spec.describe()
+    return out
 
 
 def _describe_box(box: dict[str, Any]) -> str:
@@ -166,11 +171,11 @@ def _describe_entry(entry: dict[str, Any]) -> str:
 def _describe_observations(obs: dict[str, Any]) -> str:
     if obs.get("type") in ("Discrete", "MultiBinary", "MultiDiscrete"):
         return f"{_describe_entry(obs)}, kept as {obs['dtype']}{tuple(obs['shape'])}"
-    if obs.get("type") != "Dict":
+    if obs.get("type") not in ("Dict", "Tuple"):
         return _describe_box(obs)
     entries = ", ".join(f"{key}: {_describe_entry(box)}" for key, box in obs["spaces"].items())
     stored = obs["stored_as"]
-    return f"Dict({entries}), each step kept as one frame of {stored['shape'][0]} {stored['dtype']}"
+    return f"{obs.get('structure') or f'Dict({entries})'}, each step kept as one frame of {stored['shape'][0]} {stored['dtype']}"
 
 
 def _actions(space: dict[str, Any]) -> str:

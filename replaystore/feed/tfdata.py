@@ -26,6 +26,7 @@ dict with the fields of the sampler's batches (``Batch``, or ``SequenceBatch``);
 from __future__ import annotations
 
 import operator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,7 @@ from tensorflow.python.ops import gen_dataset_ops
 from replaystore.errors import SampleError
 from replaystore.feed.prefetch import Prefetcher, Source
 from replaystore.format.extras import PREFIX as EXTRAS
+from replaystore.format.nesting import nest
 from replaystore.format.schema import Schema
 from replaystore.sampling.samplers import Sampler
 
@@ -53,30 +55,41 @@ def element_spec(sampler: Sampler, schema: Schema, batch_size: int,
             extras = spec.setdefault("extras", {})
             extras[name[len(EXTRAS):]] = tf.TensorSpec((*lead, *shape), tf.as_dtype(dtype), name=f"extras_{len(extras)}")
         elif name in sampler.frames and schema.observation_dict is not None:
-            spec[name] = {e.key: tf.TensorSpec((*lead, *shape[:-1], *e.shape), tf.as_dtype(e.dtype), name=f"{name}_{i}")
-                          for i, e in enumerate(schema.observation_dict.entries)}
+            entries = {e.key: tf.TensorSpec((*lead, *shape[:-1], *e.shape), tf.as_dtype(e.dtype), name=f"{name}_{i}")
+                       for i, e in enumerate(schema.observation_dict.entries)}
+            tree = schema.observation_dict.tree  # (a nested Dict's or a Tuple's: dicts and tuples, as batches give)
+            spec[name] = entries if tree is None else nest(tree, list(entries.values()))
         else:
             spec[name] = tf.TensorSpec((*lead, *shape), tf.as_dtype(dtype), name=name)
     return spec
 
 
-def leaf_paths(spec: dict[str, Any]) -> list[tuple[str, ...]]:
-    """Every tensor of an element, as ``(field,)`` or ``(field, key)`` (a Dict store's observations, the extras)."""
-    paths: list[tuple[str, ...]] = []
-    for name, value in spec.items():
-        paths += [(name, key) for key in value] if isinstance(value, dict) else [(name,)]
+def leaf_paths(spec: Any) -> list[tuple[Any, ...]]:
+    """Every tensor of an element, as the keys and tuple positions that lead to it: ``(field,)``, or
+    ``(field, key, ...)`` for a Dict store's observations (nested: dicts and tuples) and the extras."""
+    paths: list[tuple[Any, ...]] = []
+
+    def walk(value: Any, path: tuple[Any, ...]) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                walk(item, (*path, key))
+        elif isinstance(value, tuple):
+            for i, item in enumerate(value):
+                walk(item, (*path, i))
+        else:
+            paths.append(path)
+
+    walk(spec, ())
     return paths
 
 
-def nested(paths: list[tuple[str, ...]], values: Any) -> dict[str, Any]:
-    """The element's dict from its tensors in ``paths`` order."""
-    out: dict[str, Any] = {}
-    for path, value in zip(paths, values):
-        if len(path) == 1:
-            out[path[0]] = value
-        else:
-            out.setdefault(path[0], {})[path[1]] = value
-    return out
+def rebuild(spec: Any, values: Iterator[Any]) -> Any:
+    """The element's structure (``spec``'s dicts and tuples) holding ``values``, in ``leaf_paths`` order."""
+    if isinstance(spec, dict):
+        return {key: rebuild(item, values) for key, item in spec.items()}
+    if isinstance(spec, tuple):
+        return tuple(rebuild(item, values) for item in spec)
+    return next(values)
 
 
 def as_dataset(source: Source, sampler: Sampler, batch_size: int, *, prefetch: int = 4, threads: int = 2,
@@ -98,7 +111,7 @@ def as_dataset(source: Source, sampler: Sampler, batch_size: int, *, prefetch: i
 
     def to_block(_: tf.Tensor) -> dict[str, Any]:
         values = tf.numpy_function(fetch, [], out_types, stateful=True, name="replaystore_sample")
-        return nested(paths, [tf.ensure_shape(value, leaf.shape) for value, leaf in zip(values, leaves)])
+        return rebuild(block_spec, iter([tf.ensure_shape(value, leaf.shape) for value, leaf in zip(values, leaves)]))
 
     # A plain (sequential) map: the consumer's own thread calls ``fetch`` once per block, and the
     # slices of a block are taken on that same thread; no per-batch function and no hand-over
@@ -159,10 +172,9 @@ class BatchIterator(iterator_ops.OwnedIterator):
         spec = dataset.element_spec
         self._paths = leaf_paths(spec)  # the element_spec's order, as the stock iterator gives
         self._names = [path[0] for path in self._paths]
-        self._nested = len(self._paths) > len(spec)  # a Dict store's observations
-        ids = iter(range(len(self._paths)))
-        flat = tf.nest.flatten({name: {key: next(ids) for key in value} if isinstance(value, dict) else next(ids)
-                                for name, value in spec.items()})  # the order tf.data flattens in
+        self._spec = spec
+        self._nested = len(self._paths) > len(spec)  # a Dict store's observations, the extras
+        flat = tf.nest.flatten(rebuild(spec, iter(range(len(self._paths)))))  # the order tf.data flattens in
         self._pick = operator.itemgetter(*[flat.index(i) for i in range(len(flat))])
         # the op's attributes as plain ints and lists, which the eager fast path reads quicker than
         # DType and TensorShape objects (the shapes are all fully known here)
@@ -181,11 +193,12 @@ class BatchIterator(iterator_ops.OwnedIterator):
         flat = gen_dataset_ops.iterator_get_next(self._iterator_resource, output_types=self._types,
                                                  output_shapes=self._shapes)
         if self._nested:
-            return nested(self._paths, self._pick(flat))
+            return rebuild(self._spec, iter(self._pick(flat)))
         return dict(zip(self._names, self._pick(flat)))
 
 
-def _at(element: Any, path: tuple[str, ...]) -> Any:
+def _at(element: Any, path: tuple[Any, ...]) -> Any:
     """The tensor (or array) at ``path`` of an element or a block."""
-    value = element[path[0]]
-    return value if len(path) == 1 else value[path[1]]
+    for step in path:
+        element = element[step]
+    return element

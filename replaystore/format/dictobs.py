@@ -33,6 +33,8 @@ from typing import Any
 import numpy as np
 
 from replaystore.errors import ConfigError, InvalidTransitionError
+from replaystore.format import nesting
+from replaystore.format.nesting import Nesting
 from replaystore.format.spaces import (
     BoxSpec,
     DiscreteSpec,
@@ -76,10 +78,13 @@ class Packed:
 
 @dataclass(frozen=True)
 class DictSpec:
-    """A gymnasium ``Dict`` of ``Box``, ``Discrete`` and ``MultiBinary`` entries, in its key order, and
-    ``stored``, the flat Box frame that holds one step's dict in the store."""
+    """A gymnasium ``Dict`` of ``Box``, ``Discrete``, ``MultiBinary`` and ``MultiDiscrete`` entries, in
+    its key order, and ``stored``, the flat Box frame that holds one step's dict in the store. A
+    nested ``Dict`` or a ``Tuple`` is the flat Dict of its leaves, each named by its path, and
+    ``tree``, its structure (format/nesting.py), which ``pack`` takes and ``unpack`` gives."""
 
     spaces: tuple[tuple[str, EntrySpec], ...]
+    tree: Nesting | None = None
     stored: BoxSpec = field(init=False, compare=False, repr=False)
     entries: tuple[Entry, ...] = field(init=False, compare=False, repr=False)
     keys: tuple[str, ...] = field(init=False, compare=False, repr=False)
@@ -107,13 +112,17 @@ class DictSpec:
         object.__setattr__(self, "keys", tuple(key for key, _ in self.spaces))
 
     def to_space(self) -> Any:
-        """The gymnasium ``Dict`` space, its keys in the stored order."""
+        """The gymnasium ``Dict`` space, its keys in the stored order (a nested one, or a ``Tuple``)."""
         import gymnasium as gym
 
+        if self.tree is not None:
+            return nesting.to_space(self.tree, [spec.to_space() for _, spec in self.spaces])
         return gym.spaces.Dict([(key, spec.to_space()) for key, spec in self.spaces])
 
     def describe(self) -> str:
         """``Dict(observation: float64(4,), mode: Discrete(3), bits: MultiBinary(8,))``, for messages and ``inspect``."""
+        if self.tree is not None:
+            return nesting.describe(self.tree, [describe_entry(spec) for _, spec in self.spaces])
         return "Dict(" + ", ".join(f"{k}: {describe_entry(spec)}" for k, spec in self.spaces) + ")"
 
     # ---------------------------------------------------------------------------------------------
@@ -130,6 +139,9 @@ class DictSpec:
                 return value.frames
             out[...] = value.frames
             return out
+        if self.tree is not None:  # a nested Dict or a Tuple: its leaves by their paths
+            value = dict(zip(self.keys, nesting.flatten(self.tree, value, name=name, path=str(path),
+                                                         expected=self.describe), strict=True))
         if not isinstance(value, Mapping):
             raise InvalidTransitionError(f"{name} is a {type(value).__name__}, but {path} stores Dict observations "
                                          f"{self.describe()}: pass a dict of those keys")
@@ -174,9 +186,14 @@ class DictSpec:
             raw[..., entry.offset : entry.offset + entry.nbytes] = arr.reshape(*lead, -1).view(np.uint8)
         return frames
 
-    def unpack(self, frames: np.ndarray) -> dict[str, np.ndarray]:
-        """Stored frames ``(..., *stored.shape)`` as this space's dict: each key's values shaped
-        ``(..., *shape)`` in its dtype, views of ``frames`` (no copy)."""
+    def unpack(self, frames: np.ndarray) -> Any:
+        """Stored frames ``(..., *stored.shape)`` as this space's dict (a nested space's dicts and
+        tuples): each key's values shaped ``(..., *shape)`` in its dtype, views of ``frames`` (no copy)."""
+        views = self.views(frames)
+        return views if self.tree is None else nesting.nest(self.tree, list(views.values()))
+
+    def views(self, frames: np.ndarray) -> dict[str, np.ndarray]:
+        """Stored frames as the flat dict of the leaves (``unpack`` without the nesting)."""
         raw = frames.view(np.uint8)
         lead = frames.shape[:-1]
         return {e.key: raw[..., e.offset : e.offset + e.nbytes].view(e.dtype).reshape((*lead, *e.shape))
@@ -187,6 +204,8 @@ class DictSpec:
 
     def attrs(self) -> dict[str, Any]:
         """The space's entry in the group attributes."""
+        if self.tree is not None:
+            return nesting.to_attrs(self.tree, [space_attrs(spec) for _, spec in self.spaces])
         return {"type": "Dict", "spaces": [[key, space_attrs(box)] for key, box in self.spaces]}
 
 
@@ -207,31 +226,27 @@ def describe_entry(spec: EntrySpec) -> str:
 
 
 def dict_from_space(space: Any) -> DictSpec:
-    """Describe a gymnasium ``Dict`` of ``Box``, ``Discrete`` and ``MultiBinary`` entries
-    (``ConfigError`` for any other entry)."""
+    """Describe a gymnasium ``Dict`` (or ``Tuple``, nested ones included) of ``Box``, ``Discrete``,
+    ``MultiBinary`` and ``MultiDiscrete`` entries (``ConfigError`` for any other entry)."""
     spaces = []
-    for key, sub in space.spaces.items():
-        if not isinstance(key, str) or not key:
-            raise ConfigError(f"observation_space has the key {key!r}; a Dict store's keys must be non-empty strings")
+    leaves, tree = nesting.leaves_of(space)
+    for key, sub in leaves:
         try:
             spec = entry_from_space(sub)
         except ConfigError:
-            raise ConfigError(f"observation_space[{key!r}] is {sub!r}, but a Dict observation is stored when every "
-                              "entry is a Box, Discrete, MultiBinary or MultiDiscrete; wrap the env so each entry is "
-                              "one (a nested Dict: gymnasium's FlattenObservation on it)") from None
+            raise ConfigError(f"observation_space[{key!r}] is {sub!r}, but a Dict or Tuple observation is stored when "
+                              "every entry is a Box, Discrete, MultiBinary or MultiDiscrete (or a Dict or Tuple of "
+                              "them); wrap the env so each entry is one") from None
         if isinstance(spec, BoxSpec) and np.dtype(spec.dtype).kind not in "biuf":
             raise ConfigError(f"observation_space[{key!r}] has dtype {spec.dtype}; entries must be bool, int or float")
         spaces.append((key, spec))
     if not 0 < len(spaces) <= MAX_ENTRIES:
-        raise ConfigError(f"observation_space is a Dict of {len(spaces)} entries; a store takes 1 to {MAX_ENTRIES}")
-    return DictSpec(tuple(spaces))
+        raise ConfigError(f"observation_space has {len(spaces)} entries; a store takes 1 to {MAX_ENTRIES}")
+    return DictSpec(tuple(spaces), tree)
 
 
 def is_dict_space(space: Any) -> bool:
-    """Whether ``space`` is a gymnasium ``Dict`` (without importing gymnasium for other spaces)."""
-    try:
-        import gymnasium as gym
-    except ImportError:
-        return False
-    return isinstance(space, gym.spaces.Dict)
+    """Whether ``space`` is stored as a Dict store's: a gymnasium ``Dict`` or ``Tuple`` (without
+    importing gymnasium for other spaces)."""
+    return nesting.is_structured(space)
 

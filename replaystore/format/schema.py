@@ -270,11 +270,11 @@ def from_attrs(attrs: Any, *, path: str) -> tuple[Schema, Layout, int]:
                                 "the store's zarr.json is damaged")
     obs = get(s, "observation_space", dict, f"{where}.schema")
     act = get(s, "action_space", dict, f"{where}.schema")
-    if obs.get("type") not in ("Box", "Dict", *ENTRY_TYPES) or act.get("type") not in ("Discrete", "Box"):
+    if obs.get("type") not in ("Box", "Dict", "Tuple", *ENTRY_TYPES) or act.get("type") not in ("Discrete", "Box"):
         raise CorruptStoreError(f"{where}.schema holds space types {obs.get('type')!r}/{act.get('type')!r}, expected "
-                                "Box, Discrete, MultiBinary, MultiDiscrete or Dict observations and Discrete or Box "
-                                "actions")
-    obs_dict = parse_dict(obs, f"{where}.observation_space") if obs["type"] == "Dict" else None
+                                "Box, Discrete, MultiBinary, MultiDiscrete, Dict or Tuple observations and Discrete "
+                                "or Box actions")
+    obs_dict = parse_dict(obs, f"{where}.observation_space") if obs["type"] in ("Dict", "Tuple") else None
     entry = parse_entry(obs, f"{where}.observation_space") if obs["type"] in ENTRY_TYPES else None
     box = (obs_dict.stored if obs_dict is not None else stored_box(entry) if entry is not None
            else parse_box(obs, f"{where}.observation_space"))

@@ -13,6 +13,7 @@ import numpy as np
 
 from replaystore.errors import CorruptStoreError
 from replaystore.format.dictobs import MAX_ENTRIES, DictSpec
+from replaystore.format.nesting import MAX_DEPTH, SEPARATOR
 from replaystore.format.spaces import (
     BoxSpec,
     DiscreteSpec,
@@ -46,27 +47,52 @@ def get_int(d: Any, key: str, where: str, lo: int, hi: int) -> int:
 
 
 def parse_dict(d: dict[str, Any], where: str) -> DictSpec:
-    """A Dict observation space's entry in the attributes, checked: ``spaces``, a list of
-    ``[key, Box]`` pairs with distinct non-empty keys."""
-    pairs = get(d, "spaces", list, where)
-    if not 0 < len(pairs) <= MAX_ENTRIES:
-        raise CorruptStoreError(f"{where}.spaces holds {len(pairs)} entries, expected 1 to {MAX_ENTRIES}; the "
-                                "store's zarr.json is damaged")
-    spaces: list[tuple[str, EntrySpec]] = []
-    for i, pair in enumerate(pairs):
-        if (not isinstance(pair, list) or len(pair) != 2 or not isinstance(pair[0], str) or not pair[0]
-                or not isinstance(pair[1], dict)
-                or pair[1].get("type") not in ("Box", "Discrete", "MultiBinary", "MultiDiscrete")):
-            raise CorruptStoreError(f"{where}.spaces[{i}] is {pair!r:.200}, expected [key, {{\"type\": \"Box\" (or "
-                                    "\"Discrete\", \"MultiBinary\", \"MultiDiscrete\"), ...}}]; the store's zarr.json "
-                                    "is damaged, or was written by a newer replaystore")
-        spaces.append((pair[0], parse_entry(pair[1], f"{where}.spaces[{i}]")))
-    if len({key for key, _ in spaces}) < len(spaces):
-        raise CorruptStoreError(f"{where}.spaces names a key twice; the store's zarr.json is damaged")
-    nbytes = sum(math.prod(box.shape) * np.dtype(box.dtype).itemsize for box in (stored_box(e) for _, e in spaces))
+    """A Dict (or Tuple) observation space's entry in the attributes, checked: ``spaces``, a list of
+    ``[key, entry]`` pairs with distinct non-empty keys (a Tuple's: a list of entries), each entry a
+    Box, Discrete, MultiBinary, MultiDiscrete or (nested: format/nesting.py) another Dict or Tuple."""
+    leaves: list[tuple[str, EntrySpec]] = []
+
+    def walk(node: dict[str, Any], path: tuple[str, ...], at: str, depth: int) -> Any:
+        if node.get("type") not in ("Box", "Discrete", "MultiBinary", "MultiDiscrete", "Dict", "Tuple"):
+            raise CorruptStoreError(f"{at} is {node!r:.200}, expected {{\"type\": \"Box\" (or \"Discrete\", "
+                                    "\"MultiBinary\", \"MultiDiscrete\", \"Dict\", \"Tuple\"), ...}; the store's "
+                                    "zarr.json is damaged, or was written by a newer replaystore")
+        if node["type"] not in ("Dict", "Tuple"):
+            leaves.append((SEPARATOR.join(path), parse_entry(node, at)))
+            return len(leaves) - 1
+        if depth > MAX_DEPTH:
+            raise CorruptStoreError(f"{at} nests deeper than {MAX_DEPTH} levels; the store's zarr.json is damaged")
+        items = get(node, "spaces", list, at)
+        if not 0 < len(items) <= MAX_ENTRIES:
+            raise CorruptStoreError(f"{at}.spaces holds {len(items)} entries, expected 1 to {MAX_ENTRIES}; the "
+                                    "store's zarr.json is damaged")
+        if node["type"] == "Tuple":
+            for i, item in enumerate(items):
+                if not isinstance(item, dict):
+                    raise CorruptStoreError(f"{at}.spaces[{i}] is {item!r:.200}, expected an entry; the store's "
+                                            "zarr.json is damaged")
+            return ("Tuple", tuple(walk(item, (*path, str(i)), f"{at}.spaces[{i}]", depth + 1)
+                                   for i, item in enumerate(items)))
+        children = []
+        for i, pair in enumerate(items):
+            if (not isinstance(pair, list) or len(pair) != 2 or not isinstance(pair[0], str) or not pair[0]
+                    or not isinstance(pair[1], dict)):
+                raise CorruptStoreError(f"{at}.spaces[{i}] is {pair!r:.200}, expected [key, {{\"type\": ...}}]; the "
+                                        "store's zarr.json is damaged")
+            children.append((pair[0], walk(pair[1], (*path, pair[0]), f"{at}.spaces[{i}]", depth + 1)))
+        if len({key for key, _ in children}) < len(children):
+            raise CorruptStoreError(f"{at}.spaces names a key twice; the store's zarr.json is damaged")
+        return ("Dict", tuple(children))
+
+    tree = walk(d, (), where, 1)
+    if len(leaves) > MAX_ENTRIES or len({key for key, _ in leaves}) < len(leaves):
+        raise CorruptStoreError(f"{where} holds {len(leaves)} entries, some at one path (at most {MAX_ENTRIES}, "
+                                "each at its own); the store's zarr.json is damaged")
+    nbytes = sum(math.prod(box.shape) * np.dtype(box.dtype).itemsize for box in (stored_box(e) for _, e in leaves))
     if nbytes > 2**32:
         raise CorruptStoreError(f"{where}.spaces describe frames of {nbytes} bytes; absurd size")
-    return DictSpec(tuple(spaces))
+    flat = tree[0] == "Dict" and all(isinstance(child, int) for _, child in tree[1])
+    return DictSpec(tuple(leaves), None if flat else tree)
 
 
 def parse_entry(d: dict[str, Any], where: str) -> EntrySpec:

@@ -180,8 +180,8 @@ def box_from_space(space: Any) -> BoxSpec:
     if not isinstance(space, gym.spaces.Box):
         raise ConfigError(
             f"observation_space is {space!r}, but replaystore stores Box, Discrete, MultiBinary and MultiDiscrete "
-            "observations, or Dict observations of those; wrap the env (e.g. FlattenObservation) so it yields one "
-            "of those"
+            "observations, or Dict and Tuple observations of those (nested ones too); wrap the env (e.g. "
+            "FlattenObservation) so it yields one of those"
         )
     return BoxSpec(
         shape=tuple(int(s) for s in space.shape),

@@ -53,6 +53,10 @@ class StoreSide:
             raise ConfigError("ReplayStoreBuffer needs a path: replay_buffer_kwargs={'path': 'runs/replay.zarr'}")
         # a Dict's steps are packed into the store's frames here and stored whole (no stack to find)
         self.dict_spec = dict_from_space(observation_space) if is_dict_space(observation_space) else None
+        if self.dict_spec is not None and self.dict_spec.tree is not None:
+            raise ConfigError(f"the observation space is {self.dict_spec.describe()}; SB3's policies take a Dict of "
+                              "Boxes and the like, not a nested Dict or a Tuple: flatten it (gymnasium's "
+                              "FlattenObservation on the env, or on its nested entries)")
         # a Discrete, MultiBinary or MultiDiscrete space: its values, stored whole and checked to lie in it
         self.entry = None if self.dict_spec is not None else observation_from_space(observation_space)[1]
         if (self.dict_spec is not None or self.entry is not None) and frame_stack not in ("auto", None, 1):

@@ -46,6 +46,7 @@ import numpy as np
 from replaystore.errors import ConfigError, SampleError
 from replaystore.format.dictobs import DictSpec, Entry
 from replaystore.format.extras import PREFIX as EXTRAS
+from replaystore.format.nesting import SEPARATOR
 from replaystore.format.schema import Schema
 from replaystore.sampling.assemble import Batch, prepare
 from replaystore.sampling.draws import sample_uniform
@@ -196,6 +197,11 @@ def goal_entries(spec: DictSpec, achieved_key: str = "achieved_goal",
     (``ConfigError`` naming what is wrong)."""
     entries = {e.key: e for e in spec.entries}
     missing = [k for k in (achieved_key, desired_key) if k not in entries]
+    nested = [k for k in missing if any(e.key.startswith(f"{k}{SEPARATOR}") for e in spec.entries)]
+    if nested:
+        raise ConfigError(f"{nested[0]!r} is a nested Dict or Tuple in the observations {spec.describe()}; hindsight "
+                          "relabelling copies a goal that is one entry (a Box): flatten the goals into one (gymnasium's "
+                          "FlattenObservation on them), or name other entries with achieved_key= and desired_key=")
     if missing:
         raise ConfigError(f"hindsight relabelling needs the entries {achieved_key!r} and {desired_key!r}, but the "
                           f"observations {spec.describe()} have no {missing}; name the goal entries with achieved_key= "

@@ -153,5 +153,5 @@ def same(a: np.ndarray, b: np.ndarray | None, spec: DictSpec | None = None) -> b
     if a.shape == b.shape and a.tobytes() == b.tobytes():
         return True
     if spec is not None and a.shape == b.shape:
-        return all(same(x, y) for x, y in zip(spec.unpack(a).values(), spec.unpack(b).values()))
+        return all(same(x, y) for x, y in zip(spec.views(a).values(), spec.views(b).values()))
     return a.dtype.kind not in "biu" and bool(np.array_equal(a, b, equal_nan=a.dtype.kind == "f"))

@@ -158,11 +158,20 @@ def _whole_episodes(store: ReplayStore) -> tuple[int, int, int, int]:
     return whole, moves, partial, in_progress
 
 
+def _leaf_spaces(space: Any) -> list[Any]:
+    """The spaces of a Dict's or a Tuple's entries, nested ones' included (a space that is neither: itself)."""
+    import gymnasium as gym
+
+    if isinstance(space, gym.spaces.Dict | gym.spaces.Tuple):
+        subs = space.spaces.values() if isinstance(space, gym.spaces.Dict) else space.spaces
+        return [leaf for sub in subs for leaf in _leaf_spaces(sub)]
+    return [space]
+
+
 def _check_room(root: Path, dataset_id: str, episodes: int, moves: int, store: ReplayStore, obs_space: Any) -> None:
     """Refuse, before anything is written, an export that the disk under ``root`` cannot hold: Minari's
     HDF5 is not compressed, and HDF5 may crash the process (not raise) when the disk fills mid-write."""
-    boxes = obs_space.spaces.values() if obs_space.shape is None else [obs_space]  # (a Dict's entries)
-    obs_bytes = sum(int(np.prod(box.shape)) * np.dtype(box.dtype).itemsize for box in boxes)
+    obs_bytes = sum(int(np.prod(box.shape)) * np.dtype(box.dtype).itemsize for box in _leaf_spaces(obs_space))
     action_bytes = max(1, int(np.prod(store.action_space.shape or (1,)))) * 8
     extra_bytes = sum(e.step_bytes for e in store.schema.extras)
     need = ((moves + episodes) * (obs_bytes + extra_bytes) + moves * (action_bytes + 4 + 2) + episodes * 16_384
@@ -197,10 +206,16 @@ def _infos(episode: Episode) -> dict[str, np.ndarray]:
 
 def _stacked(episode: Episode, k: int, padding: str) -> Any:
     """The episode's observations as the stacks of ``k`` frames the agent saw, ``(moves + 1, k, *frame)``:
-    before the first frame, that frame again (``"reset"``) or zeros (``"zero"``). A Dict's per key."""
-    if isinstance(episode.obs, dict):
-        return {key: _stack(frames, k, padding) for key, frames in episode.obs.items()}
-    return _stack(episode.obs, k, padding)
+    before the first frame, that frame again (``"reset"``) or zeros (``"zero"``). A Dict's per key (a
+    nested one's and a Tuple's per entry)."""
+    def stacked(obs: Any) -> Any:
+        if isinstance(obs, dict):
+            return {key: stacked(frames) for key, frames in obs.items()}
+        if isinstance(obs, tuple):
+            return tuple(stacked(frames) for frames in obs)
+        return _stack(obs, k, padding)
+
+    return stacked(episode.obs)
 
 
 def _stack(frames: np.ndarray, k: int, padding: str) -> np.ndarray:

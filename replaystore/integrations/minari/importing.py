@@ -314,7 +314,12 @@ def _add_episode(store: ReplayStore, episode: Any, stack: StackLayout, where: st
 
 
 def _step(obs: Any, t: int) -> Any:
-    return {key: value[t] for key, value in obs.items()} if isinstance(obs, dict) else obs[t]
+    """Step ``t`` of an episode's observations (a Dict's, nested ones' and a Tuple's: each leaf's)."""
+    if isinstance(obs, dict):
+        return {key: _step(value, t) for key, value in obs.items()}
+    if isinstance(obs, tuple):
+        return tuple(_step(value, t) for value in obs)
+    return obs[t]
 
 
 def _discard(staged: Backend) -> None:
