@@ -77,17 +77,24 @@ def leaves_of(space: Any) -> tuple[list[tuple[str, Any]], Nesting | None]:
     return leaves, None if flat else tree
 
 
-def nest(tree: Nesting, leaves: list[Any]) -> Any:
-    """``leaves`` (in the flat order) put into the structure: dicts and tuples."""
+def fold(tree: Nesting, leaves: list[Any], on_dict: Callable[[list[tuple[str, Any]]], Any],
+         on_tuple: Callable[[list[Any]], Any]) -> Any:
+    """The structure rebuilt bottom-up: each leaf index as ``leaves[i]``, each Dict as
+    ``on_dict([(key, child), ...])``, each Tuple as ``on_tuple([child, ...])``."""
     def build(node: Any) -> Any:
         if isinstance(node, int):
             return leaves[node]
         kind, children = node
         if kind == "Dict":
-            return {key: build(child) for key, child in children}
-        return tuple(build(child) for child in children)
+            return on_dict([(key, build(child)) for key, child in children])
+        return on_tuple([build(child) for child in children])
 
     return build(tree)
+
+
+def nest(tree: Nesting, leaves: list[Any]) -> Any:
+    """``leaves`` (in the flat order) put into the structure: dicts and tuples."""
+    return fold(tree, leaves, dict, tuple)
 
 
 def flatten(tree: Nesting, value: Any, *, name: str, path: str, expected: Callable[[], str]) -> list[Any]:
@@ -136,42 +143,20 @@ def to_space(tree: Nesting, spaces: list[Any]) -> Any:
     """The gymnasium space: ``spaces`` (the leaves', in the flat order) in the structure."""
     import gymnasium as gym
 
-    def build(node: Any) -> Any:
-        if isinstance(node, int):
-            return spaces[node]
-        kind, children = node
-        if kind == "Dict":
-            return gym.spaces.Dict([(key, build(child)) for key, child in children])
-        return gym.spaces.Tuple([build(child) for child in children])
-
-    return build(tree)
+    return fold(tree, spaces, gym.spaces.Dict, gym.spaces.Tuple)
 
 
 def describe(tree: Nesting, leaves: list[str]) -> str:
     """``Dict(a: Dict(b: float32(2,)), c: Discrete(3))``: the leaves' descriptions in the structure."""
-    def build(node: Any) -> str:
-        if isinstance(node, int):
-            return leaves[node]
-        kind, children = node
-        if kind == "Dict":
-            return "Dict(" + ", ".join(f"{key}: {build(child)}" for key, child in children) + ")"
-        return "Tuple(" + ", ".join(build(child) for child in children) + ")"
-
-    return build(tree)
+    return fold(tree, leaves, lambda items: "Dict(" + ", ".join(f"{key}: {text}" for key, text in items) + ")",
+                lambda items: "Tuple(" + ", ".join(items) + ")")
 
 
 def to_attrs(tree: Nesting, leaves: list[dict[str, Any]]) -> dict[str, Any]:
     """The group attributes of the space: ``{"type": "Dict", "spaces": [[key, entry], ...]}`` or
     ``{"type": "Tuple", "spaces": [entry, ...]}``, each entry a leaf's attributes or another of these."""
-    def build(node: Any) -> dict[str, Any]:
-        if isinstance(node, int):
-            return leaves[node]
-        kind, children = node
-        if kind == "Dict":
-            return {"type": "Dict", "spaces": [[key, build(child)] for key, child in children]}
-        return {"type": "Tuple", "spaces": [build(child) for child in children]}
-
-    return build(tree)
+    return fold(tree, leaves, lambda items: {"type": "Dict", "spaces": [[key, entry] for key, entry in items]},
+                lambda items: {"type": "Tuple", "spaces": items})
 
 
 def _name(path: tuple[str, ...], top: str = "the top") -> str:
