@@ -273,3 +273,26 @@ def test_what_takes_flat_dicts_only_says_what_to_flatten(tmp_path: Path) -> None
 
     with pytest.raises(ConfigError, match="SB3's policies take a Dict .* not a nested Dict or a Tuple"):
         ReplayStoreBuffer(100, SPACES["dict-of-dicts"], gym.spaces.Discrete(3), path=tmp_path / "sb3.zarr")
+
+
+def test_a_vector_env_of_tuples_writes_one_stream_each(tmp_path: Path) -> None:
+    """Blackjack's Tuple observations from a vector env (each leaf ``(n,)`` rows), with next-step
+    autoreset: every sampled transition is a move the env made, in its structure."""
+    envs = gym.vector.SyncVectorEnv([lambda: gym.make("Blackjack-v1")] * 3)
+    store = ReplayStore.create(tmp_path / "b.zarr", 300, envs.single_observation_space, envs.single_action_space,
+                               num_streams=3)
+    obs, _ = envs.reset(seed=0)
+    seen: set[tuple[int, ...]] = set()
+    for _ in range(80):
+        actions = envs.action_space.sample()
+        nxt, reward, terminated, truncated, info = envs.step(actions)
+        store.add_batch(obs, actions, reward, nxt, terminated, truncated, info, env_done=terminated | truncated)
+        seen.update(tuple(int(leaf[i]) for leaf in obs) for i in range(3))
+        obs = nxt
+    store.flush()
+    batch = store.sample(40, rng=np.random.default_rng(0))
+    assert isinstance(batch.obs, tuple) and len(batch.obs) == 3 and batch.obs[0].shape == (40, 1)
+    for j in range(40):
+        assert tuple(int(leaf[j, -1]) for leaf in batch.obs) in seen
+    assert store.observation_space == envs.single_observation_space
+    store.close()
