@@ -185,6 +185,38 @@ def test_spaces_that_cannot_be_kept_are_refused(tmp_path: Path, space: gym.Space
     (lambda o: o["spaces"][1]["spaces"].clear(), r"spaces\[1\].spaces holds 0 entries"),
     (lambda o: o["spaces"][1]["spaces"][1][1]["spaces"].append(5), r"spaces\[1\].spaces\[1\].spaces\[1\] is 5"),
 ])
+def deep(levels: int) -> dict:
+    node: dict = {"type": "Box", "shape": [1], "dtype": "float32", "low": 0, "high": 1}
+    for _ in range(levels):
+        node = {"type": "Tuple", "spaces": [node]}
+    return node
+
+
+def wide(nodes: int) -> dict:
+    """``nodes`` Tuples of 250 Boxes each (each within the 256 a level may hold, not in all)."""
+    box = {"type": "Box", "shape": [1], "dtype": "float32", "low": 0, "high": 1}
+    return {"type": "Tuple", "spaces": [{"type": "Tuple", "spaces": [box] * 250} for _ in range(nodes)]}
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    (lambda o: o.update(deep(200)), r"observation_space.spaces\[0\](.spaces\[0\]){7} nests deeper than 8 levels"),
+    (lambda o: o.update(wide(200)), "holds more than 256 entries"),
+    (lambda o: o["spaces"][1]["spaces"].append(["a", {"type": "Box", "shape": [1], "dtype": "float32", "low": 0,
+                                                       "high": 1}]), "names a key twice"),
+], ids=["200-levels", "50k-leaves", "key-twice"])
+def test_hostile_structures_are_refused_quickly(tmp_path: Path, damage: Any, message: str) -> None:
+    """A zarr.json whose observation space nests 200 levels deep or holds 50,000 leaves is refused
+    after looking at a few hundred of them."""
+    store, _ = filled(tmp_path / "s.zarr", SPACES["dict-in-tuple"], moves=10, frame_stack=1)
+    store.close()
+    meta = tmp_path / "s.zarr" / "zarr.json"
+    doc = json.loads(meta.read_text())
+    damage(doc["attributes"]["replaystore"]["schema"]["observation_space"])
+    meta.write_text(json.dumps(doc))
+    with pytest.raises(CorruptStoreError, match=message):
+        ReplayStore.open(tmp_path / "s.zarr")
+
+
 def test_damaged_nested_attributes_are_named(tmp_path: Path, damage: Any, message: str) -> None:
     store, _ = filled(tmp_path / "s.zarr", SPACES["dict-in-tuple"], moves=10)
     store.close()

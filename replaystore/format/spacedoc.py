@@ -58,6 +58,9 @@ def parse_dict(d: dict[str, Any], where: str) -> DictSpec:
                                     "\"MultiBinary\", \"MultiDiscrete\", \"Dict\", \"Tuple\"), ...}; the store's "
                                     "zarr.json is damaged, or was written by a newer replaystore")
         if node["type"] not in ("Dict", "Tuple"):
+            if len(leaves) == MAX_ENTRIES:
+                raise CorruptStoreError(f"{where} holds more than {MAX_ENTRIES} entries; the store's zarr.json is "
+                                        "damaged")
             leaves.append((SEPARATOR.join(path), parse_entry(node, at)))
             return len(leaves) - 1
         if depth > MAX_DEPTH:
@@ -85,9 +88,8 @@ def parse_dict(d: dict[str, Any], where: str) -> DictSpec:
         return ("Dict", tuple(children))
 
     tree = walk(d, (), where, 1)
-    if len(leaves) > MAX_ENTRIES or len({key for key, _ in leaves}) < len(leaves):
-        raise CorruptStoreError(f"{where} holds {len(leaves)} entries, some at one path (at most {MAX_ENTRIES}, "
-                                "each at its own); the store's zarr.json is damaged")
+    if len({key for key, _ in leaves}) < len(leaves):
+        raise CorruptStoreError(f"{where} holds two entries at one path; the store's zarr.json is damaged")
     nbytes = sum(math.prod(box.shape) * np.dtype(box.dtype).itemsize for box in (stored_box(e) for _, e in leaves))
     if nbytes > 2**32:
         raise CorruptStoreError(f"{where}.spaces describe frames of {nbytes} bytes; absurd size")
