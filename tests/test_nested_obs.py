@@ -179,12 +179,6 @@ def test_spaces_that_cannot_be_kept_are_refused(tmp_path: Path, space: gym.Space
     assert not (tmp_path / "x.zarr").exists()
 
 
-@pytest.mark.parametrize(("damage", "message"), [
-    (lambda o: o["spaces"][1].__setitem__("type", "Graph"), r"observation_space.spaces\[1\] is .*Graph"),
-    (lambda o: o["spaces"][1].__setitem__("spaces", {}), r"observation_space.spaces\[1\].spaces is \{\} \(dict\), expected list"),
-    (lambda o: o["spaces"][1]["spaces"].clear(), r"spaces\[1\].spaces holds 0 entries"),
-    (lambda o: o["spaces"][1]["spaces"][1][1]["spaces"].append(5), r"spaces\[1\].spaces\[1\].spaces\[1\] is 5"),
-])
 def deep(levels: int) -> dict:
     node: dict = {"type": "Box", "shape": [1], "dtype": "float32", "low": 0, "high": 1}
     for _ in range(levels):
@@ -217,6 +211,12 @@ def test_hostile_structures_are_refused_quickly(tmp_path: Path, damage: Any, mes
         ReplayStore.open(tmp_path / "s.zarr")
 
 
+@pytest.mark.parametrize(("damage", "message"), [
+    (lambda o: o["spaces"][1].__setitem__("type", "Graph"), r"observation_space.spaces\[1\] is .*Graph"),
+    (lambda o: o["spaces"][1].__setitem__("spaces", {}), r"observation_space.spaces\[1\].spaces is \{\} \(dict\), expected list"),
+    (lambda o: o["spaces"][1]["spaces"].clear(), r"spaces\[1\].spaces holds 0 entries"),
+    (lambda o: o["spaces"][1]["spaces"][1][1]["spaces"].append(5), r"spaces\[1\].spaces\[1\].spaces\[1\] is 5"),
+])
 def test_damaged_nested_attributes_are_named(tmp_path: Path, damage: Any, message: str) -> None:
     store, _ = filled(tmp_path / "s.zarr", SPACES["dict-in-tuple"], moves=10)
     store.close()
