@@ -138,6 +138,26 @@ def test_fit_offline_relabels_with_the_eval_envs_reward(tmp_path: Path) -> None:
     offline.close()
 
 
+@pytest.mark.parametrize("vector", [False, True])
+def test_evaluations_of_a_goal_env_report_the_share_that_reached_the_goal(tmp_path: Path, vector: bool) -> None:
+    """``info["is_success"]`` at each game's end (a vector env's rows by their mask): ``eval_success``
+    in the epoch's logs, ``successes`` and ``success_rate`` in ``on_evaluation``'s; on bit flipping a
+    game succeeds exactly when it returns more than -6."""
+    seen: list[dict] = []
+    callback = keras.callbacks.Callback()
+    callback.on_evaluation = lambda step, logs: seen.append(logs)  # type: ignore[attr-defined]
+    eval_env = gym.vector.SyncVectorEnv([lambda: BitFlip(6)] * 3) if vector else BitFlip(6)
+    agent = DQN(goal_model(BitFlip(6)), tmp_path / "bits.zarr", her_n_sampled_goal=4, **SMALL)
+    history = agent.fit(BitFlip(6), 600, eval_env=eval_env, eval_frequency=300, eval_episodes=7, callbacks=[callback])
+    assert len(history.history["eval_success"]) == 2 and len(seen) == 2
+    for logs, rate in zip(seen, history.history["eval_success"], strict=True):
+        assert len(logs["successes"]) == len(logs["returns"]) == 7
+        assert logs["successes"] == [r > -6 for r in logs["returns"]]
+        assert rate == logs["success_rate"] == np.mean(logs["successes"])
+    assert all(isinstance(r, float) for r in agent.evaluate(eval_env, 4))  # (evaluate: the returns, as before)
+    agent.close()
+
+
 def test_lockstep_hindsight_one_step_a_call(tmp_path: Path) -> None:
     """Without the learner thread (``replay_ratio=0``), one gradient step a call: tf.data's batches of
     dicts as they come; learning starts once an episode has ended."""

@@ -37,7 +37,7 @@ from .acting import EnvActing, VectorActing
 from .callbacks import Hooks
 from .config import TrainerError, check_count, check_run_arguments, config_from
 from .envs import env_spaces
-from .evaluation import play
+from .evaluation import Played, play
 from .feeding import Learning
 from .hindsight import check_goals, choose_reward, hindsight_sampler
 from .learner import MAX_GRAD_NORM, Learner, make_learner
@@ -304,19 +304,21 @@ class DQN:
         return write
 
     def _evaluator(self, env: Any, episodes: int, epsilon: float,
-                   seed: int | None) -> Callable[[], list[float]] | None:
+                   seed: int | None) -> Callable[[], Played] | None:
         if env is None:
             return None
         seed = self.config.seed + 100_000 if seed is None else seed
-        return lambda: self.evaluate(env, episodes, epsilon=epsilon, seed=seed)
+        return lambda: self._play(env, episodes, epsilon=epsilon, seed=seed)
 
     def evaluate(self, env: Any, episodes: int = 10, *, epsilon: float = 0.0, seed: int | None = None) -> list[float]:
         """The raw returns of ``episodes`` whole games (all lives) played greedily (with
         ``epsilon``-random moves) on ``env``, a gymnasium env or a vector env (whose envs play
         ``episodes`` games between them, in equal shares)."""
-        learner = self._learner()
+        return self._play(env, episodes, epsilon=epsilon, seed=seed).returns
+
+    def _play(self, env: Any, episodes: int, *, epsilon: float, seed: int | None) -> Played:
         assert self.stacks is not None
-        return play(env, learner, self.stacks, self.n_actions, episodes, epsilon=epsilon,
+        return play(env, self._learner(), self.stacks, self.n_actions, episodes, epsilon=epsilon,
                     seed=self.config.seed + 100_000 if seed is None else seed,
                     life_loss=self.config.terminal_on_life_loss)
 

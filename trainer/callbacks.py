@@ -99,13 +99,16 @@ class Hooks:
         self.list.on_train_batch_end(self.batch, self.logs(step, loss=loss, q_values=q, **extra))
         self.batch += 1
 
-    def epoch_end(self, epoch: int, step: int, eval_return: float | None) -> dict[str, float]:
+    def epoch_end(self, epoch: int, step: int, eval_return: float | None,
+                  eval_success: float | None = None) -> dict[str, float]:
         calls = self._epoch
         loss = sum(c[0] for c in calls) / len(calls) if calls else math.nan
         q = sum(c[1] for c in calls) / len(calls) if calls else math.nan
         logs = self.logs(step, loss=loss, q_values=q)
         if self.evaluating:
             logs["eval_return"] = math.nan if eval_return is None else eval_return
+            if eval_success is not None:  # (a goal env's share of games that reached their goal)
+                logs["eval_success"] = eval_success
         self.learner.sync_model()
         self.list.on_epoch_end(epoch, logs)
         return logs

@@ -1,9 +1,12 @@
 """Evaluation: whole games (all lives, raw rewards) played greedily, or with ``epsilon``-random
 moves, by a learner on a gymnasium env or a vector env (``DQN.evaluate``). On a vector env each env
-plays its share of the games, so that short games are not over-counted."""
+plays its share of the games, so that short games are not over-counted. A goal env's games also say
+whether they reached their goal (``info["is_success"]`` at a game's last step, as gymnasium-robotics
+and SB3's goal envs report it): ``Played.successes``."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -15,9 +18,18 @@ from .stacks import StackSpec, one_of, push_frames, stacks_of
 from .stores import check_for_network
 
 
+@dataclass
+class Played:
+    """Games played: each one's raw return, and (where the env reports ``is_success`` at a game's
+    end) whether it reached its goal."""
+
+    returns: list[float] = field(default_factory=list)
+    successes: list[bool] = field(default_factory=list)
+
+
 def play(env: Any, learner: Learner, stacks: StackSpec, n_actions: int, episodes: int, *, epsilon: float, seed: int,
-         life_loss: bool) -> list[float]:
-    """The raw returns of ``episodes`` games on ``env`` (a gymnasium env or a vector env), checked
+         life_loss: bool) -> Played:
+    """``episodes`` games on ``env`` (a gymnasium env or a vector env), checked
     first: an env whose frames or actions the Q-network cannot take, no games, or an ``epsilon``
     outside [0, 1] is a TrainerError."""
     check_for_network(*env_spaces(env), stacks, n_actions)
@@ -31,9 +43,9 @@ def play(env: Any, learner: Learner, stacks: StackSpec, n_actions: int, episodes
 
 
 def evaluate_env(env: Any, learner: Learner, episodes: int, epsilon: float, rng: np.random.Generator,
-                 stacks: StackSpec, life_loss: bool) -> list[float]:
+                 stacks: StackSpec, life_loss: bool) -> Played:
     stacker = FrameStacker(stacks)
-    returns = []
+    played = Played()
     for i in range(episodes):
         obs, info = env.reset(seed=int(rng.integers(2**31)) if i == 0 else None)
         lives, total = info.get("lives"), 0.0
@@ -43,7 +55,9 @@ def evaluate_env(env: Any, learner: Learner, episodes: int, epsilon: float, rng:
             obs, reward, terminated, truncated, info = env.step(action)
             total += float(reward)
             if terminated or truncated:
-                returns.append(total)
+                played.returns.append(total)
+                if "is_success" in info:
+                    played.successes.append(bool(info["is_success"]))
                 break
             now = info.get("lives")
             if life_loss and now is not None and lives is not None and now < lives:
@@ -51,22 +65,22 @@ def evaluate_env(env: Any, learner: Learner, episodes: int, epsilon: float, rng:
             else:
                 stacker.push(obs)
             lives = now
-    return returns
+    return played
 
 
 def evaluate_vector(envs: Any, learner: Learner, episodes: int, epsilon: float, rng: np.random.Generator,
-                    stacks: StackSpec, life_loss: bool) -> list[float]:
+                    stacks: StackSpec, life_loss: bool) -> Played:
     obs, info = envs.reset(seed=int(rng.integers(2**31)))
     batch = stacks_of(vector_frames(obs), stacks.frame_stack)
     n = int(envs.num_envs)
     # each env plays its share of the games, so that short games are not over-counted (taking the
     # first `episodes` to end would favour them)
     quota = np.full(n, episodes // n) + (np.arange(n) < episodes % n)
-    played = np.zeros(n, dtype=np.int64)
-    totals, returns = np.zeros(n), list[float]()
+    counts = np.zeros(n, dtype=np.int64)
+    totals, out = np.zeros(n), Played()
     resetting = np.zeros(n, dtype=bool)
     lives = np.asarray(info["lives"]) if "lives" in info else None
-    while len(returns) < episodes:
+    while len(out.returns) < episodes:
         actions = learner.act_batch(batch)
         explore = rng.random(n) < epsilon
         actions = np.where(explore, rng.integers(int(envs.single_action_space.n), size=n), actions)
@@ -74,13 +88,25 @@ def evaluate_vector(envs: Any, learner: Learner, episodes: int, epsilon: float, 
         frames = vector_frames(obs)
         totals += np.where(resetting, 0.0, reward)
         done = terminated | truncated
+        success = _reported(info, "is_success", n)
         for i in np.flatnonzero(done & ~resetting):
-            if played[i] < quota[i]:
-                returns.append(float(totals[i]))
-                played[i] += 1
+            if counts[i] < quota[i]:
+                out.returns.append(float(totals[i]))
+                if success is not None and success[1][i]:
+                    out.successes.append(bool(success[0][i]))
+                counts[i] += 1
         totals[done] = 0.0
         now = np.asarray(info["lives"]) if "lives" in info else None
         lost = (now < lives) & ~resetting if life_loss and now is not None and lives is not None else np.zeros(n, bool)
         push_frames(batch, frames, resetting | lost)
         resetting, lives = done, now
-    return returns
+    return out
+
+
+def _reported(info: dict[str, Any], key: str, n: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """A vector env's ``info[key]`` for each env, and which envs reported it (its ``_key`` mask);
+    None when no env did."""
+    if key not in info:
+        return None
+    mask = np.asarray(info.get(f"_{key}", np.ones(n, bool)), bool)
+    return np.asarray(info[key]).reshape(n), mask

@@ -123,12 +123,16 @@ class Report(keras.callbacks.Callback):
 
     def on_evaluation(self, step: int, logs: dict[str, Any]) -> None:
         returns, mean = logs["returns"], logs["mean_return"]
-        self.scalars(step, {"eval/mean_return": mean})
+        self.scalars(step, {"eval/mean_return": mean, **({"eval/success_rate": logs["success_rate"]}
+                                                         if "success_rate" in logs else {})})
         record = {"step": step, "mean_return": mean, "returns": returns, "time": time.time(), "eval_s": logs["eval_s"]}
+        if "success_rate" in logs:
+            record["success_rate"] = logs["success_rate"]
         with open(self.run_dir / EVALS, "a") as f:
             f.write(json.dumps(record) + "\n")
         self.evaluated = f"{mean:.1f}"
-        self.print(f"eval at {self.unit} {step:,}: mean score {mean:.1f} over {len(returns)} games")
+        success = f", {logs['success_rate']:.0%} reached their goal" if "success_rate" in logs else ""
+        self.print(f"eval at {self.unit} {step:,}: mean score {mean:.1f} over {len(returns)} games{success}")
 
     # Keras' hooks -------------------------------------------------------------------------------
 

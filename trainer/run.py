@@ -25,6 +25,7 @@ import numpy as np
 
 from .callbacks import Hooks
 from .config import DQNConfig, linear_schedule
+from .evaluation import Played
 from .feeding import Learning
 from .state import RunState
 
@@ -56,7 +57,7 @@ class Run:
 
     def __init__(self, config: DQNConfig, store: Any, learning: Learning, state: RunState, hooks: Hooks, *,
                  act: Callable[[np.ndarray], np.ndarray], rng: np.random.Generator, total_timesteps: int,
-                 evaluate: Callable[[], list[float]] | None, eval_frequency: int,
+                 evaluate: Callable[[], Played] | None, eval_frequency: int,
                  checkpoint: Callable[[], None] | None, checkpoint_frequency: int,
                  should_stop: Callable[[], bool]) -> None:
         self.config, self.store, self.learning, self.state, self.hooks = config, store, learning, state, hooks
@@ -185,16 +186,20 @@ class Run:
     def end_epoch(self, step: int, *, evaluate: bool) -> None:
         """Evaluate (when there is an evaluation environment and ``evaluate``) and end the epoch, the
         learner paused (so callbacks see, and save, the weights of one moment)."""
-        eval_return = None
+        eval_return = success = None
         if evaluate and self.evaluate is not None:
             t0 = time.perf_counter()
-            returns = self.evaluate()
+            played = self.evaluate()
+            returns = played.returns
             eval_return = float(np.mean(returns)) if returns else math.nan
             self.state.evaluated_at = step
-            self.hooks.evaluated(step, {"returns": returns, "mean_return": eval_return,
-                                        "eval_s": time.perf_counter() - t0})
+            logs: dict[str, Any] = {"returns": returns, "mean_return": eval_return, "eval_s": time.perf_counter() - t0}
+            if played.successes:  # (a goal env's: info["is_success"] at each game's end)
+                success = float(np.mean(played.successes))
+                logs.update(successes=played.successes, success_rate=success)
+            self.hooks.evaluated(step, logs)
         with self.learning.paused():
-            self.hooks.epoch_end(self.epoch, step, eval_return)
+            self.hooks.epoch_end(self.epoch, step, eval_return, success)
         self.in_epoch = False
         self.epoch += 1
 
