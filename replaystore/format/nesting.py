@@ -159,5 +159,28 @@ def to_attrs(tree: Nesting, leaves: list[dict[str, Any]]) -> dict[str, Any]:
                 lambda items: {"type": "Tuple", "spaces": items})
 
 
+def child(tree: Nesting, key: str) -> tuple[Any, list[int]] | None:
+    """Entry ``key`` of a top-level Dict: its structure with its leaves numbered from 0 (a lone leaf:
+    0), and their indices in the flat order; None when there is no such entry."""
+    kind, children = tree
+    if kind != "Dict":
+        return None
+    for name, node in children:
+        if name == key:
+            indices: list[int] = []
+
+            def renumber(item: Any) -> Any:
+                if isinstance(item, int):
+                    indices.append(item)
+                    return len(indices) - 1
+                sub_kind, subs = item
+                if sub_kind == "Dict":
+                    return ("Dict", tuple((k, renumber(c)) for k, c in subs))
+                return ("Tuple", tuple(renumber(c) for c in subs))
+
+            return renumber(node), indices
+    return None
+
+
 def _name(path: tuple[str, ...], top: str = "the top") -> str:
     return "".join(f"[{p!r}]" for p in path) if path else top

@@ -46,7 +46,7 @@ import numpy as np
 from replaystore.errors import ConfigError, SampleError
 from replaystore.format.dictobs import DictSpec, Entry
 from replaystore.format.extras import PREFIX as EXTRAS
-from replaystore.format.nesting import SEPARATOR
+from replaystore.format.nesting import child, nest
 from replaystore.format.schema import Schema
 from replaystore.sampling.assemble import Batch, prepare
 from replaystore.sampling.draws import sample_uniform
@@ -102,7 +102,7 @@ class HindsightSampler(UniformSampler):
         self.n_sampled_goal = int(n_sampled_goal)
         self.ratio = 1.0 - 1.0 / (self.n_sampled_goal + 1)
         self.achieved_key, self.desired_key = str(achieved_key), str(desired_key)
-        self.goals: tuple[Entry, Entry] | None = None  # set by bind
+        self.goals: Goals | None = None  # set by bind
 
     def bind(self, schema: Schema) -> HindsightSampler:
         """This sampler for a store of ``schema``: its two goal entries found and checked (the same
@@ -113,12 +113,12 @@ class HindsightSampler(UniformSampler):
                               f"{self.achieved_key!r} and {self.desired_key!r} entries, but this store holds "
                               f"Box observations {schema.observation.dtype}{tuple(schema.observation.shape)}; create "
                               "the store with the goal env's observation_space")
-        achieved, desired = goal_entries(spec, self.achieved_key, self.desired_key)
-        if self.goals == (achieved, desired):
+        goals = goal_entries(spec, self.achieved_key, self.desired_key)
+        if self.goals == goals:
             return self
         bound = HindsightSampler(self.compute_reward, strategy=self.strategy, n_sampled_goal=self.n_sampled_goal,
                                  achieved_key=self.achieved_key, desired_key=self.desired_key, gamma=self.gamma)
-        bound.goals = (achieved, desired)
+        bound.goals = goals
         return bound
 
     def spec(self, batch_size: int, schema: Schema) -> dict[str, FieldSpec]:
@@ -191,29 +191,52 @@ class HindsightSampler(UniformSampler):
         return f"hindsight sampling ({self.strategy}, n_sampled_goal={self.n_sampled_goal})"
 
 
-def goal_entries(spec: DictSpec, achieved_key: str = "achieved_goal",
-                 desired_key: str = "desired_goal") -> tuple[Entry, Entry]:
-    """The two goal entries of a Dict space, checked: both there, the same shape and dtype
-    (``ConfigError`` naming what is wrong)."""
+@dataclass(frozen=True)
+class Goals:
+    """Where the two goals of a Dict store lie: ``pairs`` of (achieved, desired) entries, one pair a
+    leaf of the goal (one, for a goal that is one entry; a nested goal's leaves, in its order), and
+    ``tree``, a nested goal's structure (None for one entry), in which ``value`` hands goals to
+    ``compute_reward``."""
+
+    pairs: tuple[tuple[Entry, Entry], ...]
+    tree: Any = None
+
+    def value(self, arrays: list[np.ndarray]) -> Any:
+        return arrays[0] if self.tree is None else nest(self.tree, arrays)
+
+
+def goal_entries(spec: DictSpec, achieved_key: str = "achieved_goal", desired_key: str = "desired_goal") -> Goals:
+    """The two goals of a Dict space, checked: both there, of the same shape and dtype (nested ones:
+    of the same structure, leaf for leaf); ``ConfigError`` naming what is wrong."""
+    if achieved_key == desired_key:
+        raise ConfigError(f"achieved_key and desired_key are both {achieved_key!r}; they name two entries")
     entries = {e.key: e for e in spec.entries}
-    missing = [k for k in (achieved_key, desired_key) if k not in entries]
-    nested = [k for k in missing if any(e.key.startswith(f"{k}{SEPARATOR}") for e in spec.entries)]
-    if nested:
-        raise ConfigError(f"{nested[0]!r} is a nested Dict or Tuple in the observations {spec.describe()}; hindsight "
-                          "relabelling copies a goal that is one entry (a Box): flatten the goals into one (gymnasium's "
-                          "FlattenObservation on them), or name other entries with achieved_key= and desired_key=")
+    found = {key: _goal(spec, entries, key) for key in (achieved_key, desired_key)}
+    missing = [key for key, goal in found.items() if goal is None]
     if missing:
         raise ConfigError(f"hindsight relabelling needs the entries {achieved_key!r} and {desired_key!r}, but the "
                           f"observations {spec.describe()} have no {missing}; name the goal entries with achieved_key= "
                           "and desired_key=")
-    if achieved_key == desired_key:
-        raise ConfigError(f"achieved_key and desired_key are both {achieved_key!r}; they name two entries")
-    achieved, desired = entries[achieved_key], entries[desired_key]
-    if (achieved.shape, achieved.dtype) != (desired.shape, desired.dtype):
-        raise ConfigError(f"{achieved.key!r} is {achieved.dtype}{achieved.shape} but {desired.key!r} is "
-                          f"{desired.dtype}{desired.shape}; a goal replaces the other, so they must have the same "
-                          "shape and dtype")
-    return achieved, desired
+    (a_tree, achieved), (d_tree, desired) = found[achieved_key], found[desired_key]  # type: ignore[misc]
+    same = a_tree == d_tree and all((x.shape, x.dtype) == (y.shape, y.dtype) for x, y in zip(achieved, desired))
+    if not same:
+        shown = (f"{achieved_key!r} and {desired_key!r} differ in {spec.describe()}" if a_tree is not None or d_tree
+                 is not None else f"{achieved[0].key!r} is {achieved[0].dtype}{achieved[0].shape} but "
+                 f"{desired[0].key!r} is {desired[0].dtype}{desired[0].shape}")
+        raise ConfigError(f"{shown}; a goal replaces the other, so they must have the same shape and dtype (nested "
+                          "ones: the same structure, leaf for leaf)")
+    return Goals(tuple(zip(achieved, desired, strict=True)), a_tree)
+
+
+def _goal(spec: DictSpec, entries: dict[str, Entry], key: str) -> tuple[Any, list[Entry]] | None:
+    """A goal's structure (None for one entry) and its entries; None when the space has no ``key``."""
+    if key in entries:
+        return None, [entries[key]]
+    found = child(spec.tree, key) if spec.tree is not None else None
+    if found is None:
+        return None
+    tree, indices = found
+    return tree, [spec.entries[i] for i in indices]
 
 
 class Relabel:
@@ -221,11 +244,11 @@ class Relabel:
     frames' ``achieved_goal`` bytes copied into ``desired_goal`` of the relabelled rows' ``obs`` and
     ``next_obs`` stacks, and their rewards computed again."""
 
-    def __init__(self, goals: tuple[Entry, Entry], compute_reward: Callable[..., Any], relabelled: np.ndarray,
+    def __init__(self, goals: Goals, compute_reward: Callable[..., Any], relabelled: np.ndarray,
                  frame_stack: int, padding: tuple[np.ndarray, np.ndarray] | None = None) -> None:
         """``padding``: for a zero-padded store, which frames of the relabelled rows' ``obs`` and
         ``next_obs`` stacks are padding (``(rows, frame_stack)`` each): they keep their zeros."""
-        self.achieved, self.desired = goals
+        self.goals = goals
         self.compute_reward = compute_reward
         self.relabelled = relabelled
         self.frame_stack = frame_stack
@@ -235,18 +258,21 @@ class Relabel:
         rows = np.flatnonzero(self.relabelled)
         if rows.size == 0:
             return
-        a, d = self.achieved, self.desired
         obs, next_obs, goal = (_rows(frames[name], self.frame_stack) for name in ("obs", "next_obs", "_goal"))
-        new = goal[rows, -1, a.offset : a.offset + a.nbytes]  # the goal frame's achieved_goal, bytes
-        for stacks, pad in zip((obs, next_obs), self.padding or (None, None)):
-            if pad is None:
-                stacks[rows, :, d.offset : d.offset + d.nbytes] = new[:, None, :]
-            else:
-                keep = ~pad
-                stacks[rows[:, None].repeat(self.frame_stack, 1)[keep], np.nonzero(keep)[1],
-                       d.offset : d.offset + d.nbytes] = np.repeat(new[:, None, :], self.frame_stack, 1)[keep]
-        achieved = next_obs[rows, -1, a.offset : a.offset + a.nbytes].copy().view(a.dtype).reshape(rows.size, *a.shape)
-        desired = new.copy().view(d.dtype).reshape(rows.size, *d.shape)
+        reached, wanted = [], []
+        for a, d in self.goals.pairs:  # (one pair; a nested goal's: one a leaf)
+            new = goal[rows, -1, a.offset : a.offset + a.nbytes]  # the goal frame's achieved_goal, bytes
+            for stacks, pad in zip((obs, next_obs), self.padding or (None, None)):
+                if pad is None:
+                    stacks[rows, :, d.offset : d.offset + d.nbytes] = new[:, None, :]
+                else:
+                    keep = ~pad
+                    stacks[rows[:, None].repeat(self.frame_stack, 1)[keep], np.nonzero(keep)[1],
+                           d.offset : d.offset + d.nbytes] = np.repeat(new[:, None, :], self.frame_stack, 1)[keep]
+            reached.append(next_obs[rows, -1, a.offset : a.offset + a.nbytes].copy().view(a.dtype)
+                           .reshape(rows.size, *a.shape))
+            wanted.append(new.copy().view(d.dtype).reshape(rows.size, *d.shape))
+        achieved, desired = self.goals.value(reached), self.goals.value(wanted)
         # each transition's info: the store's extras of its move (empty dicts in a store without extras)
         extras = [(name[len(EXTRAS):], values) for name, values in fields.items() if name.startswith(EXTRAS)]
         infos = [{name: values[r] for name, values in extras} for r in rows]
@@ -254,7 +280,8 @@ class Relabel:
             reward = np.asarray(self.compute_reward(achieved, desired, infos))
         except Exception as exc:
             raise SampleError(f"compute_reward raised {type(exc).__name__}: {exc} (called with achieved_goal and "
-                              f"desired_goal of shape {achieved.shape} and {rows.size} infos holding "
+                              f"desired_goal of shape {reached[0].shape if self.goals.tree is None else 'nested'} "
+                              f"and {rows.size} infos holding "
                               f"{[name for name, _ in extras] or 'nothing'})") from exc
         if reward.size != rows.size or reward.dtype.kind not in "biuf":
             raise SampleError(f"compute_reward returned {reward.dtype} of shape {reward.shape} for {rows.size} goals; "
