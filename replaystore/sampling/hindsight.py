@@ -25,7 +25,8 @@ The goal's frame is planned with the batch, as a third frame field (``_goal``, n
 batch), and fetched and decoded with the others through the store's ``FrameReader``; the
 relabelling (``Relabel``) runs after decoding, outside the store's lock, on the packed frames: the
 goal's bytes are copied from the ``achieved_goal`` entry to the ``desired_goal`` entry, which must
-have the same shape and dtype. So ``sample``, ``blocks``, ``as_dataset`` and ``jax_blocks`` all
+have the same shape and dtype (a nested goal, format/nesting.py: leaf by leaf, the two of one
+structure; ``compute_reward`` then gets the goals in that structure). So ``sample``, ``blocks``, ``as_dataset`` and ``jax_blocks`` all
 serve relabelled batches, on threads or with decode processes.
 
 A transition's episode end is found in an index of the steps that end an episode (``EpisodeEnds``,
