@@ -17,23 +17,15 @@ try:  # torch's triton before TensorFlow: both bundle LLVM, and triton loaded af
 except ImportError:
     pass
 
+from frames import OBS_SHAPE, frame  # noqa: F401 - (re-exported: the tests import them from here)
+
 from replaystore import Layout, ReplayStore
 from replaystore.storage.local.lock import LOCK_NAME
-
-OBS_SHAPE = (3, 4)
 
 # CI runs the state machines on a fixed sequence of examples (the same every run, so a failure is
 # reproducible from its log); locally they explore anew each run.
 settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
 settings.load_profile("ci" if os.environ.get("CI") else "default")
-
-
-def frame(position: int, shape: tuple[int, ...] = OBS_SHAPE) -> np.ndarray:
-    """A frame whose bytes identify its step (and differ from every other step's)."""
-    rng = np.random.default_rng(position)
-    out = rng.integers(0, 256, size=shape, dtype=np.uint8)
-    out.flat[0] = position % 251
-    return out
 
 
 def small_spaces(shape: tuple[int, ...] = OBS_SHAPE, n: int = 5) -> tuple[gym.spaces.Box, gym.spaces.Discrete]:

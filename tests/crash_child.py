@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from conftest import frame  # noqa: E402
+from frames import frame  # noqa: E402 - (not conftest: its torch import costs ~3 s a child)
 
 from replaystore import Layout, ReplayStore  # noqa: E402
 from replaystore.errors import StoreLockedError, StoreNotFoundError  # noqa: E402
