@@ -36,11 +36,6 @@ def tree_map(fn: Callable[..., Any], tree: Tree, *rest: Tree) -> Tree:
     return fn(tree, *rest)
 
 
-def leaves(tree: Tree) -> list[Any]:
-    """The arrays of ``tree``, in its key order."""
-    return list(tree.values()) if isinstance(tree, Mapping) else [tree]
-
-
 @dataclass(frozen=True)
 class StackSpec:
     """Stacks of ``frame_stack`` frames: one array of ``entries[0]``'s frame shape and dtype (``keys``
@@ -88,11 +83,6 @@ class StackSpec:
     @property
     def dtype(self) -> np.dtype:
         return self.entries[0][2]
-
-    def shapes(self) -> Tree:
-        """Each stack's shape, ``(frame_stack, *frame_shape)``: one, or a dict of them."""
-        out = {key: (self.frame_stack, *shape) for key, shape, _ in self.entries}
-        return out if self.keyed else out[""]
 
     def describe(self) -> str:
         """``(4, 84, 84) uint8``, or ``{observation: (1, 6) int8, desired_goal: (1, 6) int8}``."""

@@ -133,6 +133,15 @@ def flatten(tree: Nesting, value: Any, *, name: str, path: str, expected: Callab
     return out
 
 
+def map_structure(fn: Callable[[Any], Any], value: Any) -> Any:
+    """``fn`` on each array of a nested value (dicts and tuples kept as they are)."""
+    if isinstance(value, Mapping):
+        return {key: map_structure(fn, item) for key, item in value.items()}
+    if isinstance(value, tuple):
+        return tuple(map_structure(fn, item) for item in value)
+    return fn(value)
+
+
 def count_leaves(tree: Nesting) -> int:
     kind, children = tree
     nodes = [child for _, child in children] if kind == "Dict" else list(children)

@@ -19,6 +19,7 @@ from replaystore.errors import (
     StoreExistsError,
     StoreWriteError,
 )
+from replaystore.format import nesting
 from replaystore.integrations.minari.common import Progress, minari_module
 from replaystore.sampling.episodes import Episode, episode_table
 from replaystore.store import ReplayStore
@@ -208,14 +209,7 @@ def _stacked(episode: Episode, k: int, padding: str) -> Any:
     """The episode's observations as the stacks of ``k`` frames the agent saw, ``(moves + 1, k, *frame)``:
     before the first frame, that frame again (``"reset"``) or zeros (``"zero"``). A Dict's per key (a
     nested one's and a Tuple's per entry)."""
-    def stacked(obs: Any) -> Any:
-        if isinstance(obs, dict):
-            return {key: stacked(frames) for key, frames in obs.items()}
-        if isinstance(obs, tuple):
-            return tuple(stacked(frames) for frames in obs)
-        return _stack(obs, k, padding)
-
-    return stacked(episode.obs)
+    return nesting.map_structure(lambda frames: _stack(frames, k, padding), episode.obs)
 
 
 def _stack(frames: np.ndarray, k: int, padding: str) -> np.ndarray:

@@ -19,6 +19,7 @@ from replaystore.errors import (
     StoreExistsError,
     StoreNotFoundError,
 )
+from replaystore.format import nesting
 from replaystore.format.dictobs import DictSpec, dict_from_space, is_dict_space
 from replaystore.format.extras import ExtraSpec, extras_from_arg
 from replaystore.format.spaces import action_from_space, observation_from_space
@@ -315,11 +316,7 @@ def _add_episode(store: ReplayStore, episode: Any, stack: StackLayout, where: st
 
 def _step(obs: Any, t: int) -> Any:
     """Step ``t`` of an episode's observations (a Dict's, nested ones' and a Tuple's: each leaf's)."""
-    if isinstance(obs, dict):
-        return {key: _step(value, t) for key, value in obs.items()}
-    if isinstance(obs, tuple):
-        return tuple(_step(value, t) for value in obs)
-    return obs[t]
+    return nesting.map_structure(lambda values: values[t], obs)
 
 
 def _discard(staged: Backend) -> None:
