@@ -69,8 +69,9 @@ def test_linear_schedule() -> None:
     (["--env-id", "CartPole-v1", "--actors", "2", "--num-envs", "2", "--buffer-size", "1002"],
      "does not split evenly over --num-envs 2 x --actors 2 (each env writes its own stream); use 1000 or 1004"),
     (["--env-id", "CartPole-v1", "--actors", "2", "--actor-restarts", "-1"], "--actor-restarts is -1"),
+    (["--env-id", "CartPole-v1", "--overlap-envs", "yes"], "--overlap-envs is 'yes'; it must be one of auto, on, off"),
 ], ids=["unknown-env", "continuous-actions", "buffer-below-batch", "gamma", "hidden-sizes", "ratio-word",
-        "ratio-negative", "actors-lockstep", "actors-streams", "actor-restarts"])
+        "ratio-negative", "actors-lockstep", "actors-streams", "actor-restarts", "overlap-word"])
 def test_bad_arguments_are_one_line_errors_and_write_nothing(tmp_path: Path, argv: list[str], message: str,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     run_dir = tmp_path / "run"

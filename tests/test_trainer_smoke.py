@@ -201,10 +201,11 @@ def test_prioritized_n_step_run_with_the_progress_bar(tmp_path: Path) -> None:
 
 
 def test_num_envs_runs_on_atari_vector_env_and_resumes(tmp_path: Path) -> None:
-    """--num-envs 3 on a real ALE game: ale-py's AtariVectorEnv, one stream per env, the replay ratio
-    of one env (a gradient step per train_frequency env steps), and --resume."""
+    """--num-envs 3 on a real ALE game: ale-py's AtariVectorEnv in two halves stepped in turn
+    (--overlap-envs on), one stream per env, the replay ratio of one env (a gradient step per
+    train_frequency env steps), and --resume."""
     run = tmp_path / "run"
-    flags = ["--env-id", "ALE/Breakout-v5", "--num-envs", "3", "--buffer-size", "3000", "--batch-size", "8",
+    flags = ["--env-id", "ALE/Breakout-v5", "--num-envs", "3", "--overlap-envs", "on", "--buffer-size", "3000", "--batch-size", "8",
              "--learning-starts", "300", "--train-frequency", "4", "--no-progress", "--sample-threads", "1",
              "--checkpoint-frequency", "300", "--replay-ratio", "0", "--run-dir", str(run)]
     done = _train(*flags, "--total-timesteps", "600")

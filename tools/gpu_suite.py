@@ -55,6 +55,8 @@ SITE = Path("/tmp/site")
 #: the project's own wheel there; tensorboardX (and protobuf) write TensorBoard files without TensorFlow
 EXTRA_WHEELS = ("setuptools", "tensorboardX", "protobuf")
 KEEP = (".json", ".jsonl", ".png", ".log", ".txt")
+#: seconds between two copies of the results out while following the runner
+COPY_EVERY = 30.0
 
 STEPS: dict[str, list[str]] = {
     "pong": ["tools/learning_curve.py", "--env-id", "ALE/Pong-v5", "--backends", "jax", "--stop-at-goal", "--resume",
@@ -154,11 +156,15 @@ def follow(args: argparse.Namespace) -> int:
         print(f"runner started (pid {proc.pid})", flush=True)
     deadline = time.time() + args.wait
     seen: dict[Path, int] = {}
+    copy_to = args.copy_to or (Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
+    copied = time.time()
     while _alive(pid_path) and time.time() < deadline:
         _echo(directory, seen)
         time.sleep(5)
+        if copy_to is not None and time.time() - copied > COPY_EVERY:  # (a call cut off still brings these back)
+            _copy(directory, copy_to)
+            copied = time.time()
     _echo(directory, seen)
-    copy_to = args.copy_to or (Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
     if copy_to is not None:
         _copy(directory, copy_to)
     state = json.loads((directory / "suite.json").read_text()) if (directory / "suite.json").exists() else {}

@@ -33,7 +33,7 @@ import numpy as np
 from replaystore import ReplayStore
 
 from . import checkpoint
-from .acting import EnvActing, VectorActing
+from .acting import EnvActing, PipelinedActing, VectorActing
 from .callbacks import Hooks
 from .config import TrainerError, check_count, check_run_arguments, config_from
 from .envs import env_spaces
@@ -211,7 +211,7 @@ class DQN:
         owned = source is None
         if source is None:
             seed = config.seed + 7919 * state.resumes
-            acting = VectorActing if vector else EnvActing
+            acting = PipelinedActing if hasattr(env, "halves") else VectorActing if vector else EnvActing
             source = acting(env, store, clip_reward=config.clip_reward, seed=seed,
                             terminal_on_life_loss=config.terminal_on_life_loss)
         evaluate = self._evaluator(eval_env, eval_episodes, eval_epsilon, eval_seed)

@@ -34,6 +34,7 @@ class Args:
     learning_rate: float = dataclasses.field(default=1e-4, metadata={"help": "Adam's learning rate"})
     buffer_size: int = dataclasses.field(default=1_000_000, metadata={"help": "replay store capacity in steps (on disk)"})
     num_envs: int = dataclasses.field(default=1, metadata={"help": "environments stepped together, each writing its own stream of the store (ALE ids: ale-py's AtariVectorEnv)"})
+    overlap_envs: str = dataclasses.field(default="auto", metadata={"help": "ALE ids with --num-envs >= 2: on steps the envs as two halves in turn, one half's envs stepping while the other half's moves are written and its next actions picked (the forward pass); off steps them all at once; auto is on where Keras computes on a GPU"})
     gamma: float = dataclasses.field(default=0.99, metadata={"help": "discount factor"})
     tau: float = dataclasses.field(default=1.0, metadata={"help": "target update rate (1.0 = hard copy)"})
     target_network_frequency: int = dataclasses.field(default=1000, metadata={"help": "steps between target updates"})
@@ -78,14 +79,16 @@ class Args:
 
 #: Flags that ``--resume`` accepts: how long to go on and how to report, not what is learned.
 RESUMABLE = ("total_timesteps", "gradient_steps", "checkpoint_frequency", "eval_frequency", "eval_episodes", "progress", "sample_threads",
-             "steps_per_call", "ray_address", "lease_ttl", "actor_restarts")
+             "steps_per_call", "ray_address", "lease_ttl", "actor_restarts", "overlap_envs")
 ARGS_FILE = "args.json"
+#: --overlap-envs' values
+OVERLAP = ("auto", "on", "off")
 #: Defaults the help text states in words instead (an empty string or 0 that means "pick for me").
 UNSTATED = ("run_dir", "store", "offline", "init_from", "frame_stack", "steps_per_call", "ray_address")
 #: Flags of acting, which an --offline run does not do (its length is --gradient-steps, its frames the store's).
 ONLINE_ONLY = ("total_timesteps", "store", "lease_ttl", "buffer_size", "num_envs", "start_e", "end_e",
                "exploration_fraction", "learning_starts", "clip_reward", "replay_ratio", "actors", "actor_restarts",
-               "ray_address", "frame_stack")
+               "ray_address", "frame_stack", "overlap_envs")
 
 
 def _help(field: dataclasses.Field[Any]) -> str:
@@ -200,6 +203,8 @@ def check(args: Args) -> None:
     if args.buffer_size < max(args.batch_size, 2):
         raise TrainerError(f"--buffer-size {args.buffer_size} is smaller than --batch-size {args.batch_size}; "
                            "the replay store must hold at least one batch (DQN usually keeps 10^5-10^6 steps)")
+    if args.overlap_envs not in OVERLAP:
+        raise TrainerError(f"--overlap-envs is {args.overlap_envs!r}; it must be one of {', '.join(OVERLAP)}")
     if not 1 <= args.num_envs <= 1024:
         raise TrainerError(f"--num-envs is {args.num_envs}; it must be between 1 and 1024")
     if not 0 <= args.actors <= 256:

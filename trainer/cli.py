@@ -126,7 +126,7 @@ def _fit(args: Args, settings: Any, env: Any, store: ReplayStore, saved: Any, st
 
                 source = ActorSource(args, store, agent.learner, start, report.print)
             elif args.num_envs > 1:
-                envs = make_vector_env(args.env_id, args.num_envs)
+                envs = make_vector_env(args.env_id, args.num_envs, halves=_overlap(args, keras))
             with _eval_env(args, vector=args.num_envs > 1) as eval_env:
                 agent.fit(envs if envs is not None else env, args.total_timesteps, eval_env=eval_env,
                           eval_frequency=args.eval_frequency if args.eval_episodes else 0,
@@ -295,6 +295,24 @@ def _stopped(signum: int, where: str, kept: str, run_dir: Path) -> int:
     print(f"stopped by {signal.Signals(signum).name} at {where}: {kept}; continue with: replaystore-train --resume "
           f"{run_dir}")
     return 128 + signum
+
+
+def _overlap(args: Args, keras: Any) -> bool:
+    """Whether to step the envs as two halves in turn (--overlap-envs): on, off, or auto: where Keras
+    computes on a GPU (there a forward pass is shorter than half the envs' step, and hides behind it;
+    on a CPU it is not, and two forward passes per step cost more than they hide)."""
+    if args.overlap_envs != "auto":
+        return args.overlap_envs == "on"
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        return jax.default_backend() not in ("cpu", "tpu")
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return bool(tf.config.list_physical_devices("GPU"))
+    return False
 
 
 if __name__ == "__main__":

@@ -58,23 +58,84 @@ def make_env(env_id: str) -> gym.Env:
     return env
 
 
-def make_vector_env(env_id: str, num_envs: int) -> Any:
+def make_vector_env(env_id: str, num_envs: int, *, halves: bool = False) -> Any:
     """``num_envs`` copies of ``env_id`` stepped together, in next-step autoreset mode, observing
     single frames (the store stacks them). ALE ids use ale-py's C++ ``AtariVectorEnv`` with the same
     preprocessing as ``make_env`` (84x84 gray, frame skip 4 with max-pooling, up to 30 no-op starts,
     v5's sticky actions, raw rewards, no episodic life: the loop ends learning episodes at a lost
-    life itself); other ids a gymnasium ``SyncVectorEnv``."""
+    life itself); other ids a gymnasium ``SyncVectorEnv``. ``halves`` (ALE ids, ``num_envs`` >= 2):
+    a ``HalvedVectorEnv``, which ``DQN.fit`` steps one half at a time (acting.py)."""
     if is_atari(env_id):
         from ale_py.vector_env import AtariVectorEnv
 
         game = atari_game(env_id)
-        return AtariVectorEnv(game, num_envs=num_envs, stack_num=1, img_height=84, img_width=84, grayscale=True,
-                              frameskip=4, maxpool=True, noop_max=30, repeat_action_probability=0.25,
-                              reward_clipping=False, episodic_life=False, use_fire_reset=False,
-                              max_num_frames_per_episode=108_000)
+
+        def atari(n: int) -> Any:
+            return AtariVectorEnv(game, num_envs=n, stack_num=1, img_height=84, img_width=84, grayscale=True,
+                                  frameskip=4, maxpool=True, noop_max=30, repeat_action_probability=0.25,
+                                  reward_clipping=False, episodic_life=False, use_fire_reset=False,
+                                  max_num_frames_per_episode=108_000)
+
+        if halves and num_envs >= 2:
+            return HalvedVectorEnv([atari(num_envs // 2), atari(num_envs - num_envs // 2)])
+        return atari(num_envs)
     make_env(env_id).close()  # an unusable id fails here with the trainer's message
     return gym.vector.SyncVectorEnv([lambda: gym.make(env_id) for _ in range(num_envs)],
                                     autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
+
+
+class HalvedVectorEnv:
+    """N envs as two vector envs of about N/2 each that can step apart: ``halves``, each with
+    ale-py's ``send(actions)`` (the step starts on the env's C++ threads and the call returns) and
+    ``recv()`` (its results). ``DQN.fit`` acts in them in turn (acting.py's ``PipelinedActing``): one
+    half's envs step while the trainer writes the other half's moves and picks its next actions, so
+    the envs' time and the forward pass's overlap. As a vector env of its own (``reset``, ``step``:
+    both halves stepped together) it is the N envs, the first half's first, ``info["env_id"]``
+    counted over all N."""
+
+    def __init__(self, halves: list[Any]) -> None:
+        if len(halves) != 2 or not all(hasattr(h, "send") and hasattr(h, "recv") for h in halves):
+            raise TrainerError("HalvedVectorEnv takes two vector envs with send/recv (ale-py's AtariVectorEnv)")
+        self.halves = halves
+        self.sizes = [int(h.num_envs) for h in halves]
+        self.num_envs = sum(self.sizes)
+        first = halves[0]
+        self.single_observation_space = first.single_observation_space
+        self.single_action_space = first.single_action_space
+        self.observation_space = gym.vector.utils.batch_space(first.single_observation_space, self.num_envs)
+        self.action_space = gym.vector.utils.batch_space(first.single_action_space, self.num_envs)
+        self.metadata = first.metadata
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        """Reset every env; an int ``seed`` seeds them with consecutive values, as AtariVectorEnv does."""
+        if options:
+            raise TrainerError("HalvedVectorEnv.reset takes no options; reset the halves themselves")
+        results, start = [], 0
+        for half, size in zip(self.halves, self.sizes):
+            results.append(half.reset(seed=None if seed is None else seed + start))
+            start += size
+        return self._join(results)
+
+    def step(self, actions: np.ndarray) -> tuple[Any, ...]:
+        """Both halves' step with ``actions`` (one per env), started together."""
+        actions = np.asarray(actions)
+        self.halves[0].send(actions[:self.sizes[0]])
+        self.halves[1].send(actions[self.sizes[0]:])
+        return self._join([half.recv() for half in self.halves])
+
+    def close(self) -> None:
+        for half in self.halves:
+            half.close()
+
+    def _join(self, results: list[tuple[Any, ...]]) -> tuple[Any, ...]:
+        *arrays, infos = zip(*results)
+        info: dict[str, Any] = {}
+        for key in infos[0]:
+            parts = [np.asarray(i[key]) for i in infos]
+            if key == "env_id":
+                parts[1] = parts[1] + self.sizes[0]
+            info[key] = np.concatenate(parts)
+        return (*(np.concatenate(a) for a in arrays), info)
 
 
 def atari_game(env_id: str) -> str:

@@ -55,7 +55,8 @@ class Writing(Reading):
 
     def add_batch(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any,
                   info: Mapping[str, Any] | None = None, *, autoreset_mode: Any = "next_step",
-                  env_done: Any = None, skip: Iterable[int] = (), extras: Mapping[str, Any] | None = None) -> None:
+                  env_done: Any = None, skip: Iterable[int] = (), extras: Mapping[str, Any] | None = None,
+                  streams: Iterable[int] | None = None) -> None:
         """Add one move to each stream this store writes, from a vector env's step: row ``i`` of
         every argument goes to stream ``store.writing[i]``, exactly as the vector env returns it::
 
@@ -72,7 +73,10 @@ class Writing(Reading):
         move and are not written (a wrapper that recognised its env's reset rows itself; their
         values are still checked). ``extras``: each extra's rows, as for ``add`` (a vector env's
         ``info`` holding them; with same-step autoreset an ended row's are taken from its
-        ``final_info``). docs/streams.md has the details.
+        ``final_info``). ``streams``: the rows go to these streams only, given as rows of a whole
+        step (0 is the first stream written here; row ``i`` goes to ``store.writing[streams[i]]``),
+        for a vector env stepped a part at a time (the trainer's two halves in turn). docs/streams.md
+        has the details.
 
         Every row is checked before anything is written; each stream's move is all or nothing, and a
         ``StoreWriteError`` names the stream it failed on and those that kept their move.
@@ -80,16 +84,25 @@ class Writing(Reading):
         mode = parse_autoreset(autoreset_mode)
         with self._mutex:
             self._writable("add")
-            rows = check_rows(self.schema, self.path, len(self._writers), obs, action, reward, next_obs, terminated,
-                              truncated)
-            n = len(self._writers)
+            writers = self._writers if streams is None else self._part(streams)
+            n = len(writers)
+            rows = check_rows(self.schema, self.path, n, obs, action, reward, next_obs, terminated, truncated)
             extra = check_extras(self.schema.extras, final_extras(extras, n) if mode == "same_step" else extras,
                                  self.path, (n,))
             skipped = frozenset(int(i) for i in skip)
-            if any(not 0 <= i < len(self._writers) for i in skipped):
-                raise ConfigError(f"skip is {sorted(skipped)}; rows are 0..{len(self._writers) - 1}")
-            add_rows(self._writers, self.schema, self.path, rows, mode=mode, env_done=env_done, info=info,
+            if any(not 0 <= i < n for i in skipped):
+                raise ConfigError(f"skip is {sorted(skipped)}; rows are 0..{n - 1}")
+            add_rows(writers, self.schema, self.path, rows, mode=mode, env_done=env_done, info=info,
                      skip=skipped, extras=extra)
+
+    def _part(self, streams: Iterable[int]) -> list[Any]:
+        """The writers of ``streams`` (rows of a whole step), each once; ConfigError otherwise."""
+        rows = [int(i) for i in streams]
+        n = len(self._writers)
+        if any(not 0 <= i < n for i in rows) or len(set(rows)) != len(rows):
+            raise ConfigError(f"streams is {rows!r}; it must name distinct rows of the {n} streams this store "
+                              f"writes, 0..{n - 1}; nothing was written")
+        return [self._writers[i] for i in rows]
 
     def end_episode(self, streams: Iterable[int] | None = None) -> bool:
         """Close the episode in progress in each stream this store writes (or in ``streams``, given
@@ -104,13 +117,7 @@ class Writing(Reading):
         """
         with self._mutex:
             self._writable("end the episode")
-            writers = self._writers
-            if streams is not None:
-                rows = [int(i) for i in streams]
-                if any(not 0 <= i < len(writers) for i in rows):
-                    raise ConfigError(f"streams is {rows!r}; this store writes {len(writers)} streams, rows 0.."
-                                      f"{len(writers) - 1}")
-                writers = [writers[i] for i in rows]
+            writers = self._writers if streams is None else self._part(streams)
             return any([writer.end_episode() for writer in writers])
 
     def flush(self) -> None:
