@@ -8,8 +8,11 @@ run does ``--learning-starts`` steps of random play, then ``--steps`` steps of l
 gives the learning phase's env steps/s (from the steps and wall times of the run's TensorBoard scalars,
 leaving out the first 1,000 steps of learning: ``scalars.jsonl``) and gradient steps/s, and the run's peak RSS.
 
+``--overlap off,on`` runs each N > 1 both ways: all N envs stepped at once, and two halves in turn
+(``replaystore-train --overlap-envs``, docs/trainer.md).
+
 Run: ``python tools/bench_train.py [--envs 1,4,16] [--backends tensorflow,jax] [--steps 2000]
-[--modes lockstep,decoupled] [--json FILE]``.
+[--modes lockstep,decoupled] [--overlap off,on] [--json FILE]``.
 """
 
 from __future__ import annotations
@@ -28,14 +31,14 @@ import time
 from pathlib import Path
 
 
-def run(backend: str, n: int, decoupled: bool, args: argparse.Namespace, root: Path) -> dict:
-    run_dir = root / f"{backend}-{n}-{'d' if decoupled else 'l'}"
+def run(backend: str, n: int, decoupled: bool, overlap: str, args: argparse.Namespace, root: Path) -> dict:
+    run_dir = root / f"{backend}-{n}-{'d' if decoupled else 'l'}-{overlap}"
     total = args.learning_starts + args.steps
     cmd = [sys.executable, "-m", "replaystore.trainer.cli", "--env-id", "ALE/Breakout-v5", "--total-timesteps", str(total),
            "--learning-starts", str(args.learning_starts), "--buffer-size", str(args.buffer_size),
            "--num-envs", str(n), "--run-dir", str(run_dir), "--no-progress", "--checkpoint-frequency", str(10**9)]
     cmd += ["--replay-ratio", "8" if decoupled else "0"]
-    cmd += ["--steps-per-call", str(args.steps_per_call)]
+    cmd += ["--steps-per-call", str(args.steps_per_call), "--overlap-envs", overlap]
     if args.sample_threads:
         cmd += ["--sample-threads", str(args.sample_threads)]
     t0 = time.perf_counter()
@@ -49,7 +52,8 @@ def run(backend: str, n: int, decoupled: bool, args: argparse.Namespace, root: P
     sps = _learning_sps(run_dir, args.learning_starts)
     shutil.rmtree(run_dir, ignore_errors=True)
     learning_s = args.steps / sps if sps else float("nan")
-    return {"backend": backend, "envs": n, "mode": "decoupled" if decoupled else "lockstep", "env_sps": sps,
+    return {"backend": backend, "envs": n, "mode": "decoupled" if decoupled else "lockstep", "overlap": overlap,
+            "env_sps": sps,
             "grad_sps": grads / learning_s if learning_s else float("nan"), "rss_mb": float(done.group(3).replace(",", "")),
             "wall_s": wall}
 
@@ -76,6 +80,9 @@ def main() -> None:
     ap.add_argument("--steps-per-call", type=int, default=0, help="gradient steps per compiled call (0: the backend's default)")
     ap.add_argument("--modes", default="lockstep,decoupled", help="which loops (a comma list)")
     ap.add_argument("--sample-threads", type=int, default=0, help="the trainer's --sample-threads (0: its default)")
+    ap.add_argument("--overlap", default="auto",
+                    help="the trainer's --overlap-envs, a comma list to compare (off,on: all envs at once against "
+                         "two halves in turn; each N > 1 runs once per value)")
     ap.add_argument("--json", type=Path, help="also write the rows here, as JSON")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench_train-", dir=os.environ.get("BENCH_DIR")))
@@ -87,8 +94,9 @@ def main() -> None:
                 continue
             for n in (int(x) for x in args.envs.split(",")):
                 for decoupled in (mode == "decoupled" for mode in args.modes.split(",")):
-                    rows.append(run(backend, n, decoupled, args, root))
-                    print(json.dumps(rows[-1]), flush=True)
+                    for overlap in args.overlap.split(",") if n > 1 else ["auto"]:
+                        rows.append(run(backend, n, decoupled, overlap, args, root))
+                        print(json.dumps(rows[-1]), flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     if args.json:
@@ -97,11 +105,11 @@ def main() -> None:
                                          "buffer_size": args.buffer_size, "rows": rows}, indent=1) + "\n")
     print(f"\nmachine: {os.cpu_count()} cores, {platform.processor() or platform.machine()}; Breakout, batch 32, "
           f"replay ratio 8, {args.steps:,} steps of learning after {args.learning_starts:,}")
-    print("| backend | envs | loop | env steps/s | gradient steps/s | peak RSS MB |")
-    print("|---|---|---|---|---|---|")
+    print("| backend | envs | loop | --overlap-envs | env steps/s | gradient steps/s | peak RSS MB |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['backend']} | {r['envs']} | {r['mode']} | {r['env_sps']:,.0f} | {r['grad_sps']:,.1f} | "
-              f"{r['rss_mb']:,.0f} |")
+        print(f"| {r['backend']} | {r['envs']} | {r['mode']} | {r['overlap']} | {r['env_sps']:,.0f} | "
+              f"{r['grad_sps']:,.1f} | {r['rss_mb']:,.0f} |")
 
 
 if __name__ == "__main__":

@@ -30,11 +30,11 @@ Steps (each writes into ``DIR``):
            the preset's run (32 envs, replay ratio 8), stopped at its first evaluation of 20 games
            at or above +18: ``curves/ALE_Pong-v5-jax-1.json`` (every evaluation's step, returns and
            wall time) and ``curves/ALE_Pong-v5-1.png``; ``pong.log``
+  train    tools/bench_train.py --backends jax --modes decoupled --overlap off,on: env steps/s,
+           gradient steps/s and peak RSS with 16 and 32 envs at replay ratio 8, 1M-step buffer, the envs
+           stepped all at once and in two halves in turn: ``bench_train.json``, ``train.log``
   learner  tools/bench_learner.py --backends jax: fed by a 1M-transition store against the bound,
            1, 8, 32 and 64 gradient steps per call: ``bench_learner.json``, ``learner.log``
-  train    tools/bench_train.py --backends jax --modes decoupled: env steps/s, gradient steps/s and
-           peak RSS with 8, 16 and 32 envs at replay ratio 8, 1M-step buffer: ``bench_train.json``,
-           ``train.log``
 """
 
 from __future__ import annotations
@@ -61,12 +61,12 @@ COPY_EVERY = 30.0
 STEPS: dict[str, list[str]] = {
     "pong": ["tools/learning_curve.py", "--env-id", "ALE/Pong-v5", "--backends", "jax", "--stop-at-goal", "--resume",
              "--out", "{dir}/curves"],
+    "train": ["tools/bench_train.py", "--backends", "jax", "--modes", "decoupled", "--envs", "16,32",
+              "--overlap", "off,on", "--learning-starts", "5000", "--steps", "40000", "--buffer-size", "1000000",
+              "--sample-threads", "4", "--json", "{dir}/bench_train.json"],
     "learner": ["tools/bench_learner.py", "--backends", "jax", "--reuse", "--transitions", "1000000", "--recorded", "25000",
                 "--seconds", "8", "--rounds", "2", "--steps-per-call", "1,8,32,64", "--threads", "4",
                 "--json", "{dir}/bench_learner.json"],
-    "train": ["tools/bench_train.py", "--backends", "jax", "--modes", "decoupled", "--envs", "8,16,32",
-              "--learning-starts", "5000", "--steps", "40000", "--buffer-size", "1000000", "--sample-threads", "4",
-              "--json", "{dir}/bench_train.json"],
 }
 
 
