@@ -1,6 +1,7 @@
 """Acting in two halves of the envs in turn (trainer/acting.py's ``PipelinedActing`` on envs.py's
 ``HalvedVectorEnv``), and the store's ``add_batch(streams=...)`` it writes with: the same moves,
-streams and episodes as acting in all the envs at once, on real ALE games."""
+streams and episodes as acting in all the envs at once, on real ALE games. Also what the docs'
+example of it needs: the ready-made models built from ``envs.single_action_space.n``."""
 
 from __future__ import annotations
 
@@ -173,3 +174,16 @@ def test_overlap_auto_is_off_on_a_cpu_and_on_and_off_are_as_given() -> None:
 
     assert _overlap(Args(overlap_envs="auto"), keras) is False
     assert _overlap(Args(overlap_envs="on"), keras) is True and _overlap(Args(overlap_envs="off"), keras) is False
+
+
+def test_the_ready_made_models_take_gymnasiums_numpy_action_counts() -> None:
+    """``nature_cnn((4, 84, 84), envs.single_action_space.n)`` (a numpy int, which Keras' Dense
+    refuses) builds the network; a count that is not a whole number >= 1 is a one-line ModelError."""
+    from replaystore.trainer import ModelError, mlp, nature_cnn
+
+    n = gym.spaces.Discrete(6).n
+    assert isinstance(n, np.integer) and nature_cnn((4, 84, 84), n).output_shape == (None, 6)
+    assert mlp((1, 4), np.int32(2), dueling=True).output_shape == (None, 2)
+    for bad in (0, 2.5, "4"):
+        with pytest.raises(ModelError, match="n_actions is"):
+            mlp((1, 4), bad)  # type: ignore[arg-type]

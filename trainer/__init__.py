@@ -3,7 +3,9 @@
     from replaystore.trainer import DQN, nature_cnn, mlp
 
 ``DQN`` (agent.py) fits a Keras model on a gymnasium env (or a vector env) with Keras callbacks;
-``nature_cnn``, ``mlp``, ``embedded_mlp`` and ``dict_mlp`` (models.py) are ready-made Q-networks; ``replaystore-train`` (cli.py) is
+``nature_cnn``, ``mlp``, ``embedded_mlp`` and ``dict_mlp`` (models.py) are ready-made Q-networks;
+``make_vector_env`` (envs.py) the command line's vector envs (``halves=True``: a ``HalvedVectorEnv``,
+which ``fit`` steps a half at a time); ``replaystore-train`` (cli.py) is
 the command line over the same agent, and ``load_run`` (rundir.py) a run directory's agent in Python. docs/trainer.md has the whole API.
 
 Installed from the repository's ``trainer/`` folder as ``replaystore.trainer`` (pyproject.toml maps
@@ -19,16 +21,18 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .agent import DQN
     from .config import DQNConfig, TrainerError
+    from .envs import HalvedVectorEnv, make_vector_env
     from .models import Dueling, ModelError, check_model, dict_mlp, embedded_mlp, mlp, nature_cnn
     from .rundir import load_run
     from .stacks import StackSpec
 
-__all__ = ["DQN", "DQNConfig", "Dueling", "ModelError", "StackSpec", "TrainerError", "check_model", "dict_mlp",
-           "embedded_mlp", "load_run", "mlp", "nature_cnn"]
+__all__ = ["DQN", "DQNConfig", "Dueling", "HalvedVectorEnv", "ModelError", "StackSpec", "TrainerError", "check_model",
+           "dict_mlp", "embedded_mlp", "load_run", "make_vector_env", "mlp", "nature_cnn"]
 
 _WHERE = {"DQN": "agent", "DQNConfig": "config", "TrainerError": "config", "ModelError": "models", "Dueling": "models",
           "check_model": "models", "mlp": "models", "nature_cnn": "models", "embedded_mlp": "models",
-          "dict_mlp": "models", "load_run": "rundir", "StackSpec": "stacks"}
+          "dict_mlp": "models", "load_run": "rundir", "StackSpec": "stacks", "HalvedVectorEnv": "envs",
+          "make_vector_env": "envs"}
 
 
 def __getattr__(name: str) -> Any:

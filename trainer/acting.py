@@ -235,3 +235,10 @@ class PipelinedActing:
         self.sent = [None, None]
         if self.owned:
             self.envs.close()
+
+
+def acting_on(env: Any, store: ReplayStore, config: Any, *, seed: int) -> EnvActing | VectorActing | PipelinedActing:
+    """The source of env steps for ``env`` (a ``HalvedVectorEnv``, another vector env, or one env),
+    acting with ``config``'s reward clipping and life loss."""
+    kind = PipelinedActing if hasattr(env, "halves") else VectorActing if hasattr(env, "num_envs") else EnvActing
+    return kind(env, store, clip_reward=config.clip_reward, seed=seed, terminal_on_life_loss=config.terminal_on_life_loss)

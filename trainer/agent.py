@@ -33,7 +33,7 @@ import numpy as np
 from replaystore import ReplayStore
 
 from . import checkpoint
-from .acting import EnvActing, PipelinedActing, VectorActing
+from .acting import acting_on
 from .callbacks import Hooks
 from .config import TrainerError, check_count, check_run_arguments, config_from
 from .envs import env_spaces
@@ -210,10 +210,7 @@ class DQN:
                       every=eval_frequency, evaluating=eval_env is not None, replay_ratio=learning.replay_ratio)
         owned = source is None
         if source is None:
-            seed = config.seed + 7919 * state.resumes
-            acting = PipelinedActing if hasattr(env, "halves") else VectorActing if vector else EnvActing
-            source = acting(env, store, clip_reward=config.clip_reward, seed=seed,
-                            terminal_on_life_loss=config.terminal_on_life_loss)
+            source = acting_on(env, store, config, seed=config.seed + 7919 * state.resumes)
         evaluate = self._evaluator(eval_env, eval_episodes, eval_epsilon, eval_seed)
         run = Run(config, store, learning, state, hooks, act=learner.act_batch, rng=self.rng,
                   total_timesteps=total_timesteps, evaluate=evaluate, eval_frequency=eval_frequency,

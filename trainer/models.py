@@ -12,6 +12,7 @@ one ``keras.Input`` named after each key.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -55,7 +56,13 @@ class Dueling(layers.Layer):
 
 
 def _head(x: Any, n_actions: int, dueling: bool) -> Any:
-    return Dueling(n_actions, name="q_values")(x) if dueling else layers.Dense(n_actions, name="q_values")(x)
+    try:  # (gymnasium's Discrete.n is a numpy int, which Keras' layers refuse)
+        n = operator.index(n_actions)
+    except TypeError:
+        n = 0
+    if n < 1:
+        raise ModelError(f"n_actions is {n_actions!r}; it must be a whole number >= 1 (env.action_space.n)")
+    return Dueling(n, name="q_values")(x) if dueling else layers.Dense(n, name="q_values")(x)
 
 
 def nature_cnn(stack_shape: Sequence[int], n_actions: int, *, dtype: Any = "uint8", dueling: bool = False,
