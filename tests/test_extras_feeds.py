@@ -136,9 +136,10 @@ def test_dqn_fills_the_extras_from_the_envs_infos(tmp_path, envs) -> None:
     ReplayStore.create(path, 1000, single, gym.spaces.Discrete(2), num_streams=1 if envs == 1 else 2,
                        extras={"t": "int32", "unknown": ((2,), "float32")}).close()
     model = keras.Sequential([keras.Input((1, 4)), keras.layers.Flatten(), keras.layers.Dense(2)])
-    # (one env: lockstep, one gradient step a call, so the learner takes tf.data's batches as they come)
-    calls = {"steps_per_call": 1, "replay_ratio": 0} if envs == 1 else {}
-    agent = DQN(model, path, learning_starts=100, batch_size=8, **calls)
+    # (lockstep, one gradient step a call: the 5 steps due in the last 20 env steps are taken inside the
+    # loop, the learner on tf.data's batches as they come; a decoupled learner thread may not have
+    # finished compiling its first call by step 120 on a loaded machine)
+    agent = DQN(model, path, learning_starts=100, batch_size=8, steps_per_call=1, replay_ratio=0)
     agent.fit(env, total_timesteps=120)
     assert agent.train_steps >= 5
     agent.close()
