@@ -12,8 +12,15 @@ import numpy as np
 import pytest
 from hypothesis import settings
 
+# torch's OpenMP threads spin while they wait for each other: beside the other xdist worker on 2 cores
+# SB3's small steps ran ~24x slower (FrozenLake: 9 s alone, 214 s in the suite). One thread each, here
+# and in the processes the tests start.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 try:  # torch's triton before TensorFlow: both bundle LLVM, and triton loaded after TF aborts the process
+    import torch
     import torch._dynamo  # noqa: F401
+
+    torch.set_num_threads(1)
 except ImportError:
     pass
 
