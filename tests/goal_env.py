@@ -138,3 +138,8 @@ class Rooms(gym.Env):
             self.doors[0] = (self.doors[0] + 1) % 3
         self.t += 1
         return self._obs(), float(self.lights.sum()), False, self.t >= self.limit, {}
+
+
+# ``replaystore-train --env-id goal_env:BitFlip-v0`` (tests/ on PYTHONPATH): gymnasium imports this
+# module, which registers it
+gym.register("BitFlip-v0", entry_point=BitFlip, kwargs={"n": 8})

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,9 @@ class Args:
     alpha: float = dataclasses.field(default=0.6, metadata={"help": "priority exponent (with --prioritized)"})
     beta: float = dataclasses.field(default=0.4, metadata={"help": "importance-weight exponent (with --prioritized)"})
     cql_alpha: float = dataclasses.field(default=0.0, metadata={"help": "conservative Q-learning's weight (1.0 is usual with --offline); 0: plain DQN"})
-    hidden_sizes: str = dataclasses.field(default="120,84", metadata={"help": "MLP layer widths for vector observations"})
+    her_n_sampled_goal: int = dataclasses.field(default=0, metadata={"help": "a goal env's Dict observations (achieved_goal, desired_goal): hindsight experience replay, this many transitions relabelled with a goal the episode reached for each real one (4 is HER's usual), their rewards from the env's compute_reward; 0: no relabelling"})
+    her_strategy: str = dataclasses.field(default="future", metadata={"help": "with --her-n-sampled-goal: where a relabelled goal comes from: future (a later step of the episode), final or episode"})
+    hidden_sizes: str = dataclasses.field(default="120,84", metadata={"help": "MLP layer widths for vector and Dict observations"})
     frame_stack: int = dataclasses.field(default=0, metadata={"help": "frames per observation (default: 4 for images, 1 for vectors)"})
     terminal_on_life_loss: bool = dataclasses.field(default=True, metadata={"help": "Atari: a lost life ends the episode for learning"})
     clip_reward: bool = dataclasses.field(default=True, metadata={"help": "Atari: learn from sign(reward)"})
@@ -146,7 +149,7 @@ def parse(argv: list[str] | None) -> tuple[Args, bool]:
         if args.offline and "env_id" not in given:
             args.env_id = ""  # offline, the env is only evaluated on: none unless named
         if not args.run_dir:
-            name = f"offline-{Path(args.offline).stem}" if args.offline else args.env_id.replace("/", "_")
+            name = f"offline-{Path(args.offline).stem}" if args.offline else re.sub(r"[/:]", "_", args.env_id)
             args.run_dir = str(Path("runs") / f"{name}-{args.seed}")
         check_mode(args, set(given))
         check(args)
@@ -182,6 +185,9 @@ def check_mode(args: Args, given: set[str]) -> None:
     if args.eval_episodes and not args.env_id:
         raise TrainerError("--offline with --eval-episodes needs --env-id: the gymnasium id of the env the store "
                            "was written from, to evaluate on (ALE/ ids get replaystore-train's wrappers)")
+    if args.her_n_sampled_goal and not args.env_id:
+        raise TrainerError("--offline with --her-n-sampled-goal needs --env-id: the gymnasium id of the goal env "
+                           "the store was written from, whose compute_reward gives the relabelled rewards")
 
 
 def check(args: Args) -> None:
@@ -197,9 +203,8 @@ def check(args: Args) -> None:
         raise TrainerError(f"--eval-epsilon is {args.eval_epsilon}; it must be in [0, 1]")
     try:
         settings = config(args)
-    except TrainerError as exc:  # the API's message names the keyword; the command line's the flag
-        name = str(exc).split(" ", 1)[0]
-        raise TrainerError("--" + name.replace("_", "-") + " " + str(exc).split(" ", 1)[1]) from None
+    except TrainerError as exc:
+        raise TrainerError(as_flags(str(exc))) from None
     if args.buffer_size < max(args.batch_size, 2):
         raise TrainerError(f"--buffer-size {args.buffer_size} is smaller than --batch-size {args.batch_size}; "
                            "the replay store must hold at least one batch (DQN usually keeps 10^5-10^6 steps)")
@@ -222,6 +227,20 @@ def check(args: Args) -> None:
     if args.n_step >= args.buffer_size // streams:
         raise TrainerError(f"--n-step {args.n_step} must be smaller than --buffer-size {args.buffer_size}")
     hidden_sizes(args)
+
+
+def as_flags(message: str) -> str:
+    """An API message in the command line's words: a keyword it names (its first word, or any
+    ``snake_case`` one, ``name=value`` too) becomes the flag (``--name-with-dashes [value]``)."""
+    known = {field.name for field in dataclasses.fields(Args)}
+
+    def flag(match: re.Match[str]) -> str:
+        name, value = match.group(1), match.group(2)
+        if name not in known or ("_" not in name and match.start()):
+            return match.group(0)
+        return "--" + name.replace("_", "-") + (f" {value}" if value is not None else "")
+
+    return re.sub(r"\b([a-z]+(?:_[a-z]+)*)(?:=(\S+?)(?=[,;:)\s]|$))?", flag, message)
 
 
 def config(args: Args) -> DQNConfig:

@@ -79,6 +79,7 @@ def _train(args: Args, env: Any, *, resuming: bool) -> int:
     if start < args.total_timesteps and settings.learning_starts >= args.total_timesteps:
         raise TrainerError(f"--learning-starts {settings.learning_starts:,} is not below --total-timesteps "
                            f"{args.total_timesteps:,}: the run would take no gradient step; lower --learning-starts")
+    _hindsight_reward(args, settings, env)
     if not resuming:
         _check_init_from(args, args.frame_stack, env.observation_space, int(env.action_space.n))
     store = open_store(args, env, resuming=resuming)
@@ -153,21 +154,24 @@ def train_offline(args: Args, *, resuming: bool) -> int:
     saved = _saved(run_dir) if resuming else None
     store = open_to_read(args.offline, cache_bytes=args.cache_mb * 2**20, options={})
     try:
-        with _eval_env(args, vector=True) as eval_env:  # (an unusable --env-id fails here, before anything is written)
+        with _eval_env(args, vector=True) as eval_env, _goal_env(args, eval_env) as goal_env:
+            # (an unusable --env-id fails here, before anything is written)
             spaces = None if eval_env is None else env_spaces(eval_env)
             check_dataset(store, settings.batch_size, settings.n_step, spaces)
+            reward = _hindsight_reward(args, settings, goal_env, store)
             if resuming:
                 arguments.save(args, run_dir)  # the flags given now hold for a later plain --resume too
             else:
                 _check_init_from(args, store.frame_stack, store.observation_space, int(store.action_space.n))
                 with new_run_dir(args):
                     pass  # (nothing to make in it but args.json: the store stays where it is)
-            return _fit_offline(args, settings, store, eval_env, saved)
+            return _fit_offline(args, settings, store, eval_env, saved, reward)
     finally:
         store.close()
 
 
-def _fit_offline(args: Args, settings: Any, store: ReplayStore, eval_env: Any, saved: Any) -> int:
+def _fit_offline(args: Args, settings: Any, store: ReplayStore, eval_env: Any, saved: Any,
+                 reward: Callable[..., Any] | None) -> int:
     keras = import_keras()
 
     from .report import Report
@@ -193,7 +197,7 @@ def _fit_offline(args: Args, settings: Any, store: ReplayStore, eval_env: Any, s
             agent.fit_offline(args.gradient_steps, eval_env=eval_env,
                               eval_frequency=args.eval_frequency if args.eval_episodes else 0,
                               eval_episodes=max(1, args.eval_episodes), eval_epsilon=args.eval_epsilon,
-                              eval_seed=args.seed + 100_000, callbacks=[report],
+                              eval_seed=args.seed + 100_000, callbacks=[report], compute_reward=reward,
                               checkpoint_frequency=args.checkpoint_frequency, checkpoint_writer=write_checkpoint,
                               should_stop=lambda: bool(stop))
         finally:
@@ -289,6 +293,44 @@ def _eval_env(args: Args, *, vector: bool) -> Iterator[Any]:
     finally:
         if env is not None:
             env.close()
+
+
+@contextlib.contextmanager
+def _goal_env(args: Args, eval_env: Any) -> Iterator[Any]:
+    """The env whose ``compute_reward`` relabels an --offline run's goals (--her-n-sampled-goal): the
+    evaluation env, else one made for it (closed after the block); None without relabelling."""
+    if not args.her_n_sampled_goal or eval_env is not None:
+        yield eval_env
+        return
+    env = make_env(args.env_id)
+    try:
+        yield env
+    finally:
+        env.close()
+
+
+def _hindsight_reward(args: Args, settings: Any, env: Any, store: ReplayStore | None = None) -> Callable[..., Any] | None:
+    """With --her-n-sampled-goal: the env's ``compute_reward``, once the env (and ``store``, offline)
+    are known to be a goal env's, before anything is written; TrainerError naming the flag where not.
+    None without relabelling."""
+    if not settings.her_n_sampled_goal:
+        return None
+    from .hindsight import check_goals, hindsight_sampler, reward_function
+    from .stacks import StackSpec
+
+    space = store.observation_space if store is not None else env_spaces(env)[0]
+    try:
+        check_goals(StackSpec.of_space(space, store.frame_stack if store is not None else args.frame_stack))
+    except TrainerError as exc:
+        raise TrainerError(arguments.as_flags(str(exc))) from None
+    reward = reward_function(env)
+    if reward is None:
+        raise TrainerError(f"--her-n-sampled-goal is {args.her_n_sampled_goal}, but {args.env_id} has no compute_reward(achieved_goal, "
+                           "desired_goal, info) to give relabelled transitions their reward: give a goal env's id "
+                           "(gymnasium-robotics' GoalEnv API), or --her-n-sampled-goal 0")
+    if store is not None:
+        hindsight_sampler(settings, store, reward)  # (a store it cannot relabel is refused here)
+    return reward
 
 
 def _stopped(signum: int, where: str, kept: str, run_dir: Path) -> int:

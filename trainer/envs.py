@@ -31,7 +31,8 @@ def is_atari(env_id: str) -> bool:
 
 
 def make_env(env_id: str) -> gym.Env:
-    """The environment for ``env_id``, wrapped for training; raises TrainerError for an unusable id."""
+    """The environment for ``env_id``, wrapped for training; raises TrainerError for an unusable id.
+    A ``module:Name-v0`` id imports ``module`` first (gymnasium's way to register an env of one's own)."""
     if is_atari(env_id):
         import ale_py
 
@@ -45,16 +46,20 @@ def make_env(env_id: str) -> gym.Env:
             env = gym.make(env_id)
     except gym.error.Error as exc:
         raise TrainerError(f"unknown environment id {env_id!r} ({exc}); use a registered id such as CartPole-v1 "
-                           "or ALE/Breakout-v5") from exc
+                           "or ALE/Breakout-v5, or module:Name-v0 for an env that module registers") from exc
+    except ImportError as exc:  # (the module of a module:Name-v0 id)
+        module = env_id.split(":", 1)[0]
+        raise TrainerError(f"environment id {env_id!r}: its module {module!r} cannot be imported ({exc}); install "
+                           "it, or put its folder on PYTHONPATH") from exc
     if not isinstance(env.action_space, gym.spaces.Discrete):
         env.close()
         raise TrainerError(f"{env_id} has action space {env.action_space}; DQN needs a Discrete action space "
                            "(try CartPole-v1 or an ALE/... game)")
-    if not isinstance(env.observation_space, STACKABLE):
+    if not stackable(env.observation_space):
         env.close()
         raise TrainerError(f"{env_id} has observation space {env.observation_space}; replaystore-train needs a "
-                           "Box (images or vectors), a Discrete, a MultiBinary or a MultiDiscrete (a Dict env: the "
-                           "Python API, DQN with dict_mlp; docs/trainer.md)")
+                           "Box (images or vectors), a Discrete, a MultiBinary or a MultiDiscrete, or a Dict of them "
+                           "(a goal env's); flatten a nested Dict or a Tuple with gymnasium's FlattenObservation")
     return env
 
 
@@ -168,9 +173,10 @@ def vector_frames(obs: Any) -> Any:
     return obs[:, 0] if obs.ndim == 4 and obs.shape[1] == 1 else obs
 
 
-def default_frame_stack(observation_space: gym.spaces.Box) -> int:
-    """4 for images (2-D or 3-D frames), 1 for vectors."""
-    return 4 if len(observation_space.shape) >= 2 else 1
+def default_frame_stack(observation_space: Any) -> int:
+    """4 for images (2-D or 3-D frames), 1 for vectors, a Discrete's int and a Dict's entries."""
+    shape = getattr(observation_space, "shape", None)  # (a Dict's is None)
+    return 4 if shape is not None and len(shape) >= 2 else 1
 
 
 class FrameStacker:

@@ -16,6 +16,7 @@ import operator
 from collections.abc import Sequence
 from typing import Any
 
+import gymnasium as gym
 import keras
 import numpy as np
 from keras import layers
@@ -139,9 +140,11 @@ def q_network(stack_shape: Sequence[int], dtype: Any, n_actions: int, *, hidden_
 
 def q_network_for(space: Any, frame_stack: int, n_actions: int, *, hidden_sizes: Sequence[int],
                   name: str = "online") -> keras.Model:
-    """What ``replaystore-train`` builds for an observation space: ``embedded_mlp`` for a
-    ``Discrete`` of states ``0..n-1``, else ``q_network`` of its stacks (a MultiBinary's or
-    MultiDiscrete's ints go through ``mlp`` as numbers)."""
+    """What ``replaystore-train`` builds for an observation space: ``dict_mlp`` for a ``Dict`` (a
+    goal env's), ``embedded_mlp`` for a ``Discrete`` of states ``0..n-1``, else ``q_network`` of its
+    stacks (a MultiBinary's or MultiDiscrete's ints go through ``mlp`` as numbers)."""
+    if isinstance(space, gym.spaces.Dict):
+        return dict_mlp(space, n_actions, frame_stack=frame_stack, hidden_sizes=hidden_sizes, name=name)
     if hasattr(space, "n") and tuple(space.shape) == () and int(getattr(space, "start", 0)) == 0:
         return embedded_mlp(frame_stack, int(space.n), n_actions, hidden_sizes=hidden_sizes, name=name)
     return q_network((frame_stack, *space.shape), space.dtype, n_actions, hidden_sizes=hidden_sizes, name=name)

@@ -16,6 +16,7 @@ from . import args as arguments
 from . import checkpoint
 from .args import Args
 from .config import TrainerError
+from .stores import same_frames
 
 STORE = "replay.zarr"
 
@@ -43,7 +44,7 @@ def open_store(args: Args, env: Any, *, resuming: bool) -> ReplayStore:
         if isinstance(path, Path) and not path.exists():
             raise TrainerError(f"cannot resume: {run_dir} has no {STORE}; it holds no run")
         store = open_writing(args, streams=None, cache_bytes=cache_bytes)
-        if (store.observation_space.shape != env.observation_space.shape or store.frame_stack != args.frame_stack
+        if (not same_frames(store.observation_space, env.observation_space) or store.frame_stack != args.frame_stack
                 or store.action_space != env.action_space):
             store.close()
             raise TrainerError(f"{path} stores {store.observation_space} x{store.frame_stack} with "

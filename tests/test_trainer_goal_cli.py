@@ -1,0 +1,124 @@
+"""``replaystore-train`` on a goal env (Dict observations) with hindsight relabelling.
+
+A ``module:Name-v0`` id registers the env (tests/goal_env.py's 8-bit flipping); the command line
+learns it on two envs with ``--her-n-sampled-goal``, reports the evaluations' success rate,
+resumes, is loaded back by ``load_run``, and learns offline from its own store with relabelling.
+What cannot work is refused in one line, before a run directory is made.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from goal_env import BitFlip, Rooms
+
+from replaystore import ReplayStore
+from replaystore.trainer import TrainerError, load_run
+from replaystore.trainer.cli import main
+from replaystore.trainer.envs import make_env
+
+TESTS = str(Path(__file__).parent)
+BITS = ["--env-id", "goal_env:BitFlip-v0", "--buffer-size", "20000", "--learning-starts", "400", "--batch-size", "64",
+        "--train-frequency", "1", "--target-network-frequency", "250", "--learning-rate", "0.001",
+        "--exploration-fraction", "0.5", "--end-e", "0.05", "--hidden-sizes", "128,128", "--no-progress",
+        "--sample-threads", "1", "--replay-ratio", "0"]
+
+
+def _train(*argv: str) -> subprocess.CompletedProcess[str]:
+    path = os.pathsep.join(filter(None, [TESTS, os.environ.get("PYTHONPATH")]))
+    return subprocess.run([sys.executable, "-m", "replaystore.trainer.cli", *argv], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": path, "TF_CPP_MIN_LOG_LEVEL": "3"})
+
+
+def _successes(agent: object, games: int) -> float:
+    returns = agent.evaluate(BitFlip(8), games, seed=7)  # type: ignore[attr-defined]
+    return float(np.mean(np.array(returns) > -8))  # (a game that ends before its 8th move reached its goal)
+
+
+def test_the_command_line_learns_bit_flipping_with_hindsight_resumes_and_learns_offline(tmp_path: Path) -> None:
+    run = tmp_path / "bits"
+    done = _train(*BITS, "--her-n-sampled-goal", "4", "--num-envs", "2", "--total-timesteps", "3000",
+                  "--eval-episodes", "40", "--run-dir", str(run))
+    assert done.returncode == 0, done.stderr[-3000:]
+    evals = [json.loads(line) for line in (run / "evals.jsonl").read_text().splitlines()]
+    print("success rate", evals[-1]["success_rate"])
+    assert evals[-1]["step"] == 3000 and evals[-1]["success_rate"] >= 0.8
+    with ReplayStore.open(run / "replay.zarr") as store:
+        assert set(store.observation_space.spaces) == {"observation", "achieved_goal", "desired_goal"}
+        assert store.num_streams == 2 and store.frame_stack == 1 and len(store) > 2900
+    done = _train("--resume", str(run), "--total-timesteps", "3200")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "resuming" in done.stdout and "done: 3,200 steps" in done.stdout
+    agent = load_run(run)  # dict_mlp with the checkpoint's weights
+    assert agent.model.name == "online" and _successes(agent, 40) >= 0.8
+    agent.close()
+
+    offline = tmp_path / "offline"
+    done = _train("--offline", str(run / "replay.zarr"), "--env-id", "goal_env:BitFlip-v0", "--her-n-sampled-goal", "4",
+                  "--gradient-steps", "320", "--batch-size", "64", "--hidden-sizes", "128,128", "--no-progress",
+                  "--run-dir", str(offline))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "done: 320 gradient steps" in done.stdout  # (blocks of 8 on TensorFlow)
+
+
+@pytest.fixture
+def registered() -> object:
+    """Goal envs that cannot be learned as asked: a nested Dict, and goals without compute_reward."""
+    nested = gym.spaces.Dict({"inner": BitFlip(4).observation_space})
+    gym.register("NestedBits-v0", entry_point=lambda: gym.wrappers.TransformObservation(
+        BitFlip(4), lambda o: {"inner": o}, nested))
+    gym.register("GoalsNoReward-v0", entry_point=NoReward)
+    gym.register("Rooms-v0", entry_point=Rooms)
+    yield
+    for name in ("NestedBits-v0", "GoalsNoReward-v0", "Rooms-v0"):
+        gym.registry.pop(name)
+
+
+class NoReward(BitFlip):
+    compute_reward = None  # type: ignore[assignment]
+
+    def step(self, action):  # type: ignore[no-untyped-def]
+        self.state[int(action)] = 1 - self.state[int(action)]
+        self.t += 1
+        reached = bool((self.state == self.goal).all())
+        return self._obs(), -float(not reached), reached, self.t >= self.limit, {}
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--env-id", "NestedBits-v0"], "observation space Dict.*flatten a nested Dict or a Tuple with gymnasium's "
+                                    "FlattenObservation"),
+    (["--env-id", "CartPole-v1", "--her-n-sampled-goal", "4"], "--her-n-sampled-goal is set, but the observations "
+                                                               "are .*goal env's Dict observations.*--her-n-sampled-goal 0"),
+    (["--env-id", "Rooms-v0", "--her-n-sampled-goal", "4"], "hindsight relabelling needs a goal env's Dict"),
+    (["--env-id", "GoalsNoReward-v0", "--her-n-sampled-goal", "4"], "GoalsNoReward-v0 has no compute_reward"),
+    (["--env-id", "no_such_module:Bits-v0"], "its module 'no_such_module' cannot be imported"),
+    (["--env-id", "goal_env:BitFlip-v0", "--her-n-sampled-goal", "4", "--her-strategy", "later"],
+     "--her-strategy is 'later'; it must be one of future, final, episode"),
+    (["--env-id", "goal_env:BitFlip-v0", "--her-n-sampled-goal", "4", "--n-step", "3"], "--n-step is 3 with --her-n-sampled-goal 4.*use --n-step 1"),
+    (["--offline", "some.zarr", "--her-n-sampled-goal", "4"], "--offline with --her-n-sampled-goal needs --env-id"),
+], ids=["nested", "not-a-dict", "no-goals", "no-compute-reward", "no-module", "strategy", "n-step", "offline-no-env"])
+def test_what_cannot_work_is_refused_before_a_run_is_made(tmp_path: Path, registered: object, argv: list[str],
+                                                         message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run"
+    assert main([*argv, "--run-dir", str(run), "--total-timesteps", "1000", "--learning-starts", "100"]
+                if "--offline" not in argv else [*argv, "--run-dir", str(run)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
+    assert re.search(message, err), err
+    assert not run.exists()
+
+
+def test_make_env_takes_a_goal_env_and_names_what_it_refuses() -> None:
+    env = make_env("goal_env:BitFlip-v0")
+    assert isinstance(env.observation_space, gym.spaces.Dict) and env.action_space.n == 8
+    env.close()
+    with pytest.raises(TrainerError, match="module 'nowhere' cannot be imported"):
+        make_env("nowhere:Env-v0")
