@@ -140,6 +140,25 @@ class Rooms(gym.Env):
         return self._obs(), float(self.lights.sum()), False, self.t >= self.limit, {}
 
 
+class NestedBitFlip(BitFlip):
+    """``BitFlip`` with its goals nested one level down (``achieved_goal: {bits: ...}``, as Minari's
+    kitchen datasets nest theirs), for relabelling a nested goal leaf for leaf."""
+
+    def __init__(self, n: int = 8) -> None:
+        super().__init__(n)
+        bits = self.observation_space["observation"]
+        self.observation_space = gym.spaces.Dict({"observation": bits, "achieved_goal": gym.spaces.Dict({"bits": bits}),
+                                                  "desired_goal": gym.spaces.Dict({"bits": bits})})
+
+    def _obs(self) -> dict:
+        return {"observation": self.state.copy(), "achieved_goal": {"bits": self.state.copy()},
+                "desired_goal": {"bits": self.goal.copy()}}
+
+    def compute_reward(self, achieved_goal, desired_goal, info) -> np.ndarray:
+        unwrap = lambda goal: goal["bits"] if isinstance(goal, dict) else goal  # noqa: E731
+        return super().compute_reward(unwrap(achieved_goal), unwrap(desired_goal), info)
+
+
 # ``replaystore-train --env-id goal_env:BitFlip-v0`` (tests/ on PYTHONPATH): gymnasium imports this
 # module, which registers it
 gym.register("BitFlip-v0", entry_point=BitFlip, kwargs={"n": 8})

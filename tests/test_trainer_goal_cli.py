@@ -3,7 +3,8 @@
 A ``module:Name-v0`` id registers the env (tests/goal_env.py's 8-bit flipping); the command line
 learns it on two envs with ``--her-n-sampled-goal``, reports the evaluations' success rate,
 resumes, is loaded back by ``load_run``, and learns offline from its own store with relabelling.
-What cannot work is refused in one line, before a run directory is made.
+What cannot work (a Text entry, no goals, no ``compute_reward``, a module that cannot be imported,
+hindsight settings) is refused in one line, before a run directory is made.
 """
 
 from __future__ import annotations
@@ -71,14 +72,14 @@ def test_the_command_line_learns_bit_flipping_with_hindsight_resumes_and_learns_
 
 @pytest.fixture
 def registered() -> object:
-    """Goal envs that cannot be learned as asked: a nested Dict, and goals without compute_reward."""
-    nested = gym.spaces.Dict({"inner": BitFlip(4).observation_space})
-    gym.register("NestedBits-v0", entry_point=lambda: gym.wrappers.TransformObservation(
-        BitFlip(4), lambda o: {"inner": o}, nested))
+    """Envs that cannot be learned as asked: a Text entry, and goals without compute_reward."""
+    texts = gym.spaces.Dict({**BitFlip(4).observation_space.spaces, "note": gym.spaces.Text(8)})
+    gym.register("TextBits-v0", entry_point=lambda: gym.wrappers.TransformObservation(
+        BitFlip(4), lambda o: {**o, "note": "hi"}, texts))
     gym.register("GoalsNoReward-v0", entry_point=NoReward)
     gym.register("Rooms-v0", entry_point=Rooms)
     yield
-    for name in ("NestedBits-v0", "GoalsNoReward-v0", "Rooms-v0"):
+    for name in ("TextBits-v0", "GoalsNoReward-v0", "Rooms-v0"):
         gym.registry.pop(name)
 
 
@@ -93,8 +94,7 @@ class NoReward(BitFlip):
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--env-id", "NestedBits-v0"], "observation space Dict.*flatten a nested Dict or a Tuple with gymnasium's "
-                                    "FlattenObservation"),
+    (["--env-id", "TextBits-v0"], "observation space Dict.*Text.*or Dicts and Tuples of them; wrap the env"),
     (["--env-id", "CartPole-v1", "--her-n-sampled-goal", "4"], "--her-n-sampled-goal is set, but the observations "
                                                                "are .*goal env's Dict observations.*--her-n-sampled-goal 0"),
     (["--env-id", "Rooms-v0", "--her-n-sampled-goal", "4"], "hindsight relabelling needs a goal env's Dict"),
@@ -104,7 +104,7 @@ class NoReward(BitFlip):
      "--her-strategy is 'later'; it must be one of future, final, episode"),
     (["--env-id", "goal_env:BitFlip-v0", "--her-n-sampled-goal", "4", "--n-step", "3"], "--n-step is 3 with --her-n-sampled-goal 4.*use --n-step 1"),
     (["--offline", "some.zarr", "--her-n-sampled-goal", "4"], "--offline with --her-n-sampled-goal needs --env-id"),
-], ids=["nested", "not-a-dict", "no-goals", "no-compute-reward", "no-module", "strategy", "n-step", "offline-no-env"])
+], ids=["text", "not-a-dict", "no-goals", "no-compute-reward", "no-module", "strategy", "n-step", "offline-no-env"])
 def test_what_cannot_work_is_refused_before_a_run_is_made(tmp_path: Path, registered: object, argv: list[str],
                                                          message: str, capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "run"

@@ -52,7 +52,7 @@ class Args:
     cql_alpha: float = dataclasses.field(default=0.0, metadata={"help": "conservative Q-learning's weight (1.0 is usual with --offline); 0: plain DQN"})
     her_n_sampled_goal: int = dataclasses.field(default=0, metadata={"help": "a goal env's Dict observations (achieved_goal, desired_goal): hindsight experience replay, this many transitions relabelled with a goal the episode reached for each real one (4 is HER's usual), their rewards from the env's compute_reward; 0: no relabelling"})
     her_strategy: str = dataclasses.field(default="future", metadata={"help": "with --her-n-sampled-goal: where a relabelled goal comes from: future (a later step of the episode), final or episode"})
-    hidden_sizes: str = dataclasses.field(default="120,84", metadata={"help": "MLP layer widths for vector and Dict observations"})
+    hidden_sizes: str = dataclasses.field(default="120,84", metadata={"help": "MLP layer widths for vector, Dict and Tuple observations"})
     frame_stack: int = dataclasses.field(default=0, metadata={"help": "frames per observation (default: 4 for images, 1 for vectors)"})
     terminal_on_life_loss: bool = dataclasses.field(default=True, metadata={"help": "Atari: a lost life ends the episode for learning"})
     clip_reward: bool = dataclasses.field(default=True, metadata={"help": "Atari: learn from sign(reward)"})

@@ -58,8 +58,8 @@ def make_env(env_id: str) -> gym.Env:
     if not stackable(env.observation_space):
         env.close()
         raise TrainerError(f"{env_id} has observation space {env.observation_space}; replaystore-train needs a "
-                           "Box (images or vectors), a Discrete, a MultiBinary or a MultiDiscrete, or a Dict of them "
-                           "(a goal env's); flatten a nested Dict or a Tuple with gymnasium's FlattenObservation")
+                           "Box (images or vectors), a Discrete, a MultiBinary or a MultiDiscrete, or Dicts and Tuples "
+                           "of them; wrap the env (gymnasium's FlattenObservation makes one Box of a space)")
     return env
 
 
@@ -158,7 +158,7 @@ def atari_game(env_id: str) -> str:
 def vector_frame_space(envs: Any) -> Any:
     """A vector env's observation space of one frame (``vector_frames``' rows)."""
     space = envs.single_observation_space
-    if isinstance(space, gym.spaces.Dict):
+    if isinstance(space, gym.spaces.Dict | gym.spaces.Tuple):
         return space
     if len(space.shape) == 3 and space.shape[0] == 1:
         return gym.spaces.Box(space.low[0], space.high[0], space.shape[1:], space.dtype)
@@ -167,8 +167,8 @@ def vector_frame_space(envs: Any) -> Any:
 
 def vector_frames(obs: Any) -> Any:
     """A vector env's observations as one frame per env (AtariVectorEnv adds a stack axis of 1; a
-    Dict env's are a dict of arrays, as they are)."""
-    if isinstance(obs, dict):
+    Dict or Tuple env's are dicts and tuples of arrays, as they are)."""
+    if isinstance(obs, dict | tuple):
         return obs
     return obs[:, 0] if obs.ndim == 4 and obs.shape[1] == 1 else obs
 
@@ -208,16 +208,21 @@ class FrameStacker:
 
 def stackable(space: Any) -> bool:
     """Whether the trainer stacks ``space``: a Box, Discrete, MultiBinary or MultiDiscrete, or a Dict
-    of them (a goal env's)."""
-    if isinstance(space, gym.spaces.Dict):
-        return bool(space.spaces) and all(isinstance(sub, STACKABLE) for sub in space.spaces.values())
+    or Tuple of them (a goal env's; Blackjack's), nested ones too."""
+    if isinstance(space, gym.spaces.Dict | gym.spaces.Tuple):
+        try:
+            StackSpec.of_space(space, 1)
+        except TrainerError:
+            return False
+        return True
     return isinstance(space, STACKABLE)
 
 
 def env_spaces(env: Any) -> tuple[Any, Any]:
     """The observation space of one frame and the action space of ``env`` (a gymnasium env or a
     vector env); TrainerError unless they are a Box (or a Discrete, MultiBinary or MultiDiscrete:
-    stacks of their ints, which the model embeds; or a Dict of those: a dict of stacks) and a Discrete."""
+    stacks of their ints, which the model embeds; or Dicts and Tuples of those: their structure of
+    stacks) and a Discrete."""
     vector = hasattr(env, "num_envs")
     observation_space = vector_frame_space(env) if vector else env.observation_space
     action_space = env.single_action_space if vector else env.action_space
@@ -226,6 +231,6 @@ def env_spaces(env: Any) -> tuple[Any, Any]:
                            "(one Q-value per action)")
     if not stackable(observation_space):
         raise TrainerError(f"the environment's observation space is {observation_space}; this DQN takes Box, "
-                           "Discrete, MultiBinary or MultiDiscrete observations, or a Dict of them (stacked): "
-                           "flatten a nested Dict or a Tuple with gymnasium's FlattenObservation")
+                           "Discrete, MultiBinary or MultiDiscrete observations, or Dicts and Tuples of them (stacked): "
+                           "wrap the env (gymnasium's FlattenObservation makes one Box of a space)")
     return observation_space, action_space

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from replaystore import HindsightSampler, ReplayStore, ReplayStoreError
+from replaystore.format import nesting
 
 from .config import DQNConfig, TrainerError
 from .stacks import StackSpec
@@ -62,16 +63,34 @@ def choose_reward(config: DQNConfig, given: Callable[..., Any] | None, *envs: An
 
 def check_goals(stacks: StackSpec) -> None:
     """Refuse stacks that are not a goal env's: Dict observations with ``achieved_goal`` and
-    ``desired_goal`` entries of one shape and dtype."""
-    entries = {key: (shape, dtype) for key, shape, dtype in stacks.entries} if stacks.keyed else {}
-    if ACHIEVED not in entries or DESIRED not in entries:
+    ``desired_goal`` entries of one shape and dtype (nested ones: of one structure, leaf for leaf)."""
+    achieved, desired = _goal(stacks, ACHIEVED), _goal(stacks, DESIRED)
+    if achieved is None or desired is None:
         raise TrainerError(f"her_n_sampled_goal is set, but the observations are {stacks.describe()}; hindsight "
                            f"relabelling needs a goal env's Dict observations, with {ACHIEVED!r} and {DESIRED!r} "
                            "entries (or set her_n_sampled_goal=0)")
-    if entries[ACHIEVED] != entries[DESIRED]:
-        raise TrainerError(f"{ACHIEVED} is {entries[ACHIEVED][0]} {entries[ACHIEVED][1].name} but {DESIRED} is "
-                           f"{entries[DESIRED][0]} {entries[DESIRED][1].name}; a relabelled goal is copied from one "
-                           "to the other, so they must have one shape and dtype")
+    if achieved != desired:
+        raise TrainerError(f"{ACHIEVED} is {_told(achieved)} but {DESIRED} is {_told(desired)}; a relabelled goal is "
+                           "copied from one to the other, so they must have one shape and dtype (one structure)")
+
+
+def _goal(stacks: StackSpec, key: str) -> tuple[Any, list[tuple[tuple[int, ...], Any]]] | None:
+    """The top-level entry ``key``: its structure (a lone leaf: 0) and its leaves' (shape, dtype)."""
+    if not stacks.keyed:
+        return None
+    if stacks.tree is None:
+        found = [(shape, dtype) for name, shape, dtype in stacks.entries if name == key]
+        return (0, found) if found else None
+    entry = nesting.child(stacks.tree, key)
+    if entry is None:
+        return None
+    tree, indices = entry
+    return tree, [stacks.entries[i][1:] for i in indices]
+
+
+def _told(goal: tuple[Any, list[tuple[tuple[int, ...], Any]]]) -> str:
+    leaves = [f"{shape} {dtype.name}" for shape, dtype in goal[1]]
+    return leaves[0] if goal[0] == 0 else nesting.describe(goal[0], leaves)
 
 
 def hindsight_sampler(config: DQNConfig, store: ReplayStore,

@@ -21,6 +21,8 @@ import keras
 import numpy as np
 from keras import layers
 
+from replaystore.format import nesting
+
 from .config import TrainerError
 from .stacks import StackSpec
 
@@ -107,27 +109,32 @@ def embedded_mlp(frame_stack: int, states: int, n_actions: int, *, hidden_sizes:
 def dict_mlp(observation_space: Any, n_actions: int, *, frame_stack: int = 1, hidden_sizes: Sequence[int] = (256, 256),
              width: int = 16, dueling: bool = False, name: str = "dict_mlp") -> keras.Model:
     """For a Dict store's stacks (a goal env's ``observation``, ``achieved_goal``, ``desired_goal``):
-    one ``keras.Input`` per key of the gymnasium ``Dict`` ``observation_space``, named after it; a
-    ``Discrete`` entry of states ``0..n-1`` embedded in ``width`` learned values, every other entry
-    taken as float32 numbers; all of them flattened side by side, then ``hidden_sizes`` ReLU layers
-    and one Q-value per action."""
+    one ``keras.Input`` per key of the gymnasium ``Dict`` ``observation_space``, named after it (a
+    nested Dict's or a Tuple's: one per leaf, in the space's structure, named by its path with ``_``
+    for ``/``); a ``Discrete`` entry of states ``0..n-1`` embedded in ``width`` learned values, every
+    other entry taken as float32 numbers; all of them flattened side by side, then ``hidden_sizes``
+    ReLU layers and one Q-value per action."""
     stacks = StackSpec.of_space(observation_space, frame_stack)
     if not stacks.keyed:
-        raise TrainerError(f"dict_mlp is for a Dict observation space, not {observation_space}; use mlp, "
+        raise TrainerError(f"dict_mlp is for a Dict or Tuple observation space, not {observation_space}; use mlp, "
                            "embedded_mlp or nature_cnn")
-    inputs, parts = {}, []
+    leaf_spaces = dict(nesting.leaves_of(observation_space)[0])
+    inputs, parts, names = {}, [], set[str]()
     for key, shape, dtype in stacks.entries:
-        inputs[key] = keras.Input(shape=(stacks.frame_stack, *shape), dtype=dtype.name, name=key)
-        space = observation_space.spaces[key]
+        label = key.replace(nesting.SEPARATOR, "_")
+        label = label if label not in names else f"{label}_{len(names)}"
+        names.add(label)
+        inputs[key] = keras.Input(shape=(stacks.frame_stack, *shape), dtype=dtype.name, name=label)
+        space = leaf_spaces[key]
         if hasattr(space, "n") and tuple(space.shape) == () and int(getattr(space, "start", 0)) == 0:
-            x = layers.Embedding(int(space.n), int(width), name=f"{key}_embedding")(inputs[key])
+            x = layers.Embedding(int(space.n), int(width), name=f"{label}_embedding")(inputs[key])
         else:
-            x = layers.Rescaling(1.0, name=f"{key}_as_float")(inputs[key])  # (a cast to float32)
-        parts.append(layers.Flatten(name=f"{key}_flat")(x))
+            x = layers.Rescaling(1.0, name=f"{label}_as_float")(inputs[key])  # (a cast to float32)
+        parts.append(layers.Flatten(name=f"{label}_flat")(x))
     x = layers.Concatenate(name="features")(parts) if len(parts) > 1 else parts[0]
     for units in hidden_sizes:
         x = layers.Dense(int(units), activation="relu")(x)
-    return keras.Model(inputs, _head(x, n_actions, dueling), name=name)
+    return keras.Model(stacks.structured(inputs), _head(x, n_actions, dueling), name=name)
 
 
 def q_network(stack_shape: Sequence[int], dtype: Any, n_actions: int, *, hidden_sizes: Sequence[int],
@@ -141,9 +148,9 @@ def q_network(stack_shape: Sequence[int], dtype: Any, n_actions: int, *, hidden_
 def q_network_for(space: Any, frame_stack: int, n_actions: int, *, hidden_sizes: Sequence[int],
                   name: str = "online") -> keras.Model:
     """What ``replaystore-train`` builds for an observation space: ``dict_mlp`` for a ``Dict`` (a
-    goal env's), ``embedded_mlp`` for a ``Discrete`` of states ``0..n-1``, else ``q_network`` of its
+    goal env's) or a ``Tuple`` (Blackjack's), ``embedded_mlp`` for a ``Discrete`` of states ``0..n-1``, else ``q_network`` of its
     stacks (a MultiBinary's or MultiDiscrete's ints go through ``mlp`` as numbers)."""
-    if isinstance(space, gym.spaces.Dict):
+    if isinstance(space, gym.spaces.Dict | gym.spaces.Tuple):
         return dict_mlp(space, n_actions, frame_stack=frame_stack, hidden_sizes=hidden_sizes, name=name)
     if hasattr(space, "n") and tuple(space.shape) == () and int(getattr(space, "start", 0)) == 0:
         return embedded_mlp(frame_stack, int(space.n), n_actions, hidden_sizes=hidden_sizes, name=name)
@@ -176,7 +183,9 @@ def check_model(model: Any, stacks: StackSpec, n_actions: int) -> None:
         out = model(probe)  # builds a subclassed model
     except Exception as exc:  # noqa: BLE001 - whatever the model raised, said in one line
         if stacks.keyed:
-            given, what = f"batches of {stacks.describe()}", "a dict of stacks (one keras.Input named after each key)"
+            given = f"batches of {stacks.describe()}"
+            what = ("a dict of stacks (one keras.Input named after each key)" if stacks.tree is None else
+                    "that structure of stacks (a keras.Input at each leaf)")
         else:
             given = f"shaped (batch, {', '.join(map(str, stacks.shape))}) of {stacks.dtype.name}"
             what = "that stack (frames oldest first; scale and transpose inside the model)"

@@ -80,7 +80,7 @@ class Report(keras.callbacks.Callback):
     def score(self) -> str:
         if self.offline:
             return self.evaluated
-        return f"{sum(self.scores) / len(self.scores):.1f}" if self.scores else "-"
+        return shown(sum(self.scores) / len(self.scores)) if self.scores else "-"
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
         self.writer.write(step, values)
@@ -130,9 +130,9 @@ class Report(keras.callbacks.Callback):
             record["success_rate"] = logs["success_rate"]
         with open(self.run_dir / EVALS, "a") as f:
             f.write(json.dumps(record) + "\n")
-        self.evaluated = f"{mean:.1f}"
+        self.evaluated = shown(mean)
         success = f", {logs['success_rate']:.0%} reached their goal" if "success_rate" in logs else ""
-        self.print(f"eval at {self.unit} {step:,}: mean score {mean:.1f} over {len(returns)} games{success}")
+        self.print(f"eval at {self.unit} {step:,}: mean score {shown(mean)} over {len(returns)} games{success}")
 
     # Keras' hooks -------------------------------------------------------------------------------
 
@@ -155,3 +155,8 @@ class Report(keras.callbacks.Callback):
             self.line(self.step)
         self._line_at = None
         self.writer.close()
+
+
+def shown(score: float) -> str:
+    """A mean score for the terminal: one decimal (Atari's 12.8), two below 1 (Blackjack's -0.05)."""
+    return f"{score:.1f}" if abs(score) >= 1 or score == 0 else f"{score:.2f}"

@@ -3,13 +3,16 @@
 A store of Box observations (and of Discrete, MultiBinary or MultiDiscrete ones, kept as the Box of
 their ints) gives one array a batch, ``(batch, frame_stack, *frame_shape)``. A store of Dict
 observations (a goal env's ``observation``, ``achieved_goal`` and ``desired_goal``) gives a dict of
-such arrays, one per key in the space's order, each entry stacked on its own (format/dictobs.py).
-``StackSpec`` describes either, built from an observation space (the env's, or the store's) and a
-frame stack, so that the model checks, the learner's input signature, acting, evaluation, the
-store checks and ``agent.json`` all speak of the same thing.
+such arrays, one per key in the space's order, each entry stacked on its own (format/dictobs.py); a
+nested Dict or a Tuple (Blackjack's three Discrete) gives its own structure of dicts and tuples with
+such an array at each leaf (format/nesting.py). ``StackSpec`` describes any of them, built from an
+observation space (the env's, or the store's) and a frame stack, so that the model checks, the
+learner's input signature, acting, evaluation, the store checks and ``agent.json`` all speak of the
+same thing.
 
-The helpers below treat "an array, or a dict of arrays" alike (``tree_map``), so the acting and
-evaluation loops stack a Dict env's observations with the code that stacks frames.
+The helpers below treat "an array, or a structure of dicts and tuples of arrays" alike
+(``tree_map``), so the acting and evaluation loops stack a Dict env's observations with the code
+that stacks frames.
 """
 
 from __future__ import annotations
@@ -20,30 +23,36 @@ from typing import Any
 
 import numpy as np
 
-from replaystore.errors import ConfigError
+from replaystore.errors import ConfigError, InvalidTransitionError
+from replaystore.format import nesting
 from replaystore.format.dictobs import dict_from_space, is_dict_space
 from replaystore.format.spaces import observation_from_space
 
 from .config import TrainerError
 
-Tree = Any  # an np.ndarray, or a dict of them (a Dict space's keys)
+Tree = Any  # an np.ndarray, or a dict of them (a Dict space's keys), or dicts and tuples of them (nested)
 
 
 def tree_map(fn: Callable[..., Any], tree: Tree, *rest: Tree) -> Tree:
-    """``fn`` on each array of ``tree`` (and the matching arrays of ``rest``): a dict keeps its keys."""
+    """``fn`` on each array of ``tree`` (and the matching arrays of ``rest``): a dict keeps its keys,
+    a tuple its order, at any depth."""
     if isinstance(tree, Mapping):
-        return {key: fn(value, *(r[key] for r in rest)) for key, value in tree.items()}
+        return {key: tree_map(fn, value, *(r[key] for r in rest)) for key, value in tree.items()}
+    if isinstance(tree, tuple):
+        return tuple(tree_map(fn, value, *(r[i] for r in rest)) for i, value in enumerate(tree))
     return fn(tree, *rest)
 
 
 @dataclass(frozen=True)
 class StackSpec:
-    """Stacks of ``frame_stack`` frames: one array of ``entries[0]``'s frame shape and dtype (``keys``
-    None), or a dict with one per key (a Dict space; ``keys`` in its order)."""
+    """Stacks of ``frame_stack`` frames: one array of ``entries[0]``'s frame shape and dtype (not
+    ``keyed``), or a dict with one per key (a Dict space; ``keys`` in its order), or, with ``tree``
+    (a nested Dict or a Tuple), that structure with one at each leaf (``keys``: the leaves' paths)."""
 
     frame_stack: int
     entries: tuple[tuple[str, tuple[int, ...], np.dtype], ...]  # (key, frame shape, dtype); key "" for one array
     keyed: bool
+    tree: nesting.Nesting | None = None  # a nested Dict's or a Tuple's structure (its leaves: entries' indices)
 
     @classmethod
     def of_space(cls, space: Any, frame_stack: int) -> StackSpec:
@@ -51,12 +60,8 @@ class StackSpec:
         try:
             if is_dict_space(space):
                 spec = dict_from_space(space)
-                if spec.tree is not None:
-                    raise TrainerError(f"the observation space is {spec.describe()}; this DQN takes a Dict of Boxes "
-                                       "and the like, not a nested Dict or a Tuple: flatten it (gymnasium's "
-                                       "FlattenObservation on the env) into a new store")
                 return cls(int(frame_stack), tuple((e.key, tuple(e.shape), np.dtype(e.dtype)) for e in spec.entries),
-                           True)
+                           True, spec.tree)
             box, _ = observation_from_space(space)
         except ConfigError as exc:
             raise TrainerError(f"the observation space {space} cannot be stacked: {exc}") from None
@@ -85,26 +90,52 @@ class StackSpec:
         return self.entries[0][2]
 
     def describe(self) -> str:
-        """``(4, 84, 84) uint8``, or ``{observation: (1, 6) int8, desired_goal: (1, 6) int8}``."""
+        """``(4, 84, 84) uint8``, or ``{observation: (1, 6) int8, desired_goal: (1, 6) int8}``, or a
+        nested one's structure (``((1,) int64, (1,) int64)`` for a Tuple)."""
         parts = [f"{(self.frame_stack, *shape)} {dtype.name}" for _, shape, dtype in self.entries]
         if not self.keyed:
             return parts[0]
+        if self.tree is not None:
+            return nesting.fold(self.tree, parts, lambda items: "{" + ", ".join(f"{k}: {v}" for k, v in items) + "}",
+                                lambda items: "(" + ", ".join(items) + ")")
         return "{" + ", ".join(f"{key}: {part}" for key, part in zip(self.keys, parts, strict=True)) + "}"
+
+    def structured(self, leaves: dict[str, Any]) -> Tree:
+        """One value per entry (by key) in this spec's form: the lone value, a dict, or the structure."""
+        if not self.keyed:
+            return leaves[""]
+        if self.tree is not None:
+            return nesting.nest(self.tree, [leaves[key] for key in self.keys])
+        return leaves
 
     # Arrays of them -----------------------------------------------------------------------------
 
     def zeros(self, n: int, *, frames: bool = False) -> Tree:
         """``n`` stacks of zeros (``frames``: ``n`` single frames instead)."""
         lead = (n,) if frames else (n, self.frame_stack)
-        out = {key: np.zeros((*lead, *shape), dtype) for key, shape, dtype in self.entries}
-        return out if self.keyed else out[""]
+        return self.structured({key: np.zeros((*lead, *shape), dtype) for key, shape, dtype in self.entries})
+
+    def leaves(self, obs: Any) -> dict[str, Any] | None:
+        """``obs``'s value for each entry, by key (None when ``obs`` is not of this spec's form)."""
+        if not self.keyed:
+            return None if isinstance(obs, Mapping | tuple) else {"": obs}
+        if self.tree is not None:
+            try:
+                values = nesting.flatten(self.tree, obs, name="obs", path="the model", expected=self.describe)
+            except InvalidTransitionError:
+                return None
+            return dict(zip(self.keys, values, strict=True))
+        if not isinstance(obs, Mapping) or set(obs) != set(self.keys):
+            return None
+        return {key: obs[key] for key in self.keys}
 
     def batch(self, obs: Any) -> tuple[Tree, bool]:
         """``obs`` as a batch of stacks, and whether it was one stack; TrainerError if it is neither."""
-        if self.keyed != isinstance(obs, Mapping) or (self.keyed and set(obs) != set(self.keys)):
+        leaves = self.leaves(obs)
+        if leaves is None:
             raise TrainerError(f"act takes a stack of {self.describe()} or a batch of them, not {_looks(obs)}; "
                                "stack frames oldest first, as the store returns them")
-        arrays = {key: np.asarray(obs[key] if self.keyed else obs) for key in self.keys}
+        arrays = {key: np.asarray(value) for key, value in leaves.items()}
         single = all(arrays[key].shape == (self.frame_stack, *shape) for key, shape, _ in self.entries)
         many = all(arrays[key].shape[1:] == (self.frame_stack, *shape) for key, shape, _ in self.entries)
         many = many and len({arrays[key].shape[0] for key in self.keys}) == 1
@@ -113,15 +144,14 @@ class StackSpec:
                                "stack frames oldest first, as the store returns them")
         if single:
             arrays = {key: value[None] for key, value in arrays.items()}
-        return (arrays if self.keyed else arrays[""]), single
+        return self.structured(arrays), single
 
     def tf_signature(self) -> Any:
         """The learner's ``tf.function`` input signature for a batch of these stacks."""
         import tensorflow as tf
 
-        out = {key: tf.TensorSpec((None, self.frame_stack, *shape), tf.as_dtype(dtype))
-               for key, shape, dtype in self.entries}
-        return out if self.keyed else out[""]
+        return self.structured({key: tf.TensorSpec((None, self.frame_stack, *shape), tf.as_dtype(dtype))
+                                for key, shape, dtype in self.entries})
 
     # Against spaces and stores ------------------------------------------------------------------
 
@@ -134,10 +164,14 @@ class StackSpec:
         return other == self
 
     def to_json(self, n_actions: int) -> dict[str, Any]:
-        """``agent.json``'s ``stacks``: ``shape`` and ``dtype`` (one array), or ``entries`` (a Dict)."""
+        """``agent.json``'s ``stacks``: ``shape`` and ``dtype`` (one array), or ``entries`` (a Dict),
+        and a nested one's ``tree`` (format/nesting.py's, as lists)."""
         if self.keyed:
-            return {"frame_stack": self.frame_stack, "actions": n_actions,
-                    "entries": [[key, list(shape), dtype.name] for key, shape, dtype in self.entries]}
+            doc = {"frame_stack": self.frame_stack, "actions": n_actions,
+                   "entries": [[key, list(shape), dtype.name] for key, shape, dtype in self.entries]}
+            if self.tree is not None:
+                doc["tree"] = self.tree
+            return doc
         return {"shape": list(self.shape), "dtype": self.dtype.name, "actions": n_actions}
 
     @classmethod
@@ -147,14 +181,40 @@ class StackSpec:
             entries = tuple((str(key), tuple(int(d) for d in shape), np.dtype(dtype)) for key, shape, dtype in doc["entries"])
             if not entries:
                 raise ValueError("no entries")
-            return cls(int(doc["frame_stack"]), entries, True), int(doc["actions"])
+            tree = _tree_from_json(doc["tree"], len(entries)) if doc.get("tree") is not None else None
+            return cls(int(doc["frame_stack"]), entries, True, tree), int(doc["actions"])
         return cls.single(tuple(int(d) for d in doc["shape"]), np.dtype(doc["dtype"])), int(doc["actions"])
+
+
+def _tree_from_json(doc: Any, n_leaves: int) -> nesting.Nesting:
+    """A ``Nesting`` from its JSON lists; ValueError unless it numbers each of ``n_leaves`` leaves once."""
+    seen: list[int] = []
+
+    def build(node: Any, depth: int) -> Any:
+        if isinstance(node, int) and not isinstance(node, bool):
+            seen.append(node)
+            return node
+        if depth > nesting.MAX_DEPTH or not isinstance(node, list) or len(node) != 2 or not isinstance(node[1], list):
+            raise ValueError("not a structure")
+        kind, children = node
+        if kind == "Dict" and all(isinstance(c, list) and len(c) == 2 and isinstance(c[0], str) for c in children):
+            return ("Dict", tuple((str(key), build(child, depth + 1)) for key, child in children))
+        if kind == "Tuple":
+            return ("Tuple", tuple(build(child, depth + 1) for child in children))
+        raise ValueError(f"a node of kind {kind!r}")
+
+    tree = build(doc, 1)
+    if sorted(seen) != list(range(n_leaves)) or isinstance(tree, int):
+        raise ValueError("the structure's leaves are not the entries")
+    return tree
 
 
 def _looks(obs: Any) -> str:
     """What ``obs`` is, for a message."""
     if isinstance(obs, Mapping):
-        return "{" + ", ".join(f"{key}: {np.shape(value)}" for key, value in obs.items()) + "}"
+        return "{" + ", ".join(f"{key}: {_looks(value).removeprefix('shape ')}" for key, value in obs.items()) + "}"
+    if isinstance(obs, tuple):
+        return "(" + ", ".join(_looks(value).removeprefix("shape ") for value in obs) + ")"
     return f"shape {np.shape(obs)}"
 
 
