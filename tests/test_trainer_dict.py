@@ -1,8 +1,8 @@
 """The Keras DQN on Dict observations (goal envs), with hindsight relabelling.
 
-A Dict env's stacks are a dict of stacks, one per key (trainer/stacks.py): what the agent acts on is
-bit for bit what the store samples; ``dict_mlp`` takes them (Box, Discrete, MultiBinary and
-MultiDiscrete entries of mixed dtypes); a vector env with a frame stack fits, saves, loads, acts on
+A Dict env's stacks are a dict of stacks, one per key (trainer/stacks.py), bit for bit what the
+store samples (test_trainer_nested.py checks it); ``dict_mlp`` takes them (Box, Discrete,
+MultiBinary and MultiDiscrete entries of mixed dtypes); a vector env with a frame stack fits, saves, loads, acts on
 a dict and resumes, on TensorFlow and after JAX; ``her_n_sampled_goal`` relabels with the env's
 ``compute_reward`` and learns 10-bit flipping, which plain DQN does not; ``fit_offline`` relabels
 with its ``eval_env``'s; settings, models, envs and stores that cannot work are refused in one line
@@ -27,8 +27,6 @@ from goal_env import BitFlip, Reach, Rooms
 
 from replaystore import ReplayStore
 from replaystore.trainer import DQN, TrainerError, dict_mlp, mlp
-from replaystore.trainer.envs import FrameStacker
-from replaystore.trainer.stacks import StackSpec
 
 SMALL = {"buffer_size": 2000, "learning_starts": 100, "batch_size": 16, "train_frequency": 1,
          "target_network_frequency": 50, "sample_threads": 1}
@@ -58,39 +56,6 @@ def test_hindsight_learns_bit_flipping_that_plain_dqn_cannot(tmp_path: Path) -> 
     success = bit_flipping(tmp_path, 4), bit_flipping(tmp_path, 0)
     print("greedy success with and without HER", success)
     assert success[0] >= 0.8 and success[1] <= 0.05
-
-
-def test_the_agents_dict_stacks_are_the_stores(tmp_path: Path) -> None:
-    """What the agent stacks at every step, key by key, is what ``sample`` returns for that move."""
-    env = Rooms()
-    spec = StackSpec.of_space(env.observation_space, 3)
-    store = ReplayStore.create(tmp_path / "rooms.zarr", 512, env.observation_space, env.action_space, 3)
-    stacker = FrameStacker(spec)
-    seen: dict[int, tuple[dict, dict]] = {}
-    obs, _ = env.reset(seed=0)
-    stacker.reset(obs)
-    rng = np.random.default_rng(0)
-    for _ in range(300):
-        action = int(rng.integers(8))
-        nxt, reward, terminated, truncated, _ = env.step(action)
-        before = {key: value.copy() for key, value in stacker.stack.items()}
-        store.add(obs, action, reward, nxt, terminated, truncated)
-        slot = (store.added - 2) % store.capacity
-        pushed = {key: np.concatenate([value[1:], np.asarray(nxt[key])[None]]) for key, value in before.items()}
-        seen[slot] = (before, pushed)
-        if terminated or truncated:
-            obs, _ = env.reset()
-            stacker.reset(obs)
-        else:
-            stacker.push(nxt)
-            obs = nxt
-    batch = store.sample(200, rng=np.random.default_rng(1))
-    assert set(batch.obs) == set(spec.keys)
-    for i, slot in enumerate(batch.index):
-        for key in spec.keys:
-            np.testing.assert_array_equal(batch.obs[key][i], seen[int(slot)][0][key])
-            np.testing.assert_array_equal(batch.next_obs[key][i], seen[int(slot)][1][key])
-    store.close()
 
 
 def test_a_vector_env_fits_saves_loads_acts_and_resumes_on_dict_stacks(tmp_path: Path) -> None:

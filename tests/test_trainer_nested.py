@@ -21,10 +21,9 @@ import gymnasium as gym
 import keras
 import numpy as np
 import pytest
-from goal_env import NestedBitFlip
+from goal_env import NestedBitFlip, Rooms
 
 from replaystore import ReplayStore
-from replaystore.format import nesting
 from replaystore.trainer import DQN, TrainerError, dict_mlp, load_run, mlp
 from replaystore.trainer.envs import FrameStacker
 from replaystore.trainer.stacks import StackSpec
@@ -57,15 +56,19 @@ class Sampled(gym.Env):
 
 
 def leaf_arrays(spec: StackSpec, value: Any) -> list[np.ndarray]:
-    return [np.asarray(v) for v in nesting.flatten(spec.tree, value, name="v", path="p", expected=str)]
+    leaves = spec.leaves(value)
+    assert leaves is not None
+    return [np.asarray(v) for v in leaves.values()]
 
 
-def test_the_agents_nested_stacks_are_the_stores(tmp_path: Path) -> None:
-    """What the agent stacks at every step, leaf by leaf, is what ``sample`` returns for that move."""
-    env = Sampled()
+@pytest.mark.parametrize("env", [Sampled(), Rooms()], ids=["nested", "flat-dict"])
+def test_the_agents_stacks_are_the_stores(tmp_path: Path, env: gym.Env) -> None:
+    """What the agent stacks at every step, leaf by leaf (key by key), is what ``sample`` returns for
+    that move."""
     spec = StackSpec.of_space(env.observation_space, 3)
-    assert spec.tree is not None and spec.keys == ("cards/0", "cards/1/d", "cards/1/seen", "pos")
-    assert spec.describe() == "{cards: ((3,) int64, {d: (3, 2, 2) int16, seen: (3, 3) int8}), pos: (3, 2) float32}"
+    if isinstance(env, Sampled):
+        assert spec.tree is not None and spec.keys == ("cards/0", "cards/1/d", "cards/1/seen", "pos")
+        assert spec.describe() == "{cards: ((3,) int64, {d: (3, 2, 2) int16, seen: (3, 3) int8}), pos: (3, 2) float32}"
     store = ReplayStore.create(tmp_path / "n.zarr", 512, env.observation_space, env.action_space, 3)
     stacker = FrameStacker(spec)
     seen: dict[int, tuple[list[np.ndarray], list[np.ndarray]]] = {}
@@ -77,7 +80,7 @@ def test_the_agents_nested_stacks_are_the_stores(tmp_path: Path) -> None:
         store.add(obs, step % 3, reward, nxt, terminated, truncated)
         pushed = [np.concatenate([a[1:], f[None]]) for a, f in zip(before, leaf_arrays(spec, nxt), strict=True)]
         seen[(store.added - 2) % store.capacity] = (before, pushed)
-        if terminated:
+        if terminated or truncated:
             obs, _ = env.reset()
             stacker.reset(obs)
         else:
