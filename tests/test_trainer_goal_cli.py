@@ -2,7 +2,7 @@
 
 A ``module:Name-v0`` id registers the env (tests/goal_env.py's 8-bit flipping); the command line
 learns it on two envs with ``--her-n-sampled-goal``, reports the evaluations' success rate,
-resumes, is loaded back by ``load_run``, and learns offline from its own store with relabelling.
+keeps each move's ``is_success`` (``--info-keys``) for ``replaystore episodes``, resumes, is loaded back by ``load_run``, and learns offline from its own store with relabelling.
 What cannot work (a Text entry, no goals, no ``compute_reward``, a module that cannot be imported,
 hindsight settings) is refused in one line, before a run directory is made.
 """
@@ -22,6 +22,7 @@ import pytest
 from goal_env import BitFlip, Rooms
 
 from replaystore import ReplayStore
+from replaystore.cli.episodes import list_episodes
 from replaystore.trainer import TrainerError, load_run
 from replaystore.trainer.cli import main
 from replaystore.trainer.envs import make_env
@@ -47,17 +48,21 @@ def _successes(agent: object, games: int) -> float:
 def test_the_command_line_learns_bit_flipping_with_hindsight_resumes_and_learns_offline(tmp_path: Path) -> None:
     run = tmp_path / "bits"
     done = _train(*BITS, "--her-n-sampled-goal", "4", "--num-envs", "2", "--total-timesteps", "3000",
-                  "--eval-episodes", "40", "--run-dir", str(run))
+                  "--eval-episodes", "40", "--info-keys", "is_success:bool", "--run-dir", str(run))
     assert done.returncode == 0, done.stderr[-3000:]
+    episodes = [e for s in (0, 1) for e in list_episodes(run / "replay.zarr", stream=s, newest=None)["episodes"]]
+    reached = [e["extras_at_last_move"]["is_success"] for e in episodes if e["ended"] == "terminated"]
+    assert reached and all(r is True for r in reached)  # (BitFlip ends a game when it reaches its goal)
+    assert any(e["extras_at_last_move"]["is_success"] is False for e in episodes if e["ended"] == "truncated")
     evals = [json.loads(line) for line in (run / "evals.jsonl").read_text().splitlines()]
     print("success rate", evals[-1]["success_rate"])
-    assert evals[-1]["step"] == 3000 and evals[-1]["success_rate"] >= 0.8
+    assert evals[-1]["step"] in (3000, 3001) and evals[-1]["success_rate"] >= 0.8  # (an autoreset step is no move)
     with ReplayStore.open(run / "replay.zarr") as store:
         assert set(store.observation_space.spaces) == {"observation", "achieved_goal", "desired_goal"}
         assert store.num_streams == 2 and store.frame_stack == 1 and len(store) > 2900
     done = _train("--resume", str(run), "--total-timesteps", "3200")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "resuming" in done.stdout and "done: 3,200 steps" in done.stdout
+    assert "resuming" in done.stdout and re.search("done: 3,20[01] steps", done.stdout)
     agent = load_run(run)  # dict_mlp with the checkpoint's weights
     assert agent.model.name == "online" and _successes(agent, 40) >= 0.8
     agent.close()
@@ -104,7 +109,12 @@ class NoReward(BitFlip):
      "--her-strategy is 'later'; it must be one of future, final, episode"),
     (["--env-id", "goal_env:BitFlip-v0", "--her-n-sampled-goal", "4", "--n-step", "3"], "--n-step is 3 with --her-n-sampled-goal 4.*use --n-step 1"),
     (["--offline", "some.zarr", "--her-n-sampled-goal", "4"], "--offline with --her-n-sampled-goal needs --env-id"),
-], ids=["text", "not-a-dict", "no-goals", "no-compute-reward", "no-module", "strategy", "n-step", "offline-no-env"])
+    (["--env-id", "CartPole-v1", "--info-keys", "is_success:str"], "--info-keys 'is_success:str': extras\\['is_success'\\] "
+                                                                  "has dtype"),
+    (["--env-id", "CartPole-v1", "--info-keys", "a b"], "--info-keys 'a b': extras name 'a b' is not allowed"),
+    (["--env-id", "CartPole-v1", "--info-keys", "x,x"], "--info-keys names 'x' twice"),
+], ids=["text", "not-a-dict", "no-goals", "no-compute-reward", "no-module", "strategy", "n-step", "offline-no-env",
+        "info-dtype", "info-name", "info-twice"])
 def test_what_cannot_work_is_refused_before_a_run_is_made(tmp_path: Path, registered: object, argv: list[str],
                                                          message: str, capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "run"

@@ -50,6 +50,7 @@ class Args:
     alpha: float = dataclasses.field(default=0.6, metadata={"help": "priority exponent (with --prioritized)"})
     beta: float = dataclasses.field(default=0.4, metadata={"help": "importance-weight exponent (with --prioritized)"})
     cql_alpha: float = dataclasses.field(default=0.0, metadata={"help": "conservative Q-learning's weight (1.0 is usual with --offline); 0: plain DQN"})
+    info_keys: str = dataclasses.field(default="", metadata={"help": "keep these keys of the env's infos with each move, as the store's extras (replaystore episodes shows them at each episode's end, inspect their statistics): NAME[:DTYPE],... such as is_success:bool,lives:int32 (DTYPE float32 unless given; a move whose info lacks a key keeps 0)"})
     her_n_sampled_goal: int = dataclasses.field(default=0, metadata={"help": "a goal env's Dict observations (achieved_goal, desired_goal): hindsight experience replay, this many transitions relabelled with a goal the episode reached for each real one (4 is HER's usual), their rewards from the env's compute_reward; 0: no relabelling"})
     her_strategy: str = dataclasses.field(default="future", metadata={"help": "with --her-n-sampled-goal: where a relabelled goal comes from: future (a later step of the episode), final or episode"})
     hidden_sizes: str = dataclasses.field(default="120,84", metadata={"help": "MLP layer widths for vector, Dict and Tuple observations"})
@@ -87,11 +88,11 @@ ARGS_FILE = "args.json"
 #: --overlap-envs' values
 OVERLAP = ("auto", "on", "off")
 #: Defaults the help text states in words instead (an empty string or 0 that means "pick for me").
-UNSTATED = ("run_dir", "store", "offline", "init_from", "frame_stack", "steps_per_call", "ray_address")
+UNSTATED = ("run_dir", "store", "offline", "init_from", "frame_stack", "steps_per_call", "ray_address", "info_keys")
 #: Flags of acting, which an --offline run does not do (its length is --gradient-steps, its frames the store's).
 ONLINE_ONLY = ("total_timesteps", "store", "lease_ttl", "buffer_size", "num_envs", "start_e", "end_e",
                "exploration_fraction", "learning_starts", "clip_reward", "replay_ratio", "actors", "actor_restarts",
-               "ray_address", "frame_stack", "overlap_envs")
+               "ray_address", "frame_stack", "overlap_envs", "info_keys")
 
 
 def _help(field: dataclasses.Field[Any]) -> str:
@@ -227,6 +228,29 @@ def check(args: Args) -> None:
     if args.n_step >= args.buffer_size // streams:
         raise TrainerError(f"--n-step {args.n_step} must be smaller than --buffer-size {args.buffer_size}")
     hidden_sizes(args)
+    extras(args)
+
+
+def extras(args: Args) -> dict[str, str] | None:
+    """--info-keys as ``ReplayStore.create``'s ``extras`` (None without it); TrainerError naming the
+    flag for a name or dtype the store does not keep."""
+    if not args.info_keys.strip():
+        return None
+    from replaystore.errors import ConfigError
+    from replaystore.format.extras import extras_from_arg
+
+    out: dict[str, str] = {}
+    for item in args.info_keys.split(","):
+        name, _, dtype = item.strip().partition(":")
+        if name in out:
+            raise TrainerError(f"--info-keys names {name!r} twice; name each key once")
+        out[name] = dtype.strip() or "float32"
+    try:
+        extras_from_arg(out)
+    except ConfigError as exc:
+        raise TrainerError(f"--info-keys {args.info_keys!r}: {exc}; give NAME[:DTYPE],... such as "
+                           "is_success:bool,lives:int32") from None
+    return out
 
 
 def as_flags(message: str) -> str:

@@ -53,7 +53,7 @@ def open_store(args: Args, env: Any, *, resuming: bool) -> ReplayStore:
     with new_run_dir(args):
         return ReplayStore.create(path, args.buffer_size, env.observation_space, env.action_space, args.frame_stack,
                                   cache_bytes=cache_bytes, num_streams=arguments.num_streams(args),
-                                  **arguments.store_options(args))
+                                  extras=arguments.extras(args), **arguments.store_options(args))
 
 
 @contextlib.contextmanager
