@@ -173,3 +173,25 @@ def test_the_command_line_learns_slippery_frozen_lake(tmp_path) -> None:
     agent = load_run(run)
     assert "Embedding" in [type(layer).__name__ for layer in agent.model.layers]
     assert np.mean(agent.evaluate(gym.make("FrozenLake-v1"), episodes=200, seed=1)) >= 0.35
+
+
+def test_env_kwargs_reach_every_env_of_the_run(tmp_path) -> None:
+    """``--env-kwargs '{"is_slippery": false}'`` makes the run's envs (two acting, the evaluation's)
+    FrozenLake without slip: every stored move from a state with an action lands on one state, and
+    the greedy policy wins every game (the slippery best wins about 75%)."""
+    run = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "replaystore.trainer.cli", "--env-id", "FrozenLake-v1",
+                           "--env-kwargs", '{"is_slippery": false}', "--num-envs", "2", "--total-timesteps", "4000",
+                           "--buffer-size", "4000", "--learning-starts", "500", "--train-frequency", "1",
+                           "--target-network-frequency", "200", "--exploration-fraction", "0.5", "--gamma", "0.9",
+                           "--learning-rate", "0.001", "--eval-episodes", "20", "--sample-threads", "1",
+                           "--run-dir", str(run), "--no-progress"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads((run / "args.json").read_text())["env_kwargs"] == '{"is_slippery": false}'
+    assert json.loads((run / "evals.jsonl").read_text().splitlines()[-1])["mean_return"] == 1.0
+    with ReplayStore.open(run / "replay.zarr") as store:
+        batch = store.sample(2000, rng=np.random.default_rng(0))
+    landed: dict[tuple[int, int], set[int]] = {}
+    for s, a, n in zip(batch.obs[:, -1], batch.action, batch.next_obs[:, -1], strict=True):
+        landed.setdefault((int(s), int(a)), set()).add(int(n))
+    assert len(landed) > 20 and all(len(states) == 1 for states in landed.values())

@@ -111,7 +111,7 @@ class ActorProcess:
 
         self.args = args = Args(**args_dict)
         self.index, self.coordinator = index, coordinator
-        env = make_env(args.env_id)
+        env = make_env(args.env_id, arguments.env_kwargs(args))
         space, n_actions = env.observation_space, int(getattr(env.action_space, "n"))  # (make_env checked them)
         env.close()
         self.store = open_writing(args, streams=actor_streams(args, index), cache_bytes=ACTOR_CACHE_BYTES)
@@ -123,7 +123,7 @@ class ActorProcess:
         seed = args.seed + 104_729 * (index + 1) + 7919 * incarnation
         self.rng = np.random.default_rng(seed)
         settings = arguments.config(args)
-        self.acting = VectorActing(make_vector_env(args.env_id, args.num_envs), self.store, seed=seed, owned=True,
+        self.acting = VectorActing(make_vector_env(args.env_id, args.num_envs, kwargs=arguments.env_kwargs(args)), self.store, seed=seed, owned=True,
                                    clip_reward=settings.clip_reward,
                                    terminal_on_life_loss=settings.terminal_on_life_loss)
         self.version = -1

@@ -24,6 +24,7 @@ from .envs import is_atari
 @dataclasses.dataclass
 class Args:
     env_id: str = dataclasses.field(default="ALE/Breakout-v5", metadata={"help": "gymnasium id with a Discrete action space"})
+    env_kwargs: str = dataclasses.field(default="", metadata={"help": "keywords for gym.make, as a JSON object, such as '{\"is_slippery\": false}' (not for ALE ids)"})
     total_timesteps: int = dataclasses.field(default=10_000_000, metadata={"help": "environment steps of the whole run"})
     run_dir: str = dataclasses.field(default="", metadata={"help": "where the store, checkpoint, logs and args go (default runs/<env>-<seed>)"})
     store: str = dataclasses.field(default="", metadata={"help": "put the replay store at this URL (s3://bucket/prefix/replay.zarr; endpoint and keys from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...) instead of RUN_DIR/replay.zarr"})
@@ -88,7 +89,8 @@ ARGS_FILE = "args.json"
 #: --overlap-envs' values
 OVERLAP = ("auto", "on", "off")
 #: Defaults the help text states in words instead (an empty string or 0 that means "pick for me").
-UNSTATED = ("run_dir", "store", "offline", "init_from", "frame_stack", "steps_per_call", "ray_address", "info_keys")
+UNSTATED = ("run_dir", "store", "offline", "init_from", "frame_stack", "steps_per_call", "ray_address", "info_keys",
+            "env_kwargs")
 #: Flags of acting, which an --offline run does not do (its length is --gradient-steps, its frames the store's).
 ONLINE_ONLY = ("total_timesteps", "store", "lease_ttl", "buffer_size", "num_envs", "start_e", "end_e",
                "exploration_fraction", "learning_starts", "clip_reward", "replay_ratio", "actors", "actor_restarts",
@@ -229,6 +231,25 @@ def check(args: Args) -> None:
         raise TrainerError(f"--n-step {args.n_step} must be smaller than --buffer-size {args.buffer_size}")
     hidden_sizes(args)
     extras(args)
+    env_kwargs(args)
+
+
+def env_kwargs(args: Args) -> dict[str, Any] | None:
+    """--env-kwargs as ``gym.make``'s keywords (None without it); TrainerError naming the flag for
+    anything but a JSON object, or with an ALE id."""
+    if not args.env_kwargs.strip():
+        return None
+    try:
+        kwargs = json.loads(args.env_kwargs)
+    except ValueError as exc:
+        kwargs = exc
+    if not isinstance(kwargs, dict) or not kwargs:
+        raise TrainerError(f"--env-kwargs is {args.env_kwargs!r}; give a JSON object of gym.make's keywords, such as "
+                           "'{\"is_slippery\": false}'")
+    if is_atari(args.env_id):
+        raise TrainerError(f"--env-kwargs with {args.env_id}: ALE ids get replaystore-train's preprocessing and "
+                           "ale-py's vector env, which set their keywords; leave it out")
+    return kwargs
 
 
 def extras(args: Args) -> dict[str, str] | None:

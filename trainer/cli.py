@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
 def train(args: Args, *, resuming: bool) -> int:
     if args.offline:
         return train_offline(args, resuming=resuming)
-    env = make_env(args.env_id)  # an unusable id fails here, before anything is written
+    env = make_env(args.env_id, arguments.env_kwargs(args))  # an unusable id fails here, before anything is written
     try:
         return _train(args, env, resuming=resuming)
     finally:
@@ -127,7 +127,8 @@ def _fit(args: Args, settings: Any, env: Any, store: ReplayStore, saved: Any, st
 
                 source = ActorSource(args, store, agent.learner, start, report.print)
             elif args.num_envs > 1:
-                envs = make_vector_env(args.env_id, args.num_envs, halves=_overlap(args, keras))
+                envs = make_vector_env(args.env_id, args.num_envs, halves=_overlap(args, keras),
+                                       kwargs=arguments.env_kwargs(args))
             with _eval_env(args, vector=args.num_envs > 1) as eval_env:
                 agent.fit(envs if envs is not None else env, args.total_timesteps, eval_env=eval_env,
                           eval_frequency=args.eval_frequency if args.eval_episodes else 0,
@@ -285,9 +286,9 @@ def _eval_env(args: Args, *, vector: bool) -> Iterator[Any]:
     the games are played side by side, one per env (up to EVAL_ENVS)."""
     env = None
     if args.eval_episodes and vector:
-        env = make_vector_env(args.env_id, min(args.eval_episodes, EVAL_ENVS))
+        env = make_vector_env(args.env_id, min(args.eval_episodes, EVAL_ENVS), kwargs=arguments.env_kwargs(args))
     elif args.eval_episodes:
-        env = make_env(args.env_id)
+        env = make_env(args.env_id, arguments.env_kwargs(args))
     try:
         yield env
     finally:
@@ -302,7 +303,7 @@ def _goal_env(args: Args, eval_env: Any) -> Iterator[Any]:
     if not args.her_n_sampled_goal or eval_env is not None:
         yield eval_env
         return
-    env = make_env(args.env_id)
+    env = make_env(args.env_id, arguments.env_kwargs(args))
     try:
         yield env
     finally:

@@ -30,9 +30,10 @@ def is_atari(env_id: str) -> bool:
     return env_id.startswith("ALE/")
 
 
-def make_env(env_id: str) -> gym.Env:
+def make_env(env_id: str, kwargs: dict[str, Any] | None = None) -> gym.Env:
     """The environment for ``env_id``, wrapped for training; raises TrainerError for an unusable id.
-    A ``module:Name-v0`` id imports ``module`` first (gymnasium's way to register an env of one's own)."""
+    A ``module:Name-v0`` id imports ``module`` first (gymnasium's way to register an env of one's own).
+    ``kwargs`` go to ``gym.make`` (not for ALE ids, whose settings are the preprocessing's)."""
     if is_atari(env_id):
         import ale_py
 
@@ -40,10 +41,16 @@ def make_env(env_id: str) -> gym.Env:
     env: gym.Env
     try:
         if is_atari(env_id):
+            if kwargs:
+                raise TrainerError(f"{env_id} takes no environment keywords ({', '.join(kwargs)}): ALE ids get "
+                                   "replaystore-train's preprocessing and ale-py's vector env, which set them")
             env = gym.wrappers.AtariPreprocessing(gym.make(env_id, frameskip=1), noop_max=30, frame_skip=4,
                                                   screen_size=84, terminal_on_life_loss=False, grayscale_obs=True)
         else:
-            env = gym.make(env_id)
+            env = gym.make(env_id, **(kwargs or {}))
+    except TypeError as exc:  # (a keyword the env's constructor does not take)
+        raise TrainerError(f"{env_id} cannot be made with the keywords {kwargs} ({exc}); give the ones its "
+                           "constructor takes") from exc
     except gym.error.Error as exc:
         raise TrainerError(f"unknown environment id {env_id!r} ({exc}); use a registered id such as CartPole-v1 "
                            "or ALE/Breakout-v5, or module:Name-v0 for an env that module registers") from exc
@@ -63,14 +70,15 @@ def make_env(env_id: str) -> gym.Env:
     return env
 
 
-def make_vector_env(env_id: str, num_envs: int, *, halves: bool = False) -> Any:
+def make_vector_env(env_id: str, num_envs: int, *, halves: bool = False, kwargs: dict[str, Any] | None = None) -> Any:
     """``num_envs`` copies of ``env_id`` stepped together, in next-step autoreset mode, observing
     single frames (the store stacks them). ALE ids use ale-py's C++ ``AtariVectorEnv`` with the same
     preprocessing as ``make_env`` (84x84 gray, frame skip 4 with max-pooling, up to 30 no-op starts,
     v5's sticky actions, raw rewards, no episodic life: the loop ends learning episodes at a lost
     life itself); other ids a gymnasium ``SyncVectorEnv``. ``halves`` (ALE ids, ``num_envs`` >= 2):
-    a ``HalvedVectorEnv``, which ``DQN.fit`` steps one half at a time (acting.py)."""
-    if is_atari(env_id):
+    a ``HalvedVectorEnv``, which ``DQN.fit`` steps one half at a time (acting.py). ``kwargs``: as
+    ``make_env``'s."""
+    if is_atari(env_id) and not kwargs:
         from ale_py.vector_env import AtariVectorEnv
 
         game = atari_game(env_id)
@@ -84,8 +92,8 @@ def make_vector_env(env_id: str, num_envs: int, *, halves: bool = False) -> Any:
         if halves and num_envs >= 2:
             return HalvedVectorEnv([atari(num_envs // 2), atari(num_envs - num_envs // 2)])
         return atari(num_envs)
-    make_env(env_id).close()  # an unusable id fails here with the trainer's message
-    return gym.vector.SyncVectorEnv([lambda: gym.make(env_id) for _ in range(num_envs)],
+    make_env(env_id, kwargs).close()  # an unusable id or keyword fails here with the trainer's message
+    return gym.vector.SyncVectorEnv([lambda: gym.make(env_id, **(kwargs or {})) for _ in range(num_envs)],
                                     autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
 
 
