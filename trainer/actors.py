@@ -123,8 +123,8 @@ class ActorProcess:
         seed = args.seed + 104_729 * (index + 1) + 7919 * incarnation
         self.rng = np.random.default_rng(seed)
         settings = arguments.config(args)
-        self.acting = VectorActing(make_vector_env(args.env_id, args.num_envs, kwargs=arguments.env_kwargs(args)), self.store, seed=seed, owned=True,
-                                   clip_reward=settings.clip_reward,
+        envs = make_vector_env(args.env_id, args.num_envs, kwargs=arguments.env_kwargs(args))
+        self.acting = VectorActing(envs, self.store, seed=seed, owned=True, clip_reward=settings.clip_reward,
                                    terminal_on_life_loss=settings.terminal_on_life_loss)
         self.version = -1
 

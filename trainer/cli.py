@@ -310,7 +310,8 @@ def _goal_env(args: Args, eval_env: Any) -> Iterator[Any]:
         env.close()
 
 
-def _hindsight_reward(args: Args, settings: Any, env: Any, store: ReplayStore | None = None) -> Callable[..., Any] | None:
+def _hindsight_reward(args: Args, settings: Any, env: Any,
+                      store: ReplayStore | None = None) -> Callable[..., Any] | None:
     """With --her-n-sampled-goal: the env's ``compute_reward``, once the env (and ``store``, offline)
     are known to be a goal env's, before anything is written; TrainerError naming the flag where not.
     None without relabelling."""
@@ -326,9 +327,9 @@ def _hindsight_reward(args: Args, settings: Any, env: Any, store: ReplayStore | 
         raise TrainerError(arguments.as_flags(str(exc))) from None
     reward = reward_function(env)
     if reward is None:
-        raise TrainerError(f"--her-n-sampled-goal is {args.her_n_sampled_goal}, but {args.env_id} has no compute_reward(achieved_goal, "
-                           "desired_goal, info) to give relabelled transitions their reward: give a goal env's id "
-                           "(gymnasium-robotics' GoalEnv API), or --her-n-sampled-goal 0")
+        raise TrainerError(f"--her-n-sampled-goal is {args.her_n_sampled_goal}, but {args.env_id} has no "
+                           "compute_reward(achieved_goal, desired_goal, info) to give relabelled transitions their "
+                           "reward: give a goal env's id (gymnasium-robotics' GoalEnv API), or --her-n-sampled-goal 0")
     if store is not None:
         hindsight_sampler(settings, store, reward)  # (a store it cannot relabel is refused here)
     return reward

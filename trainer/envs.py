@@ -49,6 +49,8 @@ def make_env(env_id: str, kwargs: dict[str, Any] | None = None) -> gym.Env:
         else:
             env = gym.make(env_id, **(kwargs or {}))
     except TypeError as exc:  # (a keyword the env's constructor does not take)
+        if not kwargs:
+            raise
         raise TrainerError(f"{env_id} cannot be made with the keywords {kwargs} ({exc}); give the ones its "
                            "constructor takes") from exc
     except gym.error.Error as exc:
