@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +56,7 @@ class Args:
     info_keys: str = dataclasses.field(default="", metadata={"help": "keep these keys of the env's infos with each move, as the store's extras (replaystore episodes shows them at each episode's end, inspect their statistics): NAME[:DTYPE],... such as is_success:bool,lives:int32 (DTYPE float32 unless given; a move whose info lacks a key keeps 0)"})
     her_n_sampled_goal: int = dataclasses.field(default=0, metadata={"help": "a goal env's Dict observations (achieved_goal, desired_goal): hindsight experience replay, this many transitions relabelled with a goal the episode reached for each real one (4 is HER's usual), their rewards from the env's compute_reward; 0: no relabelling"})
     her_strategy: str = dataclasses.field(default="future", metadata={"help": "with --her-n-sampled-goal: where a relabelled goal comes from: future (a later step of the episode), final or episode"})
+    model: str = dataclasses.field(default="", metadata={"help": "your own Q-network: module:function, called as function(observation_space, n_actions, frame_stack) for a keras.Model from the store's stacks (batch, frame_stack, *frame) to one Q-value per action (the module is imported: put its folder on PYTHONPATH); default: nature_cnn for images, mlp for vectors (--hidden-sizes), embedded_mlp for a Discrete, dict_mlp for Dicts and Tuples"})
     hidden_sizes: str = dataclasses.field(default="120,84", metadata={"help": "MLP layer widths for vector, Dict and Tuple observations"})
     frame_stack: int = dataclasses.field(default=0, metadata={"help": "frames per observation (default: 4 for images, 1 for vectors)"})
     terminal_on_life_loss: bool = dataclasses.field(default=True, metadata={"help": "Atari: a lost life ends the episode for learning"})
@@ -90,7 +93,7 @@ ARGS_FILE = "args.json"
 OVERLAP = ("auto", "on", "off")
 #: Defaults the help text states in words instead (an empty string or 0 that means "pick for me").
 UNSTATED = ("run_dir", "store", "offline", "init_from", "frame_stack", "steps_per_call", "ray_address", "info_keys",
-            "env_kwargs")
+            "env_kwargs", "model")
 #: Flags of acting, which an --offline run does not do (its length is --gradient-steps, its frames the store's).
 ONLINE_ONLY = ("total_timesteps", "store", "lease_ttl", "buffer_size", "num_envs", "start_e", "end_e",
                "exploration_fraction", "learning_starts", "clip_reward", "replay_ratio", "actors", "actor_restarts",
@@ -232,6 +235,28 @@ def check(args: Args) -> None:
     hidden_sizes(args)
     extras(args)
     env_kwargs(args)
+
+
+def model_builder(args: Args) -> Callable[..., Any] | None:
+    """--model's function (None without it), its module imported; TrainerError naming the flag when
+    it is not ``module:function``, the module cannot be imported or has no such function."""
+    if not args.model:
+        return None
+    module_name, _, attribute = args.model.partition(":")
+    if not module_name or not attribute:
+        raise TrainerError(f"--model is {args.model!r}; give module:function, such as mymodels:build (called as "
+                           "build(observation_space, n_actions, frame_stack))")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise TrainerError(f"--model {args.model}: the module {module_name!r} cannot be imported ({exc}); install it, "
+                           "or put its folder on PYTHONPATH") from None
+    function: Any = module
+    for part in attribute.split("."):
+        function = getattr(function, part, None)
+    if not callable(function):
+        raise TrainerError(f"--model {args.model}: {module_name} has no function {attribute!r}")
+    return function
 
 
 def env_kwargs(args: Args) -> dict[str, Any] | None:

@@ -80,8 +80,7 @@ def _train(args: Args, env: Any, *, resuming: bool) -> int:
         raise TrainerError(f"--learning-starts {settings.learning_starts:,} is not below --total-timesteps "
                            f"{args.total_timesteps:,}: the run would take no gradient step; lower --learning-starts")
     _hindsight_reward(args, settings, env)
-    if not resuming:
-        _check_init_from(args, args.frame_stack, env.observation_space, int(env.action_space.n))
+    _check_model(args, args.frame_stack, env.observation_space, int(env.action_space.n), resuming=resuming)
     store = open_store(args, env, resuming=resuming)
     try:
         if resuming:
@@ -163,7 +162,8 @@ def train_offline(args: Args, *, resuming: bool) -> int:
             if resuming:
                 arguments.save(args, run_dir)  # the flags given now hold for a later plain --resume too
             else:
-                _check_init_from(args, store.frame_stack, store.observation_space, int(store.action_space.n))
+                _check_model(args, store.frame_stack, store.observation_space, int(store.action_space.n),
+                             resuming=False)
                 with new_run_dir(args):
                     pass  # (nothing to make in it but args.json: the store stays where it is)
             return _fit_offline(args, settings, store, eval_env, saved, reward)
@@ -235,10 +235,12 @@ def _agent(keras: Any, args: Args, settings: Any, store: ReplayStore, saved: Any
 
 
 def _model(keras: Any, args: Args, frame_stack: int, space: Any, actions: int) -> Any:
+    """The run's Q-network: --model's, else the default one for the observation space."""
     from .models import q_network_for
 
     keras.utils.set_random_seed(args.seed)
-    return q_network_for(space, frame_stack, actions, hidden_sizes=arguments.hidden_sizes(args))
+    return q_network_for(space, frame_stack, actions, hidden_sizes=arguments.hidden_sizes(args),
+                         builder=arguments.model_builder(args))
 
 
 def _pretrained(args: Args, model: Any) -> list[Any] | None:
@@ -263,10 +265,18 @@ def _pretrained(args: Args, model: Any) -> list[Any] | None:
     return list(saved[0]["target"])
 
 
-def _check_init_from(args: Args, frame_stack: int, space: Any, actions: int) -> None:
-    """Refuse an unusable --init-from before a new run's directory is made (this loads Keras early)."""
-    if args.init_from:
-        _pretrained(args, _model(import_keras(), args, frame_stack, space, actions))
+def _check_model(args: Args, frame_stack: int, space: Any, actions: int, *, resuming: bool) -> None:
+    """Refuse an unusable --model, and a new run's unusable --init-from, before the run's directory
+    is made or its store touched (this loads Keras early)."""
+    if not args.model and (resuming or not args.init_from):
+        return
+    from .models import check_model
+    from .stacks import StackSpec
+
+    model = _model(import_keras(), args, frame_stack, space, actions)
+    check_model(model, StackSpec.of_space(space, frame_stack), actions)
+    if not resuming:
+        _pretrained(args, model)
 
 
 def _checkpointer(agent: Any, run_dir: Path, report: Any) -> Callable[[], None]:

@@ -13,7 +13,7 @@ one ``keras.Input`` named after each key.
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -146,10 +146,17 @@ def q_network(stack_shape: Sequence[int], dtype: Any, n_actions: int, *, hidden_
 
 
 def q_network_for(space: Any, frame_stack: int, n_actions: int, *, hidden_sizes: Sequence[int],
-                  name: str = "online") -> keras.Model:
-    """What ``replaystore-train`` builds for an observation space: ``dict_mlp`` for a ``Dict`` (a
-    goal env's) or a ``Tuple`` (Blackjack's), ``embedded_mlp`` for a ``Discrete`` of states ``0..n-1``, else ``q_network`` of its
-    stacks (a MultiBinary's or MultiDiscrete's ints go through ``mlp`` as numbers)."""
+                  name: str = "online", builder: Callable[..., Any] | None = None) -> keras.Model:
+    """What ``replaystore-train`` builds for an observation space: ``builder(space, n_actions,
+    frame_stack)`` when given (the user's own), else ``dict_mlp`` for a ``Dict`` (a goal env's) or a
+    ``Tuple`` (Blackjack's), ``embedded_mlp`` for a ``Discrete`` of states ``0..n-1``, else
+    ``q_network`` of its stacks (a MultiBinary's or MultiDiscrete's ints go through ``mlp`` as numbers)."""
+    if builder is not None:
+        model = builder(space, n_actions, frame_stack)
+        if not isinstance(model, keras.Model):
+            raise ModelError(f"{getattr(builder, '__name__', builder)}(observation_space, n_actions, frame_stack) "
+                             f"returned a {type(model).__name__}, not a keras.Model; return the Q-network")
+        return model
     if isinstance(space, gym.spaces.Dict | gym.spaces.Tuple):
         return dict_mlp(space, n_actions, frame_stack=frame_stack, hidden_sizes=hidden_sizes, name=name)
     if hasattr(space, "n") and tuple(space.shape) == () and int(getattr(space, "start", 0)) == 0:

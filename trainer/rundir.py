@@ -78,7 +78,7 @@ def new_run_dir(args: Args) -> Iterator[Path]:
 
 def load_run(run_dir: str | Path, *, store: ReplayStore | str | Path | None = None) -> Any:
     """The agent of a ``replaystore-train`` run directory (online or ``--offline``) as a ``DQN``, as
-    ``DQN.load`` gives a saved one: the run's Q-network (its flags' default model) with the
+    ``DQN.load`` gives a saved one: the run's Q-network (its ``--model``'s, imported again, or its flags' default model) with the
     checkpoint's weights, optimizer state and counters, its store (or ``store``) opened to read.
     ``evaluate``, ``act`` and ``model.save`` work at once; ``fit`` goes on into the run's own store
     (or ``store``), as ``--resume`` would with the run's hyperparameters."""
@@ -105,7 +105,8 @@ def load_run(run_dir: str | Path, *, store: ReplayStore | str | Path | None = No
         data = location if isinstance(location, ReplayStore) else \
             stack.enter_context(ReplayStore.open(location, mode="r", **options))
         space, actions = data.observation_space, int(data.action_space.n)
-        model = q_network_for(space, data.frame_stack, actions, hidden_sizes=arguments.hidden_sizes(args))
+        model = q_network_for(space, data.frame_stack, actions, hidden_sizes=arguments.hidden_sizes(args),
+                              builder=arguments.model_builder(args))
     optimizer = keras.optimizers.Adam(learning_rate=args.learning_rate, global_clipnorm=MAX_GRAD_NORM)
     agent = DQN(model, location, optimizer=optimizer, buffer_size=args.buffer_size, frame_stack=args.frame_stack or None,
                 **options, **dataclasses.asdict(arguments.config(args)))
