@@ -10,10 +10,7 @@ hindsight settings) is refused in one line, before a run directory is made.
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import gymnasium as gym
@@ -27,17 +24,19 @@ from replaystore.trainer import TrainerError, load_run
 from replaystore.trainer.cli import main
 from replaystore.trainer.envs import make_env
 
-TESTS = str(Path(__file__).parent)
 BITS = ["--env-id", "goal_env:BitFlip-v0", "--buffer-size", "20000", "--learning-starts", "400", "--batch-size", "64",
         "--train-frequency", "1", "--target-network-frequency", "250", "--learning-rate", "0.001",
         "--exploration-fraction", "0.5", "--end-e", "0.05", "--hidden-sizes", "128,128", "--no-progress",
         "--sample-threads", "1", "--replay-ratio", "0"]
 
 
-def _train(*argv: str) -> subprocess.CompletedProcess[str]:
-    path = os.pathsep.join(filter(None, [TESTS, os.environ.get("PYTHONPATH")]))
-    return subprocess.run([sys.executable, "-m", "replaystore.trainer.cli", *argv], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "PYTHONPATH": path, "TF_CPP_MIN_LOG_LEVEL": "3"})
+def _train(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """One ``replaystore-train`` in this process (tests/ is on its path, so ``goal_env`` imports);
+    its output."""
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    assert code == 0, err[-3000:]
+    return out
 
 
 def _successes(agent: object, games: int) -> float:
@@ -45,11 +44,11 @@ def _successes(agent: object, games: int) -> float:
     return float(np.mean(np.array(returns) > -8))  # (a game that ends before its 8th move reached its goal)
 
 
-def test_the_command_line_learns_bit_flipping_with_hindsight_resumes_and_learns_offline(tmp_path: Path) -> None:
+def test_the_command_line_learns_bit_flipping_with_hindsight_resumes_and_learns_offline(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "bits"
-    done = _train(*BITS, "--her-n-sampled-goal", "4", "--num-envs", "2", "--total-timesteps", "3000",
-                  "--eval-episodes", "40", "--info-keys", "is_success:bool", "--run-dir", str(run))
-    assert done.returncode == 0, done.stderr[-3000:]
+    _train(capsys, *BITS, "--her-n-sampled-goal", "4", "--num-envs", "2", "--total-timesteps", "3000",
+           "--eval-episodes", "40", "--info-keys", "is_success:bool", "--run-dir", str(run))
     episodes = [e for s in (0, 1) for e in list_episodes(run / "replay.zarr", stream=s, newest=None)["episodes"]]
     reached = [e["extras_at_last_move"]["is_success"] for e in episodes if e["ended"] == "terminated"]
     assert reached and all(r is True for r in reached)  # (BitFlip ends a game when it reaches its goal)
@@ -60,19 +59,17 @@ def test_the_command_line_learns_bit_flipping_with_hindsight_resumes_and_learns_
     with ReplayStore.open(run / "replay.zarr") as store:
         assert set(store.observation_space.spaces) == {"observation", "achieved_goal", "desired_goal"}
         assert store.num_streams == 2 and store.frame_stack == 1 and len(store) > 2900
-    done = _train("--resume", str(run), "--total-timesteps", "3200")
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "resuming" in done.stdout and re.search("done: 3,20[01] steps", done.stdout)
+    out = _train(capsys, "--resume", str(run), "--total-timesteps", "3200")
+    assert "resuming" in out and re.search("done: 3,20[01] steps", out)
     agent = load_run(run)  # dict_mlp with the checkpoint's weights
     assert agent.model.name == "online" and _successes(agent, 40) >= 0.8
     agent.close()
 
     offline = tmp_path / "offline"
-    done = _train("--offline", str(run / "replay.zarr"), "--env-id", "goal_env:BitFlip-v0", "--her-n-sampled-goal", "4",
-                  "--gradient-steps", "320", "--batch-size", "64", "--hidden-sizes", "128,128", "--no-progress",
-                  "--run-dir", str(offline))
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "done: 320 gradient steps" in done.stdout  # (blocks of 8 on TensorFlow)
+    out = _train(capsys, "--offline", str(run / "replay.zarr"), "--env-id", "goal_env:BitFlip-v0",
+                 "--her-n-sampled-goal", "4", "--gradient-steps", "320", "--batch-size", "64", "--hidden-sizes",
+                 "128,128", "--no-progress", "--run-dir", str(offline))
+    assert "done: 320 gradient steps" in out  # (blocks of 8 on TensorFlow)
 
 
 @pytest.fixture

@@ -6,9 +6,6 @@ train, is refused in one line before the run directory is made."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,26 +13,18 @@ import pytest
 from replaystore.trainer import load_run
 from replaystore.trainer.cli import main
 
-TESTS = str(Path(__file__).parent)
 CARTPOLE = ["--env-id", "CartPole-v1", "--buffer-size", "3000", "--batch-size", "16", "--learning-starts", "200",
             "--train-frequency", "2", "--target-network-frequency", "100", "--no-progress", "--sample-threads", "1"]
 
 
-def _train(*argv: str) -> subprocess.CompletedProcess[str]:
-    path = os.pathsep.join(filter(None, [TESTS, os.environ.get("PYTHONPATH")]))
-    return subprocess.run([sys.executable, "-m", "replaystore.trainer.cli", *argv], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "PYTHONPATH": path, "TF_CPP_MIN_LOG_LEVEL": "3"})
-
-
-def test_a_run_learns_resumes_and_loads_with_the_users_model(tmp_path: Path) -> None:
+def test_a_run_learns_resumes_and_loads_with_the_users_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """In this process (tests/ is on its path, so ``user_models`` imports)."""
     run = tmp_path / "run"
-    done = _train(*CARTPOLE, "--model", "user_models:layer_normed", "--total-timesteps", "1200", "--run-dir", str(run))
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert main([*CARTPOLE, "--model", "user_models:layer_normed", "--total-timesteps", "1200", "--run-dir",
+                 str(run)]) == 0
     assert json.loads((run / "args.json").read_text())["model"] == "user_models:layer_normed"
-    done = _train("--resume", str(run), "--total-timesteps", "1600")
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "done: 1,600 steps" in done.stdout
-    sys.path.insert(0, TESTS)  # (load_run imports it here too)
+    assert main(["--resume", str(run), "--total-timesteps", "1600"]) == 0
+    assert "done: 1,600 steps" in capsys.readouterr().out
     agent = load_run(run)
     assert agent.model.name == "layer_normed" and agent.state.global_step == 1600
     assert "LayerNormalization" in [type(layer).__name__ for layer in agent.model.layers]
