@@ -156,20 +156,19 @@ def test_a_minari_dataset_of_such_observations_round_trips(tmp_path, datasets_ro
         np.testing.assert_array_equal(a.observations, b.observations)
 
 
-def test_the_command_line_learns_slippery_frozen_lake(tmp_path) -> None:
+def test_the_command_line_learns_slippery_frozen_lake(tmp_path, capsys) -> None:
     """``replaystore-train`` on a Discrete observation space builds ``embedded_mlp`` (each state
     embedded, then the MLP); on slippery FrozenLake (a random policy succeeds 1.5% of the time, the
-    best about 75%) its greedy policy succeeds in 0.595 of 200 games after 30k steps, and in 0.595 and
-    0.735 in two runs of 20k steps (measured); the test runs 20k."""
-    run = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-m", "replaystore.trainer.cli", "--env-id", "FrozenLake-v1",
-                           "--total-timesteps", "20000", "--learning-starts", "1000", "--train-frequency", "1",
-                           "--target-network-frequency", "500", "--exploration-fraction", "0.3",
-                           "--learning-rate", "0.001", "--run-dir", str(run), "--no-progress"],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
+    best about 75%) its greedy policy succeeded in 0.595 of 200 games after 30k steps, 0.595 and 0.735
+    after 20k, and 0.495, 0.735, 0.715 and 0.735 after 12k (seeds 1 to 4; measured); the test runs
+    12k with seed 1, in this process."""
     from replaystore.trainer import load_run
+    from replaystore.trainer.cli import main
 
+    run = tmp_path / "run"
+    assert main(["--env-id", "FrozenLake-v1", "--total-timesteps", "12000", "--learning-starts", "1000",
+                 "--train-frequency", "1", "--target-network-frequency", "500", "--exploration-fraction", "0.3",
+                 "--learning-rate", "0.001", "--run-dir", str(run), "--no-progress"]) == 0, capsys.readouterr().err
     agent = load_run(run)
     assert "Embedding" in [type(layer).__name__ for layer in agent.model.layers]
     assert np.mean(agent.evaluate(gym.make("FrozenLake-v1"), episodes=200, seed=1)) >= 0.35
