@@ -220,3 +220,17 @@ def test_resume_with_a_damaged_checkpoint_is_one_line(tmp_path: Path, capsys: py
     err = capsys.readouterr().err
     assert err.startswith(f"error: cannot resume: {path} is damaged") and err.count("\n") == 1, err
     assert not (tmp_path / "replay.zarr").exists()
+
+
+@pytest.mark.parametrize(("message", "said"), [
+    ("n_step is 3 with her_n_sampled_goal 4; use n_step=1", "--n-step is 3 with --her-n-sampled-goal 4; use --n-step 1"),
+    ("gamma is 2; it must be in [0, 1]", "--gamma is 2; it must be in [0, 1]"),
+    ("replay_ratio is 'batch_size'; give a number", "--replay-ratio is 'batch_size'; give a number"),
+    ("the observations are {batch_size: (1, 2) float32} (or set her_n_sampled_goal=0)",
+     "the observations are {batch_size: (1, 2) float32} (or set --her-n-sampled-goal 0)"),
+    ("cannot open runs/run_dir/x, nor env.seed; no seed here", "cannot open runs/run_dir/x, nor env.seed; no seed here"),
+], ids=["keywords", "first-word", "quoted", "dict-key", "path-and-dotted"])
+def test_api_messages_name_the_flags(message: str, said: str) -> None:
+    from replaystore.trainer.args import as_flags
+
+    assert as_flags(message) == said

@@ -301,7 +301,8 @@ def extras(args: Args) -> dict[str, str] | None:
 
 def as_flags(message: str) -> str:
     """An API message in the command line's words: a keyword it names (its first word, or any
-    ``snake_case`` one, ``name=value`` too) becomes the flag (``--name-with-dashes [value]``)."""
+    ``snake_case`` one, ``name=value`` too) becomes the flag (``--name-with-dashes [value]``); a
+    word inside quotes, a path or a dotted name, or a key before ``:``, stays as it is."""
     known = {field.name for field in dataclasses.fields(Args)}
 
     def flag(match: re.Match[str]) -> str:
@@ -310,7 +311,9 @@ def as_flags(message: str) -> str:
             return match.group(0)
         return "--" + name.replace("_", "-") + (f" {value}" if value is not None else "")
 
-    return re.sub(r"\b([a-z]+(?:_[a-z]+)*)(?:=(\S+?)(?=[,;:)\s]|$))?", flag, message)
+    # (not inside a quoted value, a path, a dotted name or as a key: 'batch_size', runs/run_dir/x, env.seed,
+    # {batch_size: ...})
+    return re.sub(r"(?<![\w/'\".-])([a-z]+(?:_[a-z]+)*)(?![\w/'\":])(?:=(\S+?)(?=[,;:)\s]|$))?", flag, message)
 
 
 def config(args: Args) -> DQNConfig:
