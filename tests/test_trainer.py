@@ -72,7 +72,10 @@ def test_linear_schedule() -> None:
     (["--env-id", "CartPole-v1", "--overlap-envs", "yes"], "--overlap-envs is 'yes'; it must be one of auto, on, off"),
     (["--env-id", "CartPole-v1", "--env-kwargs", "{bad"], "--env-kwargs is '{bad'; give a JSON object"),
     (["--env-id", "CartPole-v1", "--env-kwargs", "[1]"], "--env-kwargs is '[1]'; give a JSON object"),
-    (["--env-id", "ALE/Breakout-v5", "--env-kwargs", '{"mode": 1}'], "--env-kwargs with ALE/Breakout-v5"),
+    (["--env-id", "ALE/Breakout-v5", "--env-kwargs", '{"mode": 1}'],
+     "--env-kwargs: ALE/Breakout-v5 does not take the keyword 'mode' (ale-py's vector env plays the default mode)"),
+    (["--env-id", "ALE/Breakout-v5", "--env-kwargs", '{"frameskip": 0}'],
+     "--env-kwargs: ALE/Breakout-v5's frameskip is 0; give a whole number >= 1"),
     (["--env-id", "FrozenLake-v1", "--env-kwargs", '{"slippery": false}'],
      "FrozenLake-v1 cannot be made with the keywords {'slippery': False}"),
     (["--env-id", "CartPole-v1", "--info-keys", "is_success:str"], "--info-keys 'is_success:str': extras['is_success'] "
@@ -81,7 +84,7 @@ def test_linear_schedule() -> None:
     (["--env-id", "CartPole-v1", "--info-keys", "x,x"], "--info-keys names 'x' twice"),
 ], ids=["unknown-env", "continuous-actions", "buffer-below-batch", "gamma", "hidden-sizes", "ratio-word",
         "ratio-negative", "actors-lockstep", "actors-streams", "actor-restarts", "overlap-word", "env-kwargs-json",
-        "env-kwargs-list", "env-kwargs-atari", "env-kwargs-unknown", "info-dtype", "info-name", "info-twice"])
+        "env-kwargs-list", "env-kwargs-atari", "env-kwargs-atari-value", "env-kwargs-unknown", "info-dtype", "info-name", "info-twice"])
 def test_bad_arguments_are_one_line_errors_and_write_nothing(tmp_path: Path, argv: list[str], message: str,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     run_dir = tmp_path / "run"

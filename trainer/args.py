@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from .config import DQNConfig, TrainerError
-from .envs import is_atari
+from .envs import atari_settings, is_atari
 
 
 @dataclasses.dataclass
 class Args:
     env_id: str = dataclasses.field(default="ALE/Breakout-v5", metadata={"help": "gymnasium id with a Discrete action space"})
-    env_kwargs: str = dataclasses.field(default="", metadata={"help": "keywords for gym.make, as a JSON object, such as '{\"is_slippery\": false}' (not for ALE ids)"})
+    env_kwargs: str = dataclasses.field(default="", metadata={"help": "keywords for gym.make, as a JSON object, such as '{\"is_slippery\": false}'; ALE ids take repeat_action_probability (sticky actions; 0.25), full_action_space (false), max_num_frames_per_episode (108000), noop_max (30), frameskip (4)"})
     total_timesteps: int = dataclasses.field(default=10_000_000, metadata={"help": "environment steps of the whole run"})
     run_dir: str = dataclasses.field(default="", metadata={"help": "where the store, checkpoint, logs and args go (default runs/<env>-<seed>)"})
     store: str = dataclasses.field(default="", metadata={"help": "put the replay store at this URL (s3://bucket/prefix/replay.zarr; endpoint and keys from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...) instead of RUN_DIR/replay.zarr"})
@@ -261,7 +261,7 @@ def model_builder(args: Args) -> Callable[..., Any] | None:
 
 def env_kwargs(args: Args) -> dict[str, Any] | None:
     """--env-kwargs as ``gym.make``'s keywords (None without it); TrainerError naming the flag for
-    anything but a JSON object, or with an ALE id."""
+    anything but a JSON object, or, with an ALE id, for anything but ``envs.ATARI_SETTINGS``."""
     if not args.env_kwargs.strip():
         return None
     try:
@@ -272,8 +272,10 @@ def env_kwargs(args: Args) -> dict[str, Any] | None:
         raise TrainerError(f"--env-kwargs is {args.env_kwargs!r}; give a JSON object of gym.make's keywords, such as "
                            "'{\"is_slippery\": false}'")
     if is_atari(args.env_id):
-        raise TrainerError(f"--env-kwargs with {args.env_id}: ALE ids get replaystore-train's preprocessing and "
-                           "ale-py's vector env, which set their keywords; leave it out")
+        try:
+            atari_settings(args.env_id, kwargs)
+        except TrainerError as exc:
+            raise TrainerError(f"--env-kwargs: {exc}") from None
     return kwargs
 
 

@@ -2,7 +2,8 @@
 
 ``make_env`` builds any gymnasium env with a Discrete action space. ``ALE/...`` ids get the standard
 Atari preprocessing (AtariPreprocessing on a ``frameskip=1`` base env: 84x84 gray, frame skip 4, up
-to 30 no-op starts); rewards stay raw game scores. Reward clipping and "terminal on life loss" are
+to 30 no-op starts, v5's sticky actions); rewards stay raw game scores. ``ATARI_SETTINGS`` are the
+ALE settings a run may change (``--env-kwargs``), the same on one env and on ale-py's vector env. Reward clipping and "terminal on life loss" are
 done by the acting (acting.py), which ends the *store's* episode at a lost life without resetting the
 game (like cleanrl's EpisodicLife).
 
@@ -14,6 +15,7 @@ against ``store.sample``).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import gymnasium as gym
@@ -26,14 +28,57 @@ from .stacks import StackSpec, tree_map
 STACKABLE = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiBinary, gym.spaces.MultiDiscrete)
 
 
+#: The ALE settings ``--env-kwargs`` may change for an ``ALE/...`` id, with their defaults (v5's, and
+#: the Nature DQN's preprocessing): ones that gymnasium's AtariEnv with AtariPreprocessing and ale-py's
+#: AtariVectorEnv both take, so that acting, evaluation and actors play the same game.
+ATARI_SETTINGS: dict[str, Any] = {
+    "repeat_action_probability": 0.25,  # sticky actions (Machado et al.); 0.0 plays as the Nature DQN did
+    "full_action_space": False,  # True: all 18 joystick actions, not the game's minimal set
+    "max_num_frames_per_episode": 108_000,  # ALE frames before a game is truncated (30 minutes; the single
+                                            # env counts its no-op start's frames in them, the vector env not)
+    "noop_max": 30,  # at most this many no-op moves after a reset (0: none)
+    "frameskip": 4,  # ALE frames a move repeats, the last two max-pooled
+}
+#: AtariEnv's keywords that ale-py's vector env does not take, or that the preprocessing sets.
+_ATARI_FIXED = {"mode": "ale-py's vector env plays the default mode", "difficulty": "ale-py's vector env plays the default difficulty",
+                "obs_type": "the preprocessing makes 84x84 gray frames", "continuous": "DQN needs discrete actions",
+                "render_mode": "nothing is rendered while training"}
+
+
 def is_atari(env_id: str) -> bool:
     return env_id.startswith("ALE/")
+
+
+def atari_settings(env_id: str, kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """``ATARI_SETTINGS`` with ``kwargs`` (--env-kwargs) over them; TrainerError naming the keyword
+    for one that is not among them or a value of the wrong kind or range."""
+    settings = dict(ATARI_SETTINGS)
+    takes = ", ".join(ATARI_SETTINGS)
+    for key, value in (kwargs or {}).items():
+        if key not in ATARI_SETTINGS:
+            why = f" ({_ATARI_FIXED[key]})" if key in _ATARI_FIXED else ""
+            raise TrainerError(f"{env_id} does not take the keyword {key!r}{why}; an ALE id takes {takes}")
+        default = ATARI_SETTINGS[key]
+        if isinstance(default, bool):
+            ok = isinstance(value, bool)
+            want = "true or false"
+        elif isinstance(default, float):
+            ok = isinstance(value, int | float) and not isinstance(value, bool) and 0.0 <= value <= 1.0
+            want = "a probability from 0 to 1"
+        else:
+            low = 0 if key == "noop_max" else 1
+            ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
+            want = f"a whole number >= {low}"
+        if not ok:
+            raise TrainerError(f"{env_id}'s {key} is {json.dumps(value)}; give {want} (the default is {json.dumps(default)})")
+        settings[key] = float(value) if isinstance(default, float) else value
+    return settings
 
 
 def make_env(env_id: str, kwargs: dict[str, Any] | None = None) -> gym.Env:
     """The environment for ``env_id``, wrapped for training; raises TrainerError for an unusable id.
     A ``module:Name-v0`` id imports ``module`` first (gymnasium's way to register an env of one's own).
-    ``kwargs`` go to ``gym.make`` (not for ALE ids, whose settings are the preprocessing's)."""
+    ``kwargs`` go to ``gym.make``; for an ALE id they are ``ATARI_SETTINGS``."""
     if is_atari(env_id):
         import ale_py
 
@@ -41,10 +86,11 @@ def make_env(env_id: str, kwargs: dict[str, Any] | None = None) -> gym.Env:
     env: gym.Env
     try:
         if is_atari(env_id):
-            if kwargs:
-                raise TrainerError(f"{env_id} takes no environment keywords ({', '.join(kwargs)}): ALE ids get "
-                                   "replaystore-train's preprocessing and ale-py's vector env, which set them")
-            env = gym.wrappers.AtariPreprocessing(gym.make(env_id, frameskip=1), noop_max=30, frame_skip=4,
+            s = atari_settings(env_id, kwargs)
+            base = gym.make(env_id, frameskip=1, repeat_action_probability=s["repeat_action_probability"],
+                            full_action_space=s["full_action_space"],
+                            max_num_frames_per_episode=s["max_num_frames_per_episode"])
+            env = gym.wrappers.AtariPreprocessing(base, noop_max=s["noop_max"], frame_skip=s["frameskip"],
                                                   screen_size=84, terminal_on_life_loss=False, grayscale_obs=True)
         else:
             env = gym.make(env_id, **(kwargs or {}))
@@ -79,17 +125,17 @@ def make_vector_env(env_id: str, num_envs: int, *, halves: bool = False, kwargs:
     v5's sticky actions, raw rewards, no episodic life: the loop ends learning episodes at a lost
     life itself); other ids a gymnasium ``SyncVectorEnv``. ``halves`` (ALE ids, ``num_envs`` >= 2):
     a ``HalvedVectorEnv``, which ``DQN.fit`` steps one half at a time (acting.py). ``kwargs``: as
-    ``make_env``'s."""
-    if is_atari(env_id) and not kwargs:
+    ``make_env``'s (``ATARI_SETTINGS`` for an ALE id)."""
+    if is_atari(env_id):
         from ale_py.vector_env import AtariVectorEnv
 
         game = atari_game(env_id)
+        settings = atari_settings(env_id, kwargs)
 
         def atari(n: int) -> Any:
             return AtariVectorEnv(game, num_envs=n, stack_num=1, img_height=84, img_width=84, grayscale=True,
-                                  frameskip=4, maxpool=True, noop_max=30, repeat_action_probability=0.25,
-                                  reward_clipping=False, episodic_life=False, use_fire_reset=False,
-                                  max_num_frames_per_episode=108_000)
+                                  maxpool=True, reward_clipping=False, episodic_life=False, use_fire_reset=False,
+                                  **settings)
 
         if halves and num_envs >= 2:
             return HalvedVectorEnv([atari(num_envs // 2), atari(num_envs - num_envs // 2)])
