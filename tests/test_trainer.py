@@ -106,8 +106,9 @@ def test_resume_refuses_changed_hyperparameters(tmp_path: Path) -> None:
     (tmp_path / "args.json").write_text(json.dumps({"env_id": "CartPole-v1", "run_dir": str(tmp_path)}))
     with pytest.raises(TrainerError, match="--learning-rate cannot change when resuming"):
         parse(["--resume", str(tmp_path), "--learning-rate", "0.1"])
-    args, resuming = parse(["--resume", str(tmp_path), "--total-timesteps", "123", "--no-progress"])
-    assert resuming and args.total_timesteps == 123 and args.progress is False and args.env_id == "CartPole-v1"
+    command = parse(["--resume", str(tmp_path), "--total-timesteps", "123", "--no-progress"])
+    args = command.args
+    assert command.mode == "resume" and args.total_timesteps == 123 and args.progress is False and args.env_id == "CartPole-v1"
 
 
 def test_new_run_refuses_a_used_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -186,12 +187,15 @@ def test_parsing_tells_given_flags_from_defaults_without_argparse_internals(tmp_
     """Only the flags given replace a resumed run's values, also when given at their default value."""
     saved = Args(env_id="CartPole-v1", total_timesteps=500, eval_episodes=3, run_dir=str(tmp_path))
     (tmp_path / "args.json").write_text(json.dumps(saved.__dict__))
-    args, _ = parse(["--resume", str(tmp_path), "--total-timesteps", "10000000"])
+    args = parse(["--resume", str(tmp_path), "--total-timesteps", "10000000"]).args
     assert args.total_timesteps == 10_000_000 and args.eval_episodes == 3  # the default value, given
-    args, _ = parse(["--resume", str(tmp_path), "--progress"])
+    args = parse(["--resume", str(tmp_path), "--progress"]).args
     assert args.total_timesteps == 500 and args.progress is True
     with pytest.raises(TrainerError, match="--gamma cannot change"):
         parse(["--resume", str(tmp_path), "--gamma", "0.99"])  # the default value, but given
+    evaluation = parse(["--evaluate", str(tmp_path), "--eval-epsilon", "0.05"])
+    assert evaluation.mode == "evaluate" and evaluation.args.eval_episodes == 3 and evaluation.args.eval_epsilon == 0.05
+    assert parse(["--evaluate", str(tmp_path), "--env-id", "Acrobot-v1"]).args.eval_episodes == 3
 
 
 def test_learning_starts_not_below_total_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -305,15 +305,17 @@ class DQN:
         if env is None:
             return None
         seed = self.config.seed + 100_000 if seed is None else seed
-        return lambda: self._play(env, episodes, epsilon=epsilon, seed=seed)
+        return lambda: self.play(env, episodes, epsilon=epsilon, seed=seed)
 
     def evaluate(self, env: Any, episodes: int = 10, *, epsilon: float = 0.0, seed: int | None = None) -> list[float]:
         """The raw returns of ``episodes`` whole games (all lives) played greedily (with
         ``epsilon``-random moves) on ``env``, a gymnasium env or a vector env (whose envs play
         ``episodes`` games between them, in equal shares)."""
-        return self._play(env, episodes, epsilon=epsilon, seed=seed).returns
+        return self.play(env, episodes, epsilon=epsilon, seed=seed).returns
 
-    def _play(self, env: Any, episodes: int, *, epsilon: float, seed: int | None) -> Played:
+    def play(self, env: Any, episodes: int = 10, *, epsilon: float = 0.0, seed: int | None = None) -> Played:
+        """``evaluate``'s games, as ``Played``: each game's raw return, and for a goal env (one that
+        reports ``info["is_success"]`` at a game's end) whether it reached its goal."""
         assert self.stacks is not None
         return play(env, self._learner(), self.stacks, self.n_actions, episodes, epsilon=epsilon,
                     seed=self.config.seed + 100_000 if seed is None else seed,

@@ -88,6 +88,10 @@ class Args:
 #: Flags that ``--resume`` accepts: how long to go on and how to report, not what is learned.
 RESUMABLE = ("total_timesteps", "gradient_steps", "checkpoint_frequency", "eval_frequency", "eval_episodes", "progress", "sample_threads",
              "steps_per_call", "ray_address", "lease_ttl", "actor_restarts", "overlap_envs")
+#: Flags that ``--evaluate`` accepts: which games to play and how (the run's saved arguments give the rest).
+EVALUATE = ("eval_episodes", "eval_epsilon", "seed", "num_envs", "env_id", "env_kwargs")
+#: Games ``--evaluate`` plays without --eval-episodes, of a run that was not evaluated.
+EVALUATE_EPISODES = 10
 ARGS_FILE = "args.json"
 #: --overlap-envs' values
 OVERLAP = ("auto", "on", "off")
@@ -137,15 +141,40 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--resume", metavar="RUN_DIR",
                         help="continue the run in RUN_DIR with its saved arguments; only "
                              + ", ".join("--" + n.replace("_", "-") for n in RESUMABLE) + " may be given, and are saved")
+    parser.add_argument("--evaluate", metavar="RUN_DIR",
+                        help="play --eval-episodes games (default: the run's --eval-episodes, or 10) with the last checkpoint of the run in RUN_DIR (it may "
+                             "still be running), print their scores and write nothing there; only "
+                             + ", ".join("--" + n.replace("_", "-") for n in EVALUATE) + " and --video may be given")
+    parser.add_argument("--video", metavar="FILE",
+                        help="with --evaluate: record the first game's screen as FILE.mp4 (any length) or FILE.gif")
     _add_flags(parser)
     return parser
 
 
-def parse(argv: list[str] | None) -> tuple[Args, bool]:
-    """Parse the command line into ``Args`` and whether it resumes a run (then ``args.json`` is
-    loaded, the flags given replace its values, and it is written back by ``save``)."""
+@dataclasses.dataclass
+class Command:
+    """What the command line asks for: ``mode`` is ``train`` (a new run), ``resume`` or ``evaluate``
+    (with ``video``, the file --video names, or "")."""
+
+    args: Args
+    mode: str
+    video: str = ""
+
+
+def parse(argv: list[str] | None) -> Command:
+    """Parse the command line into ``Args`` and what to do with them: a new run, a resumed one (then
+    ``args.json`` is loaded, the flags given replace its values, and it is written back by
+    ``save``), or an evaluation of one (``args.json`` loaded, never written)."""
     given = vars(build_parser().parse_args(argv))
     resume = given.pop("resume", None)
+    evaluate, video = given.pop("evaluate", None), given.pop("video", None)
+    if video is not None and evaluate is None:
+        raise TrainerError("--video records a game of --evaluate RUN_DIR; give --evaluate too (a run's own evaluations "
+                           "are not recorded)")
+    if evaluate is not None:
+        if resume is not None:
+            raise TrainerError("--resume and --evaluate cannot be given together; resume the run, then evaluate it")
+        return Command(evaluation(Path(evaluate), given), "evaluate", video or "")
     if resume is None:
         args = Args(**given)
         if args.offline and "://" not in args.offline:
@@ -159,7 +188,7 @@ def parse(argv: list[str] | None) -> tuple[Args, bool]:
             args.run_dir = str(Path("runs") / f"{name}-{args.seed}")
         check_mode(args, set(given))
         check(args)
-        return args, False
+        return Command(args, "train")
     args = load(Path(resume))
     resumable = RESUMABLE + (("env_id",) if args.offline else ())  # (offline, the env is only evaluated on)
     changed = sorted(set(given) - set(resumable))
@@ -172,7 +201,36 @@ def parse(argv: list[str] | None) -> tuple[Args, bool]:
     args.run_dir = resume
     check_mode(args, set(given))
     check(args)
-    return args, True
+    return Command(args, "resume")
+
+
+def evaluation(run_dir: Path, given: dict[str, Any]) -> Args:
+    """The arguments of ``--evaluate RUN_DIR``: the run's, with the EVALUATE flags given over them;
+    with another --env-id, the run's --env-kwargs are left out unless given again."""
+    try:
+        args = load(run_dir)
+    except TrainerError as exc:
+        raise TrainerError(str(exc).replace("cannot resume:", "cannot evaluate:")) from None
+    other = sorted(set(given) - set(EVALUATE))
+    if other:
+        flags = ", ".join("--" + name.replace("_", "-") for name in other)
+        raise TrainerError(f"{flags} cannot be given with --evaluate; it plays the run's checkpoint and takes only "
+                           f"{', '.join('--' + n.replace('_', '-') for n in EVALUATE)} and --video")
+    if "env_id" in given and given["env_id"] != args.env_id and "env_kwargs" not in given:
+        args.env_kwargs = ""
+    for name, value in given.items():
+        setattr(args, name, value)
+    args.run_dir = str(run_dir)
+    if "eval_episodes" not in given:
+        args.eval_episodes = args.eval_episodes or EVALUATE_EPISODES  # (the run's own evaluations', or 10)
+    if args.eval_episodes < 1:
+        raise TrainerError(f"--eval-episodes is {args.eval_episodes}; --evaluate plays at least one game")
+    _check_playing(args)
+    if not args.env_id:
+        raise TrainerError(f"{run_dir} is an --offline run without an env; give --env-id, the gymnasium id of the env "
+                           "its store was written from")
+    env_kwargs(args)
+    return args
 
 
 def check_mode(args: Args, given: set[str]) -> None:
@@ -205,8 +263,7 @@ def check(args: Args) -> None:
     for name in ("eval_frequency", "eval_episodes", "frame_stack"):
         if getattr(args, name) < 0:
             raise TrainerError(f"--{name.replace('_', '-')} is {getattr(args, name)}; it must be >= 0")
-    if not 0.0 <= args.eval_epsilon <= 1.0:
-        raise TrainerError(f"--eval-epsilon is {args.eval_epsilon}; it must be in [0, 1]")
+    _check_playing(args)
     try:
         settings = config(args)
     except TrainerError as exc:
@@ -216,8 +273,6 @@ def check(args: Args) -> None:
                            "the replay store must hold at least one batch (DQN usually keeps 10^5-10^6 steps)")
     if args.overlap_envs not in OVERLAP:
         raise TrainerError(f"--overlap-envs is {args.overlap_envs!r}; it must be one of {', '.join(OVERLAP)}")
-    if not 1 <= args.num_envs <= 1024:
-        raise TrainerError(f"--num-envs is {args.num_envs}; it must be between 1 and 1024")
     if not 0 <= args.actors <= 256:
         raise TrainerError(f"--actors is {args.actors}; it must be between 0 and 256")
     if not 0 <= args.actor_restarts <= 1000:
@@ -235,6 +290,14 @@ def check(args: Args) -> None:
     hidden_sizes(args)
     extras(args)
     env_kwargs(args)
+
+
+def _check_playing(args: Args) -> None:
+    """The flags of playing, for a run and for --evaluate: --eval-epsilon and --num-envs."""
+    if not 0.0 <= args.eval_epsilon <= 1.0:
+        raise TrainerError(f"--eval-epsilon is {args.eval_epsilon}; it must be in [0, 1]")
+    if not 1 <= args.num_envs <= 1024:
+        raise TrainerError(f"--num-envs is {args.num_envs}; it must be between 1 and 1024")
 
 
 def model_builder(args: Args) -> Callable[..., Any] | None:

@@ -41,19 +41,19 @@ from . import checkpoint
 from .args import Args
 from .config import TrainerError
 from .envs import default_frame_stack, env_spaces, make_env, make_vector_env
+from .evalrun import evaluate_run, evaluation_env
 from .process import import_keras, peak_rss_mb, stop_signals
 from .rundir import new_run_dir, open_store
 from .stores import check_dataset, open_to_read
-
-#: With --num-envs > 1, evaluations play up to this many games at once, on a vector env.
-EVAL_ENVS = 32
 
 
 def main(argv: list[str] | None = None) -> int:
     """Console entry point; returns the exit status."""
     try:
-        args, resuming = arguments.parse(argv)
-        return train(args, resuming=resuming)
+        command = arguments.parse(argv)
+        if command.mode == "evaluate":
+            return evaluate_run(command.args, video=command.video)
+        return train(command.args, resuming=command.mode == "resume")
     except (TrainerError, ReplayStoreError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -128,7 +128,7 @@ def _fit(args: Args, settings: Any, env: Any, store: ReplayStore, saved: Any, st
             elif args.num_envs > 1:
                 envs = make_vector_env(args.env_id, args.num_envs, halves=_overlap(args, keras),
                                        kwargs=arguments.env_kwargs(args))
-            with _eval_env(args, vector=args.num_envs > 1) as eval_env:
+            with evaluation_env(args, vector=args.num_envs > 1) as eval_env:
                 agent.fit(envs if envs is not None else env, args.total_timesteps, eval_env=eval_env,
                           eval_frequency=args.eval_frequency if args.eval_episodes else 0,
                           eval_episodes=max(1, args.eval_episodes), eval_epsilon=args.eval_epsilon, callbacks=[report],
@@ -154,7 +154,7 @@ def train_offline(args: Args, *, resuming: bool) -> int:
     saved = _saved(run_dir) if resuming else None
     store = open_to_read(args.offline, cache_bytes=args.cache_mb * 2**20, options={})
     try:
-        with _eval_env(args, vector=True) as eval_env, _goal_env(args, eval_env) as goal_env:
+        with evaluation_env(args, vector=True) as eval_env, _goal_env(args, eval_env) as goal_env:
             # (an unusable --env-id fails here, before anything is written)
             spaces = None if eval_env is None else env_spaces(eval_env)
             check_dataset(store, settings.batch_size, settings.n_step, spaces)
@@ -288,22 +288,6 @@ def _checkpointer(agent: Any, run_dir: Path, report: Any) -> Callable[[], None]:
         report.writer.flush()
 
     return write
-
-
-@contextlib.contextmanager
-def _eval_env(args: Args, *, vector: bool) -> Iterator[Any]:
-    """The evaluation env (with --eval-episodes; else None), closed after the block: with ``vector``
-    the games are played side by side, one per env (up to EVAL_ENVS)."""
-    env = None
-    if args.eval_episodes and vector:
-        env = make_vector_env(args.env_id, min(args.eval_episodes, EVAL_ENVS), kwargs=arguments.env_kwargs(args))
-    elif args.eval_episodes:
-        env = make_env(args.env_id, arguments.env_kwargs(args))
-    try:
-        yield env
-    finally:
-        if env is not None:
-            env.close()
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ against ``store.sample``).
 from __future__ import annotations
 
 import json
+import warnings
 from typing import Any
 
 import gymnasium as gym
@@ -75,26 +76,26 @@ def atari_settings(env_id: str, kwargs: dict[str, Any] | None) -> dict[str, Any]
     return settings
 
 
-def make_env(env_id: str, kwargs: dict[str, Any] | None = None) -> gym.Env:
+def make_env(env_id: str, kwargs: dict[str, Any] | None = None, *, render: bool = False) -> gym.Env:
     """The environment for ``env_id``, wrapped for training; raises TrainerError for an unusable id.
     A ``module:Name-v0`` id imports ``module`` first (gymnasium's way to register an env of one's own).
-    ``kwargs`` go to ``gym.make``; for an ALE id they are ``ATARI_SETTINGS``."""
+    ``kwargs`` go to ``gym.make``; for an ALE id they are ``ATARI_SETTINGS``. ``render``: made with
+    ``render_mode="rgb_array"`` (``env.render()`` gives the screen; TrainerError for an env that
+    cannot)."""
+    shown: dict[str, Any] = {"render_mode": "rgb_array"} if render else {}
     if is_atari(env_id):
         import ale_py
 
         gym.register_envs(ale_py)
     env: gym.Env
     try:
-        if is_atari(env_id):
-            s = atari_settings(env_id, kwargs)
-            base = gym.make(env_id, frameskip=1, repeat_action_probability=s["repeat_action_probability"],
-                            full_action_space=s["full_action_space"],
-                            max_num_frames_per_episode=s["max_num_frames_per_episode"])
-            env = gym.wrappers.AtariPreprocessing(base, noop_max=s["noop_max"], frame_skip=s["frameskip"],
-                                                  screen_size=84, terminal_on_life_loss=False, grayscale_obs=True)
-        else:
-            env = gym.make(env_id, **(kwargs or {}))
+        with warnings.catch_warnings():  # (gymnasium warns of a render_mode the env lacks, then fails: checked below)
+            warnings.filterwarnings("ignore", message=".*render_mode.*")
+            env = _make(env_id, kwargs, shown)
     except TypeError as exc:  # (a keyword the env's constructor does not take)
+        if render and "render_mode" in str(exc):
+            raise TrainerError(f"{env_id} cannot show its screen: its constructor takes no render_mode; leave out "
+                               "--video") from None
         if not kwargs:
             raise
         raise TrainerError(f"{env_id} cannot be made with the keywords {kwargs} ({exc}); give the ones its "
@@ -110,12 +111,27 @@ def make_env(env_id: str, kwargs: dict[str, Any] | None = None) -> gym.Env:
         env.close()
         raise TrainerError(f"{env_id} has action space {env.action_space}; DQN needs a Discrete action space "
                            "(try CartPole-v1 or an ALE/... game)")
+    if render and "rgb_array" not in (env.metadata.get("render_modes") or ()):
+        env.close()
+        raise TrainerError(f"{env_id} cannot show its screen: its render modes are {env.metadata.get('render_modes')}, "
+                           "without rgb_array; leave out --video")
     if not stackable(env.observation_space):
         env.close()
         raise TrainerError(f"{env_id} has observation space {env.observation_space}; replaystore-train needs a "
                            "Box (images or vectors), a Discrete, a MultiBinary or a MultiDiscrete, or Dicts and Tuples "
                            "of them; wrap the env (gymnasium's FlattenObservation makes one Box of a space)")
     return env
+
+
+def _make(env_id: str, kwargs: dict[str, Any] | None, shown: dict[str, Any]) -> gym.Env:
+    if is_atari(env_id):
+        s = atari_settings(env_id, kwargs)
+        base = gym.make(env_id, frameskip=1, repeat_action_probability=s["repeat_action_probability"],
+                        full_action_space=s["full_action_space"],
+                        max_num_frames_per_episode=s["max_num_frames_per_episode"], **shown)
+        return gym.wrappers.AtariPreprocessing(base, noop_max=s["noop_max"], frame_skip=s["frameskip"], screen_size=84,
+                                               terminal_on_life_loss=False, grayscale_obs=True)
+    return gym.make(env_id, **(kwargs or {}), **shown)
 
 
 def make_vector_env(env_id: str, num_envs: int, *, halves: bool = False, kwargs: dict[str, Any] | None = None) -> Any:

@@ -1,0 +1,129 @@
+"""``replaystore-train --evaluate RUN_DIR [--video FILE]``: the run's checkpoint plays games (while
+the run goes on, too), their scores are printed, nothing is written into the run directory, and the
+first game's screen is recorded as an .mp4 or a .gif; what it cannot do is a one-line error."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from test_trainer_smoke import _start, _wait_for_checkpoint
+
+from replaystore.trainer import load_run
+from replaystore.trainer.cli import main
+
+
+def _listing(folder: Path) -> dict[str, tuple[int, int]]:
+    """Every file under ``folder`` with its size and modification time."""
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _scores(out: str) -> list[float]:
+    line = next(line for line in out.splitlines() if line.startswith("scores: "))
+    return [float(x) for x in line.removeprefix("scores: ").split(", ")]
+
+
+def test_a_running_run_is_evaluated_and_nothing_is_written_into_it(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run"
+    proc = _start(run, "--checkpoint-frequency", "500")
+    try:
+        state = _wait_for_checkpoint(run, proc, 500)
+        assert main(["--evaluate", str(run), "--eval-episodes", "3"]) == 0, capsys.readouterr().err
+        out = capsys.readouterr().out
+        assert f"evaluating {run} (its checkpoint at step " in out and "CartPole-v1: 3 games, greedy" in out
+        assert len(_scores(out)) == 3 and "mean score " in out and "over 3 games (min " in out
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=120)
+    assert state["global_step"] >= 500
+
+    before = _listing(run)
+    assert main(["--evaluate", str(run), "--seed", "7"]) == 0, capsys.readouterr().err
+    scores = _scores(capsys.readouterr().out)
+    assert len(scores) == 10  # the default
+    agent = load_run(run)
+    try:
+        assert agent.evaluate(gym.make("CartPole-v1"), 10, seed=7 + 100_000) == scores  # the same games
+    finally:
+        agent.close()
+    assert main(["--evaluate", str(run), "--num-envs", "2", "--eval-episodes", "4", "--eval-epsilon", "0.5"]) == 0
+    out = capsys.readouterr().out
+    assert "4 games, epsilon 0.5" in out and len(_scores(out)) == 4
+    assert _listing(run) == before
+
+
+def test_the_first_game_is_recorded_as_mp4_and_gif(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A Pong run, evaluated on games cut at 400 frames (100 moves): the videos hold the screen after
+    the reset and after each move of the first game, Atari's 210x160 in colour, at 15 frames a second."""
+    import cv2
+    from PIL import Image
+
+    run = tmp_path / "run"
+    assert main(["--env-id", "ALE/Pong-v5", "--total-timesteps", "200", "--buffer-size", "1000", "--batch-size", "8",
+                 "--learning-starts", "100", "--sample-threads", "1", "--no-progress", "--run-dir", str(run)]) == 0
+    capsys.readouterr()
+    short = ["--env-kwargs", '{"max_num_frames_per_episode": 400, "noop_max": 0}']
+    mp4, gif = tmp_path / "pong.mp4", tmp_path / "pong.gif"
+    assert main(["--evaluate", str(run), "--eval-episodes", "2", *short, "--video", str(mp4)]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert len(_scores(out)) == 2 and f"video of the first game: {mp4} (101 frames at 15 a second)" in out
+    capture, frames = cv2.VideoCapture(str(mp4)), []
+    while (read := capture.read())[0]:
+        frames.append(read[1])
+    capture.release()
+    assert len(frames) == 101 and frames[0].shape == (210, 160, 3)
+    assert np.ptp(frames[50].astype(int), axis=(0, 1)).max() > 100 and not np.all(frames[50][..., 0] == frames[50][..., 1])
+
+    assert main(["--evaluate", str(run), "--eval-episodes", "1", *short, "--video", str(gif)]) == 0
+    assert f"video of the first game: {gif} (101 frames at 15 a second)" in capsys.readouterr().out
+    with Image.open(gif) as image:
+        assert image.size == (160, 210) and 2 <= image.n_frames <= 101  # (Pillow merges repeated screens)
+        image.seek(image.n_frames // 2)
+        assert len(image.convert("RGB").getcolors(256) or []) >= 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pong.gif", "pong.mp4", "run"]  # no part left beside them
+
+
+@pytest.fixture(scope="module")
+def cartpole_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run = tmp_path_factory.mktemp("evaluate") / "run"
+    assert main(["--env-id", "CartPole-v1", "--total-timesteps", "300", "--buffer-size", "1000", "--learning-starts",
+                 "100", "--sample-threads", "1", "--no-progress", "--run-dir", str(run)]) == 0
+    return run
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--video", "x.mp4"], "--video records a game of --evaluate RUN_DIR; give --evaluate too"),
+    (["--evaluate", "{run}", "--learning-rate", "0.1"], "--learning-rate cannot be given with --evaluate"),
+    (["--evaluate", "{run}", "--resume", "{run}"], "--resume and --evaluate cannot be given together"),
+    (["--evaluate", "{tmp}/nowhere"], "cannot evaluate: {tmp}/nowhere does not exist"),
+    (["--evaluate", "{tmp}"], "cannot evaluate: {tmp} holds no run"),
+    (["--evaluate", "{run}", "--eval-episodes", "0"], "--eval-episodes is 0; --evaluate plays at least one game"),
+    (["--evaluate", "{run}", "--eval-epsilon", "2"], "--eval-epsilon is 2.0; it must be in [0, 1]"),
+    (["--evaluate", "{run}", "--video", "{tmp}/x.avi"], "--video {tmp}/x.avi: name the file .mp4"),
+    (["--evaluate", "{run}", "--video", "{tmp}/missing/x.gif"], "the folder {tmp}/missing does not exist"),
+    (["--evaluate", "{run}", "--video", "{tmp}"], "is a directory; give a file name ending in .mp4 or .gif"),
+    (["--evaluate", "{run}", "--env-id", "goal_env:BitFlip-v0", "--video", "{tmp}/x.gif"],
+     "goal_env:BitFlip-v0 cannot show its screen: its constructor takes no render_mode; leave out --video"),
+    (["--evaluate", "{run}", "--env-id", "FrozenLake-v1"], "the env gives frames of Discrete(16) with Discrete(4), but this agent's Q-network takes stacks of (1, 4)"),
+], ids=["video-alone", "training-flag", "resume-too", "no-folder", "no-run", "no-games", "epsilon", "suffix",
+        "video-folder", "video-directory", "no-screen", "other-spaces"])
+def test_what_it_cannot_do_is_a_one_line_error(cartpole_run: Path, tmp_path: Path, argv: list[str], message: str,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    before = _listing(cartpole_run)
+    fill = {"{run}": str(cartpole_run), "{tmp}": str(tmp_path)}
+
+    def filled(text: str) -> str:
+        for key, value in fill.items():
+            text = text.replace(key, value)
+        return text
+
+    assert main([filled(a) for a in argv]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and filled(message) in err and err.count("\n") == 1, err
+    assert _listing(cartpole_run) == before and not os.listdir(tmp_path)

@@ -1,0 +1,118 @@
+"""``replaystore-train --evaluate RUN_DIR``: the run's last checkpoint playing games, their scores
+printed, and with ``--video FILE`` the first game's screen recorded (video.py).
+
+Nothing is written into the run directory: the checkpoint and ``args.json`` are read, the store is
+opened read-only (``load_run``), so a run may be evaluated while it goes on. The env is the run's
+(``--env-id`` and ``--env-kwargs`` as recorded, or as given); the games are played as the run's
+evaluations play them (whole games, all lives, raw scores; side by side on up to ``EVAL_ENVS`` envs
+for a run of ``--num-envs`` > 1), with ``--eval-epsilon``-random moves and seeds from ``--seed``.
+With ``--video`` they are played on one env that renders its screen (``render_mode="rgb_array"``:
+Atari's full 210x160 colour screen, not the agent's 84x84 gray frames).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import args as arguments
+from .args import Args
+from .config import TrainerError
+from .envs import atari_settings, is_atari, make_env, make_vector_env
+from .report import shown
+from .rundir import load_run
+from .video import RecordGame, VideoFile, check_video_path
+
+#: Evaluations play up to this many games at once, on a vector env (a run's with --num-envs > 1).
+EVAL_ENVS = 32
+
+
+@contextlib.contextmanager
+def evaluation_env(args: Args, *, vector: bool) -> Iterator[Any]:
+    """The evaluation env (with --eval-episodes; else None), closed after the block: with ``vector``
+    the games are played side by side, one per env (up to EVAL_ENVS)."""
+    env = None
+    if args.eval_episodes and vector:
+        env = make_vector_env(args.env_id, min(args.eval_episodes, EVAL_ENVS), kwargs=arguments.env_kwargs(args))
+    elif args.eval_episodes:
+        env = make_env(args.env_id, arguments.env_kwargs(args))
+    try:
+        yield env
+    finally:
+        if env is not None:
+            env.close()
+
+
+def evaluate_run(args: Args, *, video: str = "") -> int:
+    """Play ``args.eval_episodes`` games with the checkpoint of the run in ``args.run_dir`` (the
+    arguments ``args.evaluation`` made), print their scores, and record the first one's screen into
+    ``video`` when given; returns the exit status."""
+    run_dir = Path(args.run_dir)
+    out = check_video_path(video) if video else None
+    with _env(args, out) as (env, recorder):
+        agent = load_run(run_dir)  # (Keras loads here, once the env and the video's file are known to be good)
+        try:
+            at = (f"gradient step {agent.state.train_steps:,}" if args.offline else
+                  f"step {agent.state.global_step:,}")
+            how = "greedy" if args.eval_epsilon == 0 else f"epsilon {args.eval_epsilon:g}"
+            print(f"evaluating {run_dir} (its checkpoint at {at}) on {args.env_id}: {_games(args.eval_episodes)}, {how}",
+                  flush=True)
+            played = agent.play(env, args.eval_episodes, epsilon=args.eval_epsilon, seed=args.seed + 100_000)
+        finally:
+            agent.close()
+        returns = np.asarray(played.returns)
+        print("scores: " + ", ".join(f"{r:g}" for r in returns))
+        line = (f"mean score {shown(float(returns.mean()))} over {_games(returns.size)} (min {returns.min():g}, "
+                f"max {returns.max():g})")
+        if played.successes:
+            line += f"; success rate {np.mean(played.successes):.2f}"
+        print(line)
+        if recorder is not None:
+            _commit(recorder)
+    return 0
+
+
+@contextlib.contextmanager
+def _env(args: Args, out: Path | None) -> Iterator[tuple[Any, RecordGame | None]]:
+    """The env the games are played on, and with ``out`` the recorder of the first game (its video
+    file discarded unless committed); the env's screen is checked before anything else happens."""
+    if out is None:
+        with evaluation_env(args, vector=args.num_envs > 1) as env:
+            yield env, None
+        return
+    env = make_env(args.env_id, arguments.env_kwargs(args), render=True)
+    video = VideoFile(out, _fps(args, env))
+    try:
+        env.reset(seed=args.seed)
+        recorder = RecordGame(env, video)
+        recorder.check_screen()
+        yield recorder, recorder
+    finally:
+        video.discard()  # (nothing after a commit)
+        env.close()
+
+
+def _games(n: int) -> str:
+    return "1 game" if n == 1 else f"{n} games"
+
+
+def _fps(args: Args, env: Any) -> float:
+    """A move's screens at the game's own speed: Atari's 60 frames a second over its frame skip,
+    else the env's ``render_fps`` (30 when it has none)."""
+    if is_atari(args.env_id):
+        return 60.0 / atari_settings(args.env_id, arguments.env_kwargs(args))["frameskip"]
+    return float(env.metadata.get("render_fps") or 30)
+
+
+def _commit(recorder: RecordGame) -> None:
+    video = recorder.video
+    if not recorder.recorded:
+        raise TrainerError("the first game did not end; no video was written")
+    path = video.commit()
+    note = (f"; the .gif holds its first {video.frames:,} of {video.frames + video.left_out:,} frames: name the video "
+            ".mp4 for the whole game") if video.left_out else ""
+    print(f"video of the first game: {path} ({video.frames:,} frames at {video.fps:g} a second){note}")
