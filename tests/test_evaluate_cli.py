@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import gymnasium as gym
@@ -87,6 +90,21 @@ def test_the_first_game_is_recorded_as_mp4_and_gif(tmp_path: Path, capsys: pytes
         image.seek(image.n_frames // 2)
         assert len(image.convert("RGB").getcolors(256) or []) >= 3
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pong.gif", "pong.mp4", "run"]  # no part left beside them
+
+    # SIGTERM while the first game is being recorded: exit 143, no video, no part of one, the older one kept
+    proc = subprocess.Popen([sys.executable, "-m", "replaystore.trainer.cli", "--evaluate", str(run), "--eval-episodes",
+                             "3", "--video", str(mp4)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob(".pong-*.part.mp4")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert f"stopped by SIGTERM; no video written to {mp4}" in out and "video of the first game" not in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pong.gif", "pong.mp4", "run"]
+    assert len(frames) == 101 == int(cv2.VideoCapture(str(mp4)).get(cv2.CAP_PROP_FRAME_COUNT))
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ Atari's full 210x160 colour screen, not the agent's 84x84 gray frames).
 from __future__ import annotations
 
 import contextlib
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -50,9 +51,45 @@ def evaluation_env(args: Args, *, vector: bool) -> Iterator[Any]:
 def evaluate_run(args: Args, *, video: str = "") -> int:
     """Play ``args.eval_episodes`` games with the checkpoint of the run in ``args.run_dir`` (the
     arguments ``args.evaluation`` made), print their scores, and record the first one's screen into
-    ``video`` when given; returns the exit status."""
+    ``video`` when given; returns the exit status (128 + the signal for SIGINT or SIGTERM, which
+    stop it with no video written)."""
     run_dir = Path(args.run_dir)
     out = check_video_path(video) if video else None
+    try:
+        with _stoppable():
+            _evaluate(args, run_dir, out)
+    except _Stopped as stopped:
+        name = signal.Signals(stopped.signum).name
+        print(f"stopped by {name}" + (f"; no video written to {out}" if out else ""), flush=True)
+        return 128 + stopped.signum
+    return 0
+
+
+class _Stopped(BaseException):
+    """SIGINT or SIGTERM; a BaseException, as KeyboardInterrupt is, so that no library's ``except
+    Exception`` takes it for an error of its own (TensorFlow's AutoGraph did, and went on)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _stoppable() -> Iterator[None]:
+    """SIGINT and SIGTERM raise ``_Stopped`` while the block runs (so the video's part is removed
+    on the way out); the old handlers come back after."""
+    def stop(signum: int, _: Any) -> None:
+        raise _Stopped(signum)
+
+    handlers = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+
+
+def _evaluate(args: Args, run_dir: Path, out: Path | None) -> None:
     with _env(args, out) as (env, recorder):
         agent = load_run(run_dir)  # (Keras loads here, once the env and the video's file are known to be good)
         try:
@@ -73,7 +110,6 @@ def evaluate_run(args: Args, *, video: str = "") -> int:
         print(line)
         if recorder is not None:
             _commit(recorder)
-    return 0
 
 
 @contextlib.contextmanager
