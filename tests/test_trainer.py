@@ -4,6 +4,8 @@ atomic checkpoint, the double-DQN step. Whole runs in subprocesses are in test_t
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -92,6 +94,14 @@ def test_bad_arguments_are_one_line_errors_and_write_nothing(tmp_path: Path, arg
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and err.count("\n") == 1
     assert not run_dir.exists()
+
+
+def test_the_command_line_loads_no_keras_before_its_arguments_are_checked() -> None:
+    """TensorFlow takes seconds and hundreds of MB to import, and prints its start-up lines unless
+    ``process.import_keras`` holds them back: importing the command line loads neither."""
+    code = "import sys, replaystore.trainer.cli; print(sorted({'keras', 'tensorflow', 'jax'} & set(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
 
 
 def test_resume_needs_a_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -24,7 +24,6 @@ from . import args as arguments
 from .args import Args
 from .config import TrainerError
 from .envs import atari_settings, is_atari, make_env, make_vector_env
-from .report import shown
 from .rundir import load_run
 from .video import RecordGame, VideoFile, check_video_path
 
@@ -90,6 +89,8 @@ def _stoppable() -> Iterator[None]:
 
 
 def _evaluate(args: Args, run_dir: Path, out: Path | None) -> None:
+    from .report import shown  # (it imports Keras: not before the arguments are checked)
+
     with _env(args, out) as (env, recorder):
         agent = load_run(run_dir)  # (Keras loads here, once the env and the video's file are known to be good)
         try:
