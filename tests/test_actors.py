@@ -70,9 +70,12 @@ def test_actors_survive_a_killed_learner_and_a_sigterm_and_resume(tmp_path: Path
     """Two actors write a stream each while the learner learns. SIGKILL of the trainer's process (its
     Ray and actors go with it): --resume reopens every stream (the actors' unfinished episodes closed
     as truncated) and goes on. SIGTERM of that resumed run stops the actors (which commit),
-    checkpoints and exits 143; a second --resume completes the run at the replay ratio."""
+    checkpoints and exits 143; a second --resume completes the run at the replay ratio. The actors
+    make their envs with the run's --env-kwargs (CartPole cut at 15 moves, where most random games
+    last longer), also when restarted by a resume."""
     run = tmp_path / "run"
-    proc = _start(run, "--replay-ratio", "auto", "--actors", "2", "--checkpoint-frequency", "400")
+    proc = _start(run, "--replay-ratio", "auto", "--actors", "2", "--checkpoint-frequency", "400",
+                  "--env-kwargs", '{"max_episode_steps": 15}')
     try:
         _wait_for_checkpoint(run, proc, 800)
     finally:
@@ -102,6 +105,8 @@ def test_actors_survive_a_killed_learner_and_a_sigterm_and_resume(tmp_path: Path
     assert abs(_gradient_steps(run) - (steps - 200) * 8 / 16) <= TOLERANCE
     with ReplayStore.open(run / "replay.zarr") as store:
         assert store.num_streams == 2 and all(r.n_valid > 200 for r in store.rings.streams)
+        lengths = [len(e.reward) for e in store.iter_episodes(whole=True)]
+    assert max(lengths) == 15 and lengths.count(15) >= 20, lengths  # (84 of 190 games, measured)
     assert cli_main(["verify", str(run / "replay.zarr"), "--quiet"]) == 0
 
 
