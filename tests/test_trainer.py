@@ -121,6 +121,33 @@ def test_resume_refuses_changed_hyperparameters(tmp_path: Path) -> None:
     assert command.mode == "resume" and args.total_timesteps == 123 and args.progress is False and args.env_id == "CartPole-v1"
 
 
+@pytest.mark.parametrize(("saved", "message"), [
+    ({"seed": "x"}, "seed is 'x', not an int"),
+    ({"learning_rate": "fast"}, "learning_rate is 'fast', not a float"),
+    ({"prioritized": 1}, "prioritized is 1, not a bool"),
+    ({"total_timesteps": True}, "total_timesteps is True, not an int"),
+    ({"env_id": ["CartPole-v1"]}, "env_id is ['CartPole-v1'], not a str"),
+    ([1, 2], "it holds list, not an object of flags"),
+], ids=["int", "float", "bool", "bool-for-int", "list-for-str", "not-an-object"])
+def test_a_damaged_arguments_file_is_a_one_line_error(tmp_path: Path, saved: object, message: str,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """A hand-edited or damaged ``args.json`` (a value of the wrong type) was a traceback from deep in
+    Keras or numpy; now ``--resume`` and ``--evaluate`` say which flag is wrong, and write nothing."""
+    values = {"env_id": "CartPole-v1", "run_dir": str(tmp_path), **saved} if isinstance(saved, dict) else saved
+    (tmp_path / "args.json").write_text(json.dumps(values))
+    for mode in ("resume", "evaluate"):
+        assert main([f"--{mode}", str(tmp_path)]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: cannot {mode}: {tmp_path / 'args.json'} is not a valid arguments file ({message}); "
+                              "put back a copy of it") and err.count("\n") == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["args.json"]
+
+
+def test_an_older_runs_numeric_replay_ratio_is_read(tmp_path: Path) -> None:
+    (tmp_path / "args.json").write_text(json.dumps({"env_id": "CartPole-v1", "run_dir": str(tmp_path), "replay_ratio": 0.0}))
+    assert parse(["--resume", str(tmp_path)]).args.replay_ratio == "0.0"
+
+
 def test_new_run_refuses_a_used_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "something").write_text("x")
     assert main(["--env-id", "CartPole-v1", "--run-dir", str(tmp_path)]) == 1

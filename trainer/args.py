@@ -434,7 +434,17 @@ def load(run_dir: Path) -> Args:
                            "start a new run with --run-dir instead")
     try:
         saved = json.loads(path.read_text())
-        known = {f.name for f in dataclasses.fields(Args)}
-        return Args(**{k: v for k, v in saved.items() if k in known})
+        if not isinstance(saved, dict):
+            raise TypeError(f"it holds {type(saved).__name__}, not an object of flags")
+        fields = {f.name: f.type if isinstance(f.type, str) else f.type.__name__ for f in dataclasses.fields(Args)}
+        for name, value in saved.items():
+            kind = fields.get(name)
+            if kind == "str" and isinstance(value, int | float) and not isinstance(value, bool):
+                saved[name] = value = str(value)  # (--replay-ratio was a number in releases before "auto")
+            wanted = {"bool": (bool,), "int": (int,), "float": (int, float), "str": (str,)}.get(str(kind), ())
+            if kind is not None and (not isinstance(value, wanted) or (kind != "bool" and isinstance(value, bool))):
+                raise TypeError(f"{name} is {value!r}, not {'a' if kind != 'int' else 'an'} {kind}")
+        return Args(**{k: v for k, v in saved.items() if k in fields})
     except (ValueError, TypeError) as exc:
-        raise TrainerError(f"cannot resume: {path} is not a valid arguments file ({exc})") from exc
+        raise TrainerError(f"cannot resume: {path} is not a valid arguments file ({exc}); put back a copy of it, or "
+                           "start a new run") from exc
