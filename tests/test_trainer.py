@@ -215,7 +215,7 @@ def test_help_states_real_defaults() -> None:
     text = " ".join(build_parser().format_help().split())
     assert "(default: )" not in text and "(default: None)" not in text
     assert "frames per observation (default: 4 for images, 1 for vectors) --" in text
-    assert "(default: the backend's, 8 on TensorFlow, 32 on JAX)" in text
+    assert "(default: the backend's, 8 on TensorFlow and PyTorch, 32 on JAX)" in text
     assert "--total-timesteps TOTAL_TIMESTEPS environment steps of the whole run (default: 10_000_000)" in text
     assert "(default: --progress)" in text
 

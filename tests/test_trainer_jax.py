@@ -1,8 +1,8 @@
-"""The trainer on Keras 3's two backends: the JAX and TensorFlow gradient steps agree on the same
-weights and batch, a block of k steps in one call equals k single steps (target updates included),
-and whole runs (CartPole, an ALE game with a vector env) complete and resume on the other backend,
-after a finished run and after SIGKILL. Keras picks its backend at import, so everything that needs
-JAX runs in a subprocess with ``KERAS_BACKEND=jax``."""
+"""The trainer on Keras 3's three backends: the JAX and PyTorch gradient steps agree with
+TensorFlow's on the same weights and batch, a block of k steps in one call equals k single steps
+(target updates included), and whole runs (CartPole, an ALE game with a vector env) complete and
+resume on another backend, after a finished run and after SIGKILL. Keras picks its backend at
+import, so everything that needs JAX or PyTorch runs in a subprocess with ``KERAS_BACKEND``."""
 
 from __future__ import annotations
 
@@ -69,9 +69,10 @@ def _batch(stack_shape: tuple[int, ...], n: int, seed: int) -> dict[str, np.ndar
 
 
 @pytest.mark.parametrize("stack_shape", [(2, 5), (4, 84, 84)], ids=["mlp", "nature-cnn"])
-def test_jax_and_tensorflow_steps_agree(tmp_path: Path, stack_shape: tuple[int, ...]) -> None:
-    """TensorFlow makes the weights and takes a step; JAX loads the same weights and takes the same
-    step: the same loss, |td| and weights after (the same optimizer arithmetic, to float tolerance)."""
+def test_jax_torch_and_tensorflow_steps_agree(tmp_path: Path, stack_shape: tuple[int, ...]) -> None:
+    """TensorFlow makes the weights and takes a step; JAX and PyTorch load the same weights and take
+    the same step: the same loss, |td| and weights after (the same optimizer arithmetic, to float
+    tolerance)."""
     batch = {f"batch/{k}": v for k, v in _batch(stack_shape, 8, 0).items()}
     np.savez(tmp_path / "in.npz", stack_shape=np.array(stack_shape), **batch)
     _python(STEP, str(tmp_path / "in.npz"), str(tmp_path / "tf.npz"), backend="tensorflow")
@@ -80,14 +81,15 @@ def test_jax_and_tensorflow_steps_agree(tmp_path: Path, stack_shape: tuple[int, 
     start = {k: v for k, v in tf_res.items() if k.split("/")[0] in ("online", "target", "optimizer")
              or k.endswith("_n")}
     np.savez(tmp_path / "in2.npz", stack_shape=np.array(stack_shape), **batch, **start)
-    _python(STEP, str(tmp_path / "in2.npz"), str(tmp_path / "jax.npz"), backend="jax")
-    with np.load(tmp_path / "jax.npz") as jax_out:
-        for name in ("loss", "q", "td"):
-            np.testing.assert_allclose(jax_out[name], tf_res[name], rtol=2e-4, atol=1e-5, err_msg=name)
-        for i in range(int(tf_res["online_n"])):
-            np.testing.assert_allclose(jax_out[f"after/{i}"], tf_res[f"after/{i}"], rtol=2e-4, atol=1e-5,
-                                       err_msg=f"weight {i}")
-            assert not np.array_equal(tf_res[f"after/{i}"], tf_res[f"online/{i}"])  # the step changed it
+    for backend in ("jax", "torch"):
+        _python(STEP, str(tmp_path / "in2.npz"), str(tmp_path / f"{backend}.npz"), backend=backend)
+        with np.load(tmp_path / f"{backend}.npz") as out:
+            for name in ("loss", "q", "td"):
+                np.testing.assert_allclose(out[name], tf_res[name], rtol=2e-4, atol=1e-5, err_msg=f"{backend}: {name}")
+            for i in range(int(tf_res["online_n"])):
+                np.testing.assert_allclose(out[f"after/{i}"], tf_res[f"after/{i}"], rtol=2e-4, atol=1e-5,
+                                           err_msg=f"{backend}: weight {i}")
+                assert not np.array_equal(tf_res[f"after/{i}"], tf_res[f"online/{i}"])  # the step changed it
 
 
 K_STEPS = """
@@ -124,7 +126,7 @@ print("ok")
 """
 
 
-@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
+@pytest.mark.parametrize("backend", ["tensorflow", "jax", "torch"])
 def test_a_block_of_k_steps_equals_k_single_steps(tmp_path: Path, backend: str) -> None:
     parts = [_batch((2, 5), 8, seed) for seed in range(3)]
     np.savez(tmp_path / "block.npz", **{k: np.stack([p[k] for p in parts]) for k in parts[0]})
@@ -155,6 +157,25 @@ def test_jax_cartpole_run_then_resume_on_tensorflow_and_back(tmp_path: Path) -> 
     assert _gradient_steps(run) == (1700 - 200) // 2
     with ReplayStore.open(run / "replay.zarr") as store:
         assert len(store) == 1700
+
+
+def test_torch_cartpole_run_resumes_on_tensorflow(tmp_path: Path) -> None:
+    """Keras on PyTorch: a whole run (the decoupled learner on its thread, numpy blocks from the
+    store), its checkpoint resumed on TensorFlow, and back; the replay ratio's count holds."""
+    run = tmp_path / "run"
+    flags = [a for a in CARTPOLE if a not in ("--replay-ratio", "0")]  # (the decoupled default: ratio 8)
+    done = _train(*flags, "--total-timesteps", "1200", "--run-dir", str(run), "--eval-episodes", "2", backend="torch")
+    assert done.returncode == 0, done.stderr[-3000:]
+    _, state = checkpoint.load(run)
+    assert state["global_step"] == 1200 and state["train_steps"] > 0 and state["train_steps"] % 8 == 0
+    assert all(np.isfinite(_scalars(run)["losses/td_loss"]))
+    more = _train("--resume", str(run), "--total-timesteps", "1400", backend="tensorflow")
+    assert more.returncode == 0, more.stderr[-3000:]
+    again = _train("--resume", str(run), "--total-timesteps", "1600", backend="torch")
+    assert again.returncode == 0, again.stderr[-3000:]
+    _, state = checkpoint.load(run)
+    assert state["global_step"] == 1600 and state["resumes"] == 2
+    assert abs(_gradient_steps(run) - (1600 - 200) * 8 // 16) <= 16 + 8  # the ratio: 8 sampled per inserted
 
 
 def test_jax_run_killed_resumes_on_tensorflow(tmp_path: Path) -> None:

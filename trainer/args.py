@@ -73,7 +73,7 @@ class Args:
                 "0: lockstep (acting stops for a gradient step every --train-frequency env steps)"})
     steps_per_call: int = dataclasses.field(default=0, metadata={
         "help": "gradient steps per compiled call, on one block of that many batches (default: the backend's, "
-                "8 on TensorFlow, 32 on JAX)"})
+                "8 on TensorFlow and PyTorch, 32 on JAX)"})
     actors: int = dataclasses.field(default=0, metadata={
         "help": "Ray actor processes that act, each stepping --num-envs envs into its own streams of the store, "
                 "while this process learns (0: act in this process)"})

@@ -350,6 +350,10 @@ def _overlap(args: Args, keras: Any) -> bool:
         import tensorflow as tf
 
         return bool(tf.config.list_physical_devices("GPU"))
+    if backend == "torch":
+        import torch
+
+        return bool(torch.cuda.is_available())
     return False
 
 

@@ -17,7 +17,7 @@ class TrainerError(Exception):
 
 #: Gradient steps per compiled learner call when ``steps_per_call`` is 0, per Keras backend
 #: (docs/benchmarks.md, "The learner").
-DEFAULT_STEPS_PER_CALL = {"tensorflow": 8, "jax": 32}
+DEFAULT_STEPS_PER_CALL = {"tensorflow": 8, "jax": 32, "torch": 8}
 #: Where a hindsight goal comes from (replaystore.HindsightSampler's strategies).
 HER_STRATEGIES = ("future", "final", "episode")
 

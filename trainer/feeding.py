@@ -10,6 +10,8 @@ the backend Keras runs on:
   ``as_dataset`` as they come.
 - **JAX** (``KERAS_BACKEND=jax``): blocks from ``store.jax_blocks``, put on the device ahead by a
   feeder thread; one ``jax.jit`` call each (``lax.scan``).
+- **PyTorch** (``KERAS_BACKEND=torch``): numpy blocks from ``store.blocks``; a loop of eager steps
+  each.
 
 Due steps accumulate and each full block is taken; steps still due when the run stops carry over
 (``state.due_steps``, checkpointed), so a run takes its gradient steps at most one block late. With
@@ -178,6 +180,10 @@ class Learning:
                           beta=args.beta)
         if self.jax:
             self.source = store.jax_blocks(args.batch_size, batches_per_block=k, **kwargs)
+            self._close = self.source.close
+            return
+        if self.agent.backend == "torch":  # numpy blocks, which the learner wraps as tensors without a copy
+            self.source = store.blocks(args.batch_size, batches_per_block=k, **kwargs)
             self._close = self.source.close
             return
         import tensorflow as tf

@@ -19,16 +19,20 @@ backend by ``make_learner``:
   learner, updated by ``optimizer.stateless_apply``; the block's steps are one ``jax.jit`` over a
   ``lax.scan``, gradients by ``jax.value_and_grad``. ``sync_model`` copies them into the model's
   variables for callbacks that read or save the model.
+- **PyTorch**: as on TensorFlow, the model's own variables are the online weights, updated by the
+  optimizer's ``apply``; nothing is compiled: the block's steps are a loop of eager steps,
+  gradients by ``torch.autograd.grad``.
 
 The target weights are updated inside the compiled call every ``target_every`` gradient steps
 (counted by the optimizer's iteration counter, so a resumed run keeps the rhythm), with ``tau``.
 ``state()`` / ``load_state()`` use plain arrays in the model's weight order and the optimizer's
-variable order, the same on both backends, so a run saved on one resumes on the other.
+variable order, the same on every backend, so a run saved on one resumes on another.
 """
 
 from __future__ import annotations
 
 import abc
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -37,7 +41,7 @@ import numpy as np
 from keras import ops
 
 from .config import TrainerError
-from .stacks import StackSpec, one_of
+from .stacks import StackSpec, one_of, tree_map
 
 #: Fields of a block the gradient step reads (``index`` stays on the host, for the priorities).
 TRAIN_FIELDS = ("obs", "next_obs", "action", "reward", "discount", "weight")
@@ -74,19 +78,19 @@ def td_loss(online: Forward, target: Forward, batch: dict[str, Any], *,
 def make_learner(model: keras.Model, optimizer: keras.optimizers.Optimizer, *, stacks: StackSpec | None = None,
                  stack_shape: Sequence[int] | None = None, dtype: Any = None, target_every: int, tau: float,
                  cql_alpha: float = 0.0) -> Learner:
-    """The learner for the backend Keras runs on (``KERAS_BACKEND``: tensorflow or jax), for the model's
+    """The learner for the backend Keras runs on (``KERAS_BACKEND``: tensorflow, jax or torch), for the model's
     input ``stacks`` (or one array of stacks shaped ``stack_shape`` of ``dtype``)."""
     if stacks is None:
         if stack_shape is None or dtype is None:
             raise TypeError("make_learner needs stacks=StackSpec(...) or stack_shape= and dtype=")
         stacks = StackSpec.single(tuple(stack_shape), dtype)
     backend = keras.backend.backend()
-    kinds: dict[str, type[TensorFlowLearner] | type[JaxLearner]] = {"tensorflow": TensorFlowLearner,
-                                                                     "jax": JaxLearner}
+    kinds: dict[str, type[Learner]] = {"tensorflow": TensorFlowLearner, "jax": JaxLearner, "torch": TorchLearner}
     if backend in kinds:
-        return kinds[backend](model, optimizer, stacks=stacks, target_every=target_every, tau=tau, cql_alpha=cql_alpha)
-    raise TrainerError(f"Keras runs on {backend!r}; the DQN learner runs on 'tensorflow' or 'jax' (set KERAS_BACKEND "
-                       "before keras is imported)")
+        return kinds[backend](model, optimizer, stacks=stacks, target_every=target_every, tau=tau,  # type: ignore[call-arg]
+                              cql_alpha=cql_alpha)
+    raise TrainerError(f"Keras runs on {backend!r}; the DQN learner runs on 'tensorflow', 'jax' or 'torch' (set "
+                       "KERAS_BACKEND before keras is imported)")
 
 
 class Learner(abc.ABC):
@@ -171,7 +175,60 @@ class Learner(abc.ABC):
                                    f"{tuple(var.shape)}: it was saved with another model")
 
 
-class TensorFlowLearner(Learner):
+class _WeightsInModel(Learner):
+    """A learner whose online weights are the model's own variables, updated in place by the
+    optimizer (TensorFlow, PyTorch); ``target`` and ``target_frozen`` hold the target network's
+    copies of the trainable and non-trainable ones, in the backend's own tensors."""
+
+    target: list[Any]
+    target_frozen: list[Any]
+
+    @abc.abstractmethod
+    def _array(self, copy: Any) -> np.ndarray:
+        """A target copy as a numpy array."""
+
+    @abc.abstractmethod
+    def _assign(self, copy: Any, value: np.ndarray) -> None:
+        """Set a target copy to ``value``."""
+
+    @property
+    def train_steps(self) -> int:
+        return int(np.asarray(keras.ops.convert_to_numpy(self.optimizer.iterations.value)))
+
+    def online_weights(self) -> list[np.ndarray]:
+        # copies: on PyTorch's CPU device get_weights' arrays share the parameters' memory, which the
+        # optimizer updates in place
+        return [np.array(w) for w in self.model.get_weights()]
+
+    def set_online_weights(self, weights: list[np.ndarray]) -> None:
+        self.model.set_weights(weights)
+
+    def sync_model(self) -> None:
+        pass  # the model's variables are the online weights
+
+    def pull_model(self) -> None:
+        pass
+
+    def state(self) -> dict[str, list[np.ndarray]]:
+        by_path = {v.path: self._array(t) for v, t in zip(self.model.trainable_variables, self.target, strict=True)}
+        by_path.update({v.path: self._array(t)
+                        for v, t in zip(self.model.non_trainable_variables, self.target_frozen, strict=True)})
+        return {"online": self.online_weights(), "target": [by_path[v.path] for v in self.model.weights],
+                "optimizer": [np.array(keras.ops.convert_to_numpy(v.value)) for v in self.optimizer.variables]}
+
+    def load_state(self, state: dict[str, list[np.ndarray]]) -> None:
+        self.check_state(state)
+        self.model.set_weights(state["online"])
+        target = {v.path: w for v, w in zip(self.model.weights, state["target"], strict=True)}
+        for t, v in zip(self.target, self.model.trainable_variables, strict=True):
+            self._assign(t, target[v.path])
+        for t, v in zip(self.target_frozen, self.model.non_trainable_variables, strict=True):
+            self._assign(t, target[v.path])
+        for var, value in zip(self.optimizer.variables, state["optimizer"], strict=True):
+            var.assign(value)
+
+
+class TensorFlowLearner(_WeightsInModel):
     """The model's variables are the online weights; the target's are ``tf.Variable`` copies."""
 
     backend = "tensorflow"
@@ -217,39 +274,83 @@ class TensorFlowLearner(Learner):
             abs_tds = abs_tds.write(i, tf.cast(abs_td, tf.float32))
         return losses.stack(), q_means.stack(), abs_tds.stack()
 
-    @property
-    def train_steps(self) -> int:
-        return int(np.asarray(self.optimizer.iterations.value))
+    def _array(self, copy: Any) -> np.ndarray:
+        return np.asarray(copy.numpy())
 
-    def online_weights(self) -> list[np.ndarray]:
-        return [np.asarray(w) for w in self.model.get_weights()]
+    def _assign(self, copy: Any, value: np.ndarray) -> None:
+        copy.assign(value)
 
-    def set_online_weights(self, weights: list[np.ndarray]) -> None:
-        self.model.set_weights(weights)
 
-    def sync_model(self) -> None:
-        pass  # the model's variables are the online weights
+class TorchLearner(_WeightsInModel):
+    """The model's variables (``torch.nn.Parameter``s) are the online weights; the target's are
+    detached tensor copies on the same device. Keras' PyTorch backend compiles nothing: a block's
+    steps are a Python loop of eager steps (gradients by ``torch.autograd.grad``, the optimizer's
+    ``apply`` under ``torch.no_grad``), so ``steps_per_call`` only sets the size of the blocks the
+    store hands over (``store.blocks``)."""
 
-    def pull_model(self) -> None:
-        pass
+    backend = "torch"
 
-    def state(self) -> dict[str, list[np.ndarray]]:
-        by_path = {v.path: np.asarray(t.numpy()) for v, t in zip(self.model.trainable_variables, self.target, strict=True)}
-        by_path.update({v.path: np.asarray(t.numpy())
-                        for v, t in zip(self.model.non_trainable_variables, self.target_frozen, strict=True)})
-        return {"online": self.online_weights(), "target": [by_path[v.path] for v in self.model.weights],
-                "optimizer": [np.asarray(v.value) for v in self.optimizer.variables]}
+    def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer, *, stacks: StackSpec,
+                 target_every: int, tau: float, cql_alpha: float = 0.0) -> None:
+        super().__init__(model, optimizer, target_every=target_every, tau=tau, cql_alpha=cql_alpha)
+        self.variables = list(model.trainable_variables)
+        self.target = [v.value.detach().clone() for v in model.trainable_variables]
+        self.target_frozen = [v.value.detach().clone() for v in model.non_trainable_variables]
+        weights = model.weights
+        self.device = weights[0].value.device if weights else None
 
-    def load_state(self, state: dict[str, list[np.ndarray]]) -> None:
-        self.check_state(state)
-        self.model.set_weights(state["online"])
-        target = {v.path: w for v, w in zip(self.model.weights, state["target"], strict=True)}
-        for t, v in zip(self.target, self.model.trainable_variables, strict=True):
-            t.assign(target[v.path])
-        for t, v in zip(self.target_frozen, self.model.non_trainable_variables, strict=True):
-            t.assign(target[v.path])
-        for var, value in zip(self.optimizer.variables, state["optimizer"], strict=True):
-            var.assign(value)
+    def _tensors(self, tree: Any) -> Any:
+        """numpy arrays (a block's, which are read-only: shared, never written) as tensors on the model's device."""
+        import torch
+
+        def tensor(value: Any) -> Any:
+            if isinstance(value, torch.Tensor):
+                return value.to(self.device)
+            with warnings.catch_warnings():  # ("the given NumPy array is not writable": nothing writes it)
+                warnings.simplefilter("ignore", UserWarning)
+                return torch.as_tensor(np.asarray(value), device=self.device)
+
+        return tree_map(tensor, tree)
+
+    def q_values(self, stacks: Any) -> np.ndarray:
+        import torch
+
+        with torch.no_grad():
+            return self.model(self._tensors(stacks)).cpu().numpy()
+
+    def train_block(self, block: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        import torch
+
+        fields = {name: self._tensors(block[name]) for name in TRAIN_FIELDS}
+        model, optimizer, variables = self.model, self.optimizer, self.variables
+        parameters = [v.value for v in variables]
+
+        def target(stacks: Any) -> Any:
+            with torch.no_grad():
+                return model.stateless_call(self.target, self.target_frozen, stacks)[0]
+
+        out: list[tuple[Any, Any, Any]] = []
+        for i in range(int(fields["action"].shape[0])):
+            batch = {name: tree_map(lambda v: v[i], value) for name, value in fields.items()}
+            loss, (q_mean, abs_td) = td_loss(model, target, batch, cql_alpha=self.cql_alpha)
+            grads = torch.autograd.grad(loss, parameters)
+            with torch.no_grad():
+                optimizer.apply(list(grads), variables)
+                if self.train_steps % self.target_every == 0:
+                    for t, o in zip(self.target, parameters, strict=True):
+                        t.copy_(o if self.tau >= 1.0 else self.tau * o + (1.0 - self.tau) * t)
+            out.append((loss.detach(), q_mean.detach(), abs_td.detach()))
+        loss, q_mean, abs_td = (torch.stack(part).float().cpu().numpy() for part in zip(*out, strict=True))
+        return loss, q_mean, abs_td
+
+    def _array(self, copy: Any) -> np.ndarray:
+        return np.array(copy.cpu().numpy())  # (a copy, not a view of the tensor the next update writes)
+
+    def _assign(self, copy: Any, value: np.ndarray) -> None:
+        import torch
+
+        with torch.no_grad():
+            copy.copy_(torch.as_tensor(np.asarray(value), device=copy.device))
 
 
 class JaxLearner(Learner):
