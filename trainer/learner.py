@@ -196,9 +196,7 @@ class _WeightsInModel(Learner):
         return int(np.asarray(keras.ops.convert_to_numpy(self.optimizer.iterations.value)))
 
     def online_weights(self) -> list[np.ndarray]:
-        # copies: on PyTorch's CPU device get_weights' arrays share the parameters' memory, which the
-        # optimizer updates in place
-        return [np.array(w) for w in self.model.get_weights()]
+        return [np.asarray(w) for w in self.model.get_weights()]
 
     def set_online_weights(self, weights: list[np.ndarray]) -> None:
         self.model.set_weights(weights)
@@ -214,6 +212,8 @@ class _WeightsInModel(Learner):
         by_path.update({v.path: self._array(t)
                         for v, t in zip(self.model.non_trainable_variables, self.target_frozen, strict=True)})
         return {"online": self.online_weights(), "target": [by_path[v.path] for v in self.model.weights],
+                # copies: on PyTorch's CPU device a tensor's numpy() shares its memory, which the optimizer
+                # updates in place
                 "optimizer": [np.array(keras.ops.convert_to_numpy(v.value)) for v in self.optimizer.variables]}
 
     def load_state(self, state: dict[str, list[np.ndarray]]) -> None:
