@@ -184,8 +184,9 @@ class _WeightsInModel(Learner):
     target_frozen: list[Any]
 
     @abc.abstractmethod
-    def _array(self, copy: Any) -> np.ndarray:
-        """A target copy as a numpy array."""
+    def _array(self, value: Any) -> np.ndarray:
+        """A variable's value or a target copy as a numpy array of its own (not a view of the
+        tensor, which later updates write in place)."""
 
     @abc.abstractmethod
     def _assign(self, copy: Any, value: np.ndarray) -> None:
@@ -193,7 +194,7 @@ class _WeightsInModel(Learner):
 
     @property
     def train_steps(self) -> int:
-        return int(np.asarray(keras.ops.convert_to_numpy(self.optimizer.iterations.value)))
+        return int(self._array(self.optimizer.iterations.value))
 
     def online_weights(self) -> list[np.ndarray]:
         return [np.asarray(w) for w in self.model.get_weights()]
@@ -212,9 +213,7 @@ class _WeightsInModel(Learner):
         by_path.update({v.path: self._array(t)
                         for v, t in zip(self.model.non_trainable_variables, self.target_frozen, strict=True)})
         return {"online": self.online_weights(), "target": [by_path[v.path] for v in self.model.weights],
-                # copies: on PyTorch's CPU device a tensor's numpy() shares its memory, which the optimizer
-                # updates in place
-                "optimizer": [np.array(keras.ops.convert_to_numpy(v.value)) for v in self.optimizer.variables]}
+                "optimizer": [self._array(v.value) for v in self.optimizer.variables]}
 
     def load_state(self, state: dict[str, list[np.ndarray]]) -> None:
         self.check_state(state)
@@ -274,8 +273,8 @@ class TensorFlowLearner(_WeightsInModel):
             abs_tds = abs_tds.write(i, tf.cast(abs_td, tf.float32))
         return losses.stack(), q_means.stack(), abs_tds.stack()
 
-    def _array(self, copy: Any) -> np.ndarray:
-        return np.asarray(copy.numpy())
+    def _array(self, value: Any) -> np.ndarray:
+        return np.asarray(value.numpy())
 
     def _assign(self, copy: Any, value: np.ndarray) -> None:
         copy.assign(value)
@@ -343,8 +342,8 @@ class TorchLearner(_WeightsInModel):
         loss, q_mean, abs_td = (torch.stack(part).float().cpu().numpy() for part in zip(*out, strict=True))
         return loss, q_mean, abs_td
 
-    def _array(self, copy: Any) -> np.ndarray:
-        return np.array(copy.cpu().numpy())  # (a copy, not a view of the tensor the next update writes)
+    def _array(self, value: Any) -> np.ndarray:
+        return np.array(value.detach().cpu().numpy())  # (on the CPU, numpy() would share the tensor's memory)
 
     def _assign(self, copy: Any, value: np.ndarray) -> None:
         import torch
