@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import goal_env
 import gymnasium as gym
 import keras
 import numpy as np
@@ -184,31 +185,34 @@ def test_a_store_of_another_dict_is_refused_and_left_as_it_was(tmp_path: Path) -
     assert snapshot(path) == before
 
 
-JAX_RUN = """
+OTHER_BACKEND_RUN = """
 import sys
 sys.path.insert(0, sys.argv[2])
 import keras
-from goal_env import BitFlip
+import goal_env
 from replaystore.trainer import DQN, dict_mlp
-env = BitFlip(6)
+env = getattr(goal_env, sys.argv[3])(6)
 keras.utils.set_random_seed(0)
 agent = DQN(dict_mlp(env.observation_space, 6, hidden_sizes=(32,)), sys.argv[1] + "/bits.zarr", her_n_sampled_goal=4,
             buffer_size=2000, learning_starts=100, batch_size=16, train_frequency=1, sample_threads=1)
 agent.fit(env, 600, checkpoint_dir=sys.argv[1] + "/agent")
-print("jax", keras.backend.backend(), agent.train_steps)
+print("backend", keras.backend.backend(), agent.train_steps)
 """
 
 
-def test_dict_stacks_learn_on_jax_and_resume_on_tensorflow(tmp_path: Path) -> None:
-    pytest.importorskip("jax")
-    env = {**os.environ, "KERAS_BACKEND": "jax"}
-    out = subprocess.run([sys.executable, "-c", JAX_RUN, str(tmp_path), str(Path(__file__).parent)], env=env,
-                         capture_output=True, text=True, timeout=300)
+@pytest.mark.parametrize(("backend", "kind"), [("jax", "BitFlip"), ("jax", "NestedBitFlip"), ("torch", "NestedBitFlip")])
+def test_dict_stacks_learn_on_another_backend_and_resume_on_tensorflow(tmp_path: Path, backend: str, kind: str) -> None:
+    """Dict stacks (and a nested Dict's, goals relabelled leaf for leaf) on JAX and PyTorch, and the
+    checkpoint resumed on TensorFlow."""
+    pytest.importorskip(backend)
+    env = {**os.environ, "KERAS_BACKEND": backend}
+    out = subprocess.run([sys.executable, "-c", OTHER_BACKEND_RUN, str(tmp_path), str(Path(__file__).parent), kind],
+                         env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    backend, steps = out.stdout.split()[-2:]
-    assert backend == "jax" and int(steps) > 400
+    ran_on, steps = out.stdout.split()[-2:]
+    assert ran_on == backend and int(steps) > 400
     agent = DQN.load(tmp_path / "agent")
     assert agent.train_steps == int(steps)
-    agent.fit(BitFlip(6), 800)
+    agent.fit(getattr(goal_env, kind)(6), 800)
     assert agent.train_steps > int(steps) and keras.backend.backend() == "tensorflow"
     agent.close()
