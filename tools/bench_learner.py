@@ -1,15 +1,15 @@
 """The learner fed by the store against the learner's own bound, per Keras backend.
 
-For each installed backend (TensorFlow, JAX), in a child process with ``KERAS_BACKEND`` set, the
+For each installed backend (TensorFlow, JAX, PyTorch), in a child process with ``KERAS_BACKEND`` set, the
 trainer's DQN learner (Nature CNN, double-DQN, Adam; batch 32 of 4-frame 84x84 Breakout stacks)
 takes gradient steps in interleaved rounds:
 
   bound  on one fixed block of K batches already in the backend's hands (on the device for JAX,
-         tensors for TensorFlow), one compiled call of K gradient steps per block, so nothing is
+         tensors for TensorFlow and PyTorch), one call of K gradient steps per block, so nothing is
          sampled;
   fed    on blocks sampled from a 1M-transition store through the product's path, exactly as
          the trainer takes them (trainer/feeding.py: JAX ``store.jax_blocks`` with a feeder thread,
-         TensorFlow ``store.as_dataset``, with ``blocks=True`` when K > 1).
+         TensorFlow ``store.as_dataset``, with ``blocks=True`` when K > 1, PyTorch ``store.blocks``).
 
 K is each of ``--steps-per-call`` (a comma list) in turn.
 
@@ -90,6 +90,11 @@ def child(args: argparse.Namespace) -> dict:
         import jax
 
         on_device = jax.device_put({n: v for n, v in fixed.items() if n != "index"})
+    elif backend == "torch":
+        import torch
+
+        device = agent.device if hasattr(agent, "device") else None
+        on_device = {n: torch.as_tensor(v, device=device) for n, v in fixed.items()}
     else:
         import tensorflow as tf
 
@@ -160,7 +165,7 @@ def main() -> None:
         print(f"built {STORE} ({args.transitions:,} transitions) in {time.perf_counter() - t0:.0f} s", flush=True)
     rows = []
     for backend in args.backends.split(","):
-        if importlib.util.find_spec({"tensorflow": "tensorflow", "jax": "jax"}[backend]) is None:
+        if importlib.util.find_spec(backend) is None:
             print(f"{backend}: not installed, skipped")
             continue
         for k in args.steps_per_call.split(","):
