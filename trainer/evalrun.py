@@ -55,8 +55,8 @@ def evaluate_run(args: Args, *, video: str = "") -> int:
     run_dir = Path(args.run_dir)
     out = check_video_path(video) if video else None
     try:
-        with _stoppable():
-            _evaluate(args, run_dir, out)
+        with _stoppable() as stop:
+            _evaluate(args, run_dir, out, stop)
     except _Stopped as stopped:
         name = signal.Signals(stopped.signum).name
         print(f"stopped by {name}" + (f"; no video written to {out}" if out else ""), flush=True)
@@ -64,9 +64,8 @@ def evaluate_run(args: Args, *, video: str = "") -> int:
     return 0
 
 
-class _Stopped(BaseException):
-    """SIGINT or SIGTERM; a BaseException, as KeyboardInterrupt is, so that no library's ``except
-    Exception`` takes it for an error of its own (TensorFlow's AutoGraph did, and went on)."""
+class _Stopped(Exception):
+    """SIGINT or SIGTERM, raised at the next move (``_Checked``)."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
@@ -74,26 +73,57 @@ class _Stopped(BaseException):
 
 
 @contextlib.contextmanager
-def _stoppable() -> Iterator[None]:
-    """SIGINT and SIGTERM raise ``_Stopped`` while the block runs (so the video's part is removed
-    on the way out); the old handlers come back after."""
-    def stop(signum: int, _: Any) -> None:
-        raise _Stopped(signum)
-
-    handlers = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+def _stoppable() -> Iterator[list[int]]:
+    """While the block runs, SIGINT and SIGTERM are recorded in the list it gets, which the env's
+    ``_Checked`` wrapper reads at each move: the games stop there, and the video's part is removed
+    on the way out. (A handler that raised would raise wherever the interpreter happened to be:
+    inside JAX's garbage-collection callback, where an exception is printed and dropped, or inside
+    TensorFlow's AutoGraph, which took it for a conversion failure and went on; both happened.)
+    The old handlers come back after."""
+    stop: list[int] = []
+    handlers = {sig: signal.signal(sig, lambda signum, _: stop.append(signum)) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        yield
+        yield stop
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
 
 
-def _evaluate(args: Args, run_dir: Path, out: Path | None) -> None:
+class _Checked:
+    """``env`` (a gymnasium env or a vector env, as it is) that raises ``_Stopped`` before and after
+    each reset and step once ``stop`` holds a signal."""
+
+    def __init__(self, env: Any, stop: list[int]) -> None:
+        self._env, self._stop = env, stop
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._env, name)
+
+    def check(self) -> None:
+        if self._stop:
+            raise _Stopped(self._stop[0])
+
+    def reset(self, **kwargs: Any) -> Any:
+        self.check()
+        out = self._env.reset(**kwargs)
+        self.check()
+        return out
+
+    def step(self, actions: Any) -> Any:
+        self.check()
+        out = self._env.step(actions)
+        self.check()
+        return out
+
+
+def _evaluate(args: Args, run_dir: Path, out: Path | None, stop: list[int]) -> None:
     from .report import shown  # (it imports Keras: not before the arguments are checked)
 
-    with _env(args, out) as (env, recorder):
+    with _env(args, out) as (played_on, recorder):
+        env = _Checked(played_on, stop)
         agent = load_run(run_dir)  # (Keras loads here, once the env and the video's file are known to be good)
         try:
+            env.check()
             at = (f"gradient step {agent.state.train_steps:,}" if args.offline else
                   f"step {agent.state.global_step:,}")
             how = "greedy" if args.eval_epsilon == 0 else f"epsilon {args.eval_epsilon:g}"
