@@ -24,6 +24,7 @@ from . import args as arguments
 from .args import Args
 from .config import TrainerError
 from .envs import atari_settings, is_atari, make_env, make_vector_env
+from .process import stop_signals
 from .rundir import load_run
 from .video import RecordGame, VideoFile, check_video_path
 
@@ -55,7 +56,7 @@ def evaluate_run(args: Args, *, video: str = "") -> int:
     run_dir = Path(args.run_dir)
     out = check_video_path(video) if video else None
     try:
-        with _stoppable() as stop:
+        with stop_signals() as stop:  # (SIGINT, SIGTERM recorded; _Checked raises them at the next move)
             _evaluate(args, run_dir, out, stop)
     except _Stopped as stopped:
         name = signal.Signals(stopped.signum).name
@@ -72,26 +73,12 @@ class _Stopped(Exception):
         self.signum = signum
 
 
-@contextlib.contextmanager
-def _stoppable() -> Iterator[list[int]]:
-    """While the block runs, SIGINT and SIGTERM are recorded in the list it gets, which the env's
-    ``_Checked`` wrapper reads at each move: the games stop there, and the video's part is removed
-    on the way out. (A handler that raised would raise wherever the interpreter happened to be:
-    inside JAX's garbage-collection callback, where an exception is printed and dropped, or inside
-    TensorFlow's AutoGraph, which took it for a conversion failure and went on; both happened.)
-    The old handlers come back after."""
-    stop: list[int] = []
-    handlers = {sig: signal.signal(sig, lambda signum, _: stop.append(signum)) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield stop
-    finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
-
-
 class _Checked:
     """``env`` (a gymnasium env or a vector env, as it is) that raises ``_Stopped`` before and after
-    each reset and step once ``stop`` holds a signal."""
+    each reset and step once ``stop`` holds a signal (``process.stop_signals`` records them: a
+    handler that raised would raise wherever the interpreter happened to be, such as inside JAX's
+    garbage-collection callback, where an exception is printed and dropped, or inside TensorFlow's
+    AutoGraph, which took it for a conversion failure; both happened)."""
 
     def __init__(self, env: Any, stop: list[int]) -> None:
         self._env, self._stop = env, stop
