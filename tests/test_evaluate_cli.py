@@ -41,6 +41,8 @@ def test_a_running_run_is_evaluated_and_nothing_is_written_into_it(tmp_path: Pat
         out = capsys.readouterr().out
         assert f"evaluating {run} (its checkpoint at step " in out and "CartPole-v1: 3 games, greedy" in out
         assert len(_scores(out)) == 3 and "mean score " in out and "over 3 games (min " in out
+        assert [line.split(":")[0] for line in out.splitlines() if line.startswith("game ")] == \
+            ["game 1/3", "game 2/3", "game 3/3"]  # each as it ends
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=120)

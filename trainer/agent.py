@@ -313,13 +313,15 @@ class DQN:
         ``episodes`` games between them, in equal shares)."""
         return self.play(env, episodes, epsilon=epsilon, seed=seed).returns
 
-    def play(self, env: Any, episodes: int = 10, *, epsilon: float = 0.0, seed: int | None = None) -> Played:
+    def play(self, env: Any, episodes: int = 10, *, epsilon: float = 0.0, seed: int | None = None,
+             on_game: Callable[[float], None] | None = None) -> Played:
         """``evaluate``'s games, as ``Played``: each game's raw return, and for a goal env (one that
-        reports ``info["is_success"]`` at a game's end) whether it reached its goal."""
+        reports ``info["is_success"]`` at a game's end) whether it reached its goal. ``on_game`` is
+        called with each game's return as the game ends."""
         assert self.stacks is not None
         return play(env, self._learner(), self.stacks, self.n_actions, episodes, epsilon=epsilon,
                     seed=self.config.seed + 100_000 if seed is None else seed,
-                    life_loss=self.config.terminal_on_life_loss)
+                    life_loss=self.config.terminal_on_life_loss, on_game=on_game)
 
     # Saving -------------------------------------------------------------------------------------
 

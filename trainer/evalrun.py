@@ -13,7 +13,9 @@ Atari's full 210x160 colour screen, not the agent's 84x84 gray frames).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -116,7 +118,14 @@ def _evaluate(args: Args, run_dir: Path, out: Path | None, stop: list[int]) -> N
             how = "greedy" if args.eval_epsilon == 0 else f"epsilon {args.eval_epsilon:g}"
             print(f"evaluating {run_dir} (its checkpoint at {at}) on {args.env_id}: {_games(args.eval_episodes)}, {how}",
                   flush=True)
-            played = agent.play(env, args.eval_episodes, epsilon=args.eval_epsilon, seed=args.seed + 100_000)
+            started, games = time.monotonic(), itertools.count(1)
+
+            def ended(score: float) -> None:  # (a long Atari game shows its end, not minutes of silence)
+                print(f"game {next(games)}/{args.eval_episodes}: {score:g}  ({time.monotonic() - started:,.0f} s)",
+                      flush=True)
+
+            played = agent.play(env, args.eval_episodes, epsilon=args.eval_epsilon, seed=args.seed + 100_000,
+                                on_game=ended)
         finally:
             agent.close()
         returns = np.asarray(played.returns)

@@ -6,6 +6,7 @@ and SB3's goal envs report it): ``Played.successes``."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,22 +29,22 @@ class Played:
 
 
 def play(env: Any, learner: Learner, stacks: StackSpec, n_actions: int, episodes: int, *, epsilon: float, seed: int,
-         life_loss: bool) -> Played:
+         life_loss: bool, on_game: Callable[[float], None] | None = None) -> Played:
     """``episodes`` games on ``env`` (a gymnasium env or a vector env), checked
     first: an env whose frames or actions the Q-network cannot take, no games, or an ``epsilon``
-    outside [0, 1] is a TrainerError."""
+    outside [0, 1] is a TrainerError. ``on_game`` gets each game's return as the game ends."""
     check_for_network(*env_spaces(env), stacks, n_actions)
     check_count("episodes", episodes, least=1)
     if not 0.0 <= epsilon <= 1.0:
         raise TrainerError(f"epsilon is {epsilon!r}; it must be in [0, 1]")
     rng = np.random.default_rng(seed)
     if hasattr(env, "num_envs"):
-        return evaluate_vector(env, learner, episodes, epsilon, rng, stacks, life_loss)
-    return evaluate_env(env, learner, episodes, epsilon, rng, stacks, life_loss)
+        return evaluate_vector(env, learner, episodes, epsilon, rng, stacks, life_loss, on_game)
+    return evaluate_env(env, learner, episodes, epsilon, rng, stacks, life_loss, on_game)
 
 
 def evaluate_env(env: Any, learner: Learner, episodes: int, epsilon: float, rng: np.random.Generator,
-                 stacks: StackSpec, life_loss: bool) -> Played:
+                 stacks: StackSpec, life_loss: bool, on_game: Callable[[float], None] | None = None) -> Played:
     stacker = FrameStacker(stacks)
     played = Played()
     for i in range(episodes):
@@ -58,6 +59,8 @@ def evaluate_env(env: Any, learner: Learner, episodes: int, epsilon: float, rng:
                 played.returns.append(total)
                 if "is_success" in info:
                     played.successes.append(bool(info["is_success"]))
+                if on_game is not None:
+                    on_game(total)
                 break
             now = info.get("lives")
             if life_loss and now is not None and lives is not None and now < lives:
@@ -69,7 +72,7 @@ def evaluate_env(env: Any, learner: Learner, episodes: int, epsilon: float, rng:
 
 
 def evaluate_vector(envs: Any, learner: Learner, episodes: int, epsilon: float, rng: np.random.Generator,
-                    stacks: StackSpec, life_loss: bool) -> Played:
+                    stacks: StackSpec, life_loss: bool, on_game: Callable[[float], None] | None = None) -> Played:
     obs, info = envs.reset(seed=int(rng.integers(2**31)))
     batch = stacks_of(vector_frames(obs), stacks.frame_stack)
     n = int(envs.num_envs)
@@ -95,6 +98,8 @@ def evaluate_vector(envs: Any, learner: Learner, episodes: int, epsilon: float, 
                 if success is not None and success[1][i]:
                     out.successes.append(bool(success[0][i]))
                 counts[i] += 1
+                if on_game is not None:
+                    on_game(float(totals[i]))
         totals[done] = 0.0
         now = np.asarray(info["lives"]) if "lives" in info else None
         lost = (now < lives) & ~resetting if life_loss and now is not None and lives is not None else np.zeros(n, bool)
