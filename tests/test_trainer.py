@@ -13,8 +13,9 @@ import pytest
 from conftest import frame, make_store
 
 from replaystore.trainer import checkpoint
-from replaystore.trainer.args import Args, TrainerError, parse
+from replaystore.trainer.args import Args, TrainerError
 from replaystore.trainer.cli import main
+from replaystore.trainer.cmdline import parse
 from replaystore.trainer.config import linear_schedule
 from replaystore.trainer.envs import FrameStacker
 from replaystore.trainer.stacks import StackSpec
@@ -210,7 +211,7 @@ def test_args_defaults_are_cleanrl_atari() -> None:
 
 def test_help_states_real_defaults() -> None:
     """--help shows no empty or None defaults, and says what --frame-stack and --steps-per-call pick."""
-    from replaystore.trainer.args import build_parser
+    from replaystore.trainer.cmdline import build_parser
 
     text = " ".join(build_parser().format_help().split())
     assert "(default: )" not in text and "(default: None)" not in text

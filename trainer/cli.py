@@ -37,7 +37,7 @@ from typing import Any
 from replaystore import ReplayStore, ReplayStoreError
 
 from . import args as arguments
-from . import checkpoint
+from . import checkpoint, cmdline
 from .args import Args
 from .config import TrainerError
 from .envs import default_frame_stack, env_spaces, make_env, make_vector_env
@@ -50,7 +50,7 @@ from .stores import check_dataset, open_to_read
 def main(argv: list[str] | None = None) -> int:
     """Console entry point; returns the exit status."""
     try:
-        command = arguments.parse(argv)
+        command = cmdline.parse(argv)
         if command.mode == "evaluate":
             return evaluate_run(command.args, video=command.video)
         return train(command.args, resuming=command.mode == "resume")

@@ -52,7 +52,7 @@ def evaluation_env(args: Args, *, vector: bool) -> Iterator[Any]:
 
 def evaluate_run(args: Args, *, video: str = "") -> int:
     """Play ``args.eval_episodes`` games with the checkpoint of the run in ``args.run_dir`` (``args``
-    as trainer/args.py's ``evaluation`` makes them), print their scores, and record the first one's
+    as cmdline.py's ``evaluation`` makes them), print their scores, and record the first one's
     screen into ``video`` when given; returns the exit status (128 + the signal for SIGINT or
     SIGTERM, which stop it with no video written)."""
     run_dir = Path(args.run_dir)
