@@ -40,7 +40,7 @@ from typing import Any
 
 import keras
 
-from .learner import Learner
+from .learnerbase import Learner
 
 #: replaystore's own hooks, which a callback may define besides Keras' (see the module docstring)
 OWN_HOOKS = ("on_episode_end", "on_steps", "on_progress", "on_evaluation")

@@ -221,7 +221,7 @@ def _agent(keras: Any, args: Args, settings: Any, store: ReplayStore, saved: Any
     """The run's DQN: the default Q-network for the store's stacks and actions, Adam at --learning-rate;
     a new run with --init-from starts from that run's weights."""
     from .agent import DQN
-    from .learner import MAX_GRAD_NORM
+    from .learnerbase import MAX_GRAD_NORM
 
     model = _model(keras, args, store.frame_stack, store.observation_space, int(store.action_space.n))
     target = _pretrained(args, model) if saved is None else None

@@ -14,7 +14,7 @@ import numpy as np
 
 from .config import TrainerError, check_count
 from .envs import FrameStacker, env_spaces, vector_frames
-from .learner import Learner
+from .learnerbase import Learner
 from .stacks import StackSpec, one_of, push_frames, stacks_of
 from .stores import check_for_network
 

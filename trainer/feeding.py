@@ -39,7 +39,7 @@ from replaystore import ReplayStore
 from replaystore.sampling.samplers import Sampler
 
 from .config import DQNConfig
-from .learner import Learner
+from .learnerbase import Learner
 from .ratio import RatioLimiter
 from .state import RunState
 

@@ -1,5 +1,6 @@
-"""The learner: the double-DQN loss written once in ``keras.ops``, and a block's gradient steps
-compiled as one call on the backend Keras runs on.
+"""The learner: the double-DQN loss written once in ``keras.ops`` (learnerbase.py, with the
+``Learner`` interface), and a block's gradient steps compiled as one call on the backend Keras
+runs on (here, one learner per backend).
 
 The loss (Hasselt et al. 2016, with a Huber loss): the online network picks the next action, the
 target network values it, and the store's ``discount`` (``gamma**k`` for the ``k`` steps of an
@@ -31,9 +32,8 @@ variable order, the same on every backend, so a run saved on one resumes on anot
 
 from __future__ import annotations
 
-import abc
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import keras
@@ -41,39 +41,12 @@ import numpy as np
 from keras import ops
 
 from .config import TrainerError
-from .stacks import StackSpec, one_of, tree_map
+from .learnerbase import MAX_GRAD_NORM, TRAIN_FIELDS, Learner, WeightsInModel, td_loss
+from .stacks import StackSpec, tree_map
 
-#: Fields of a block the gradient step reads (``index`` stays on the host, for the priorities).
-TRAIN_FIELDS = ("obs", "next_obs", "action", "reward", "discount", "weight")
-#: Clip the global gradient norm (cleanrl's practice keeps early updates sane), for the default optimizer.
-MAX_GRAD_NORM = 10.0
-
-Forward = Callable[[Any], Any]  # stacks -> Q-values
-
-
-def td_loss(online: Forward, target: Forward, batch: dict[str, Any], *,
-            cql_alpha: float = 0.0) -> tuple[Any, tuple[Any, Any]]:
-    """The double-DQN Huber loss of one batch, given the online and the target network's forward
-    passes; returns it and (the mean Q(s, a), ``|td|`` of each transition).
-
-    With ``cql_alpha`` > 0 the loss adds conservative Q-learning's term (CQL(H) for discrete
-    actions, Kumar et al. 2020): ``cql_alpha`` times the mean of ``logsumexp(Q(s, .)) - Q(s, a)``,
-    which pushes down the values of actions the data never took, so that an offline learner does not
-    bootstrap from their overestimates."""
-    q_all = online(batch["obs"])
-    next_action = ops.expand_dims(ops.argmax(online(batch["next_obs"]), axis=1), 1)
-    next_value = ops.take_along_axis(target(batch["next_obs"]), next_action, axis=1)[:, 0]
-    bootstrap = ops.stop_gradient(batch["reward"] + batch["discount"] * next_value)
-    action = ops.expand_dims(ops.cast(batch["action"], "int32"), 1)
-    q = ops.take_along_axis(q_all, action, axis=1)[:, 0]
-    abs_td = ops.abs(bootstrap - q)
-    quadratic = ops.minimum(abs_td, 1.0)
-    huber = 0.5 * ops.square(quadratic) + (abs_td - quadratic)
-    loss = ops.mean(batch["weight"] * huber)
-    if cql_alpha:
-        loss = loss + cql_alpha * ops.mean(ops.logsumexp(q_all, axis=1) - q)
-    return loss, (ops.mean(q), ops.stop_gradient(abs_td))
-
+# (the loss, the interface and the clip norm stay importable from here, where they were before learnerbase.py)
+__all__ = ["MAX_GRAD_NORM", "TRAIN_FIELDS", "JaxLearner", "Learner", "TensorFlowLearner", "TorchLearner", "make_learner",
+           "td_loss"]
 
 def make_learner(model: keras.Model, optimizer: keras.optimizers.Optimizer, *, stacks: StackSpec | None = None,
                  stack_shape: Sequence[int] | None = None, dtype: Any = None, target_every: int, tau: float,
@@ -93,141 +66,7 @@ def make_learner(model: keras.Model, optimizer: keras.optimizers.Optimizer, *, s
                        "KERAS_BACKEND before keras is imported)")
 
 
-class Learner(abc.ABC):
-    """A model's online and target weights, its optimizer's state, acting, and k-step training."""
-
-    backend: str
-
-    def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer, *, target_every: int,
-                 tau: float, cql_alpha: float = 0.0) -> None:
-        self.model, self.optimizer = model, optimizer
-        self.target_every = max(1, int(target_every))
-        self.tau = float(tau)
-        self.cql_alpha = float(cql_alpha)
-        optimizer.build(model.trainable_variables)
-
-    # Acting -------------------------------------------------------------------------------------
-
-    @abc.abstractmethod
-    def q_values(self, stacks: Any) -> np.ndarray:
-        """Q-values of ``(n, frame_stack, *frame_shape)`` stacks (a dict of them for a Dict store), in
-        one forward pass."""
-
-    def act(self, stack: Any) -> int:
-        """The greedy action for one stack ``(frame_stack, *frame_shape)`` (or dict of them)."""
-        return int(np.argmax(self.q_values(one_of(stack))[0]))
-
-    def act_batch(self, stacks: Any) -> np.ndarray:
-        """The greedy actions for ``(n, frame_stack, *frame_shape)`` stacks (or a dict of them), in one
-        forward pass."""
-        return np.argmax(self.q_values(stacks), axis=1)
-
-    # Learning -----------------------------------------------------------------------------------
-
-    @abc.abstractmethod
-    def train_block(self, block: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """One gradient step per batch of ``block`` (``(k, batch, ...)`` arrays or tensors), in one
-        compiled call; returns per step the loss and the mean Q(s, a), and ``|td|`` per transition
-        ``(k, batch)``."""
-
-    @property
-    @abc.abstractmethod
-    def train_steps(self) -> int:
-        """Gradient steps taken (the optimizer's iteration counter, restored with the checkpoint)."""
-
-    # Weights ------------------------------------------------------------------------------------
-
-    @abc.abstractmethod
-    def online_weights(self) -> list[np.ndarray]:
-        """The online weights as plain arrays in the model's weight order (``model.get_weights()``)."""
-
-    @abc.abstractmethod
-    def set_online_weights(self, weights: list[np.ndarray]) -> None:
-        """Act with these online weights (``online_weights`` of another learner: a Ray actor's)."""
-
-    @abc.abstractmethod
-    def sync_model(self) -> None:
-        """Make the model's variables hold the online weights (for callbacks that read or save it)."""
-
-    @abc.abstractmethod
-    def pull_model(self) -> None:
-        """Take the model's variables as the online weights (a callback set them:
-        ``EarlyStopping(restore_best_weights=True)``)."""
-
-    @abc.abstractmethod
-    def state(self) -> dict[str, list[np.ndarray]]:
-        """The checkpoint's arrays: ``online`` and ``target`` weights in model order, the ``optimizer``'s variables."""
-
-    @abc.abstractmethod
-    def load_state(self, state: dict[str, list[np.ndarray]]) -> None:
-        """Take ``state()``'s arrays (of a learner on either backend)."""
-
-    def check_state(self, state: dict[str, list[np.ndarray]]) -> None:
-        """Refuse a checkpoint saved with another model or optimizer, saying which part differs."""
-        weights, variables = self.model.weights, self.optimizer.variables
-        if len(state["online"]) != len(weights) or len(state["optimizer"]) != len(variables):
-            raise TrainerError(f"the checkpoint holds {len(state['online'])} weights and {len(state['optimizer'])} "
-                               f"optimizer variables, the model and optimizer have {len(weights)} and "
-                               f"{len(variables)}: it was saved with another model or optimizer")
-        for var, value in zip(weights, state["online"], strict=True):
-            if tuple(var.shape) != np.shape(value):
-                raise TrainerError(f"the checkpoint's weight for {var.path} has shape {np.shape(value)}, the model's "
-                                   f"{tuple(var.shape)}: it was saved with another model")
-
-
-class _WeightsInModel(Learner):
-    """A learner whose online weights are the model's own variables, updated in place by the
-    optimizer (TensorFlow, PyTorch); ``target`` and ``target_frozen`` hold the target network's
-    copies of the trainable and non-trainable ones, in the backend's own tensors."""
-
-    target: list[Any]
-    target_frozen: list[Any]
-
-    @abc.abstractmethod
-    def _array(self, value: Any) -> np.ndarray:
-        """A variable's value or a target copy as a numpy array of its own (not a view of the
-        tensor, which later updates write in place)."""
-
-    @abc.abstractmethod
-    def _assign(self, copy: Any, value: np.ndarray) -> None:
-        """Set a target copy to ``value``."""
-
-    @property
-    def train_steps(self) -> int:
-        return int(self._array(self.optimizer.iterations.value))
-
-    def online_weights(self) -> list[np.ndarray]:
-        return [np.asarray(w) for w in self.model.get_weights()]
-
-    def set_online_weights(self, weights: list[np.ndarray]) -> None:
-        self.model.set_weights(weights)
-
-    def sync_model(self) -> None:
-        pass  # the model's variables are the online weights
-
-    def pull_model(self) -> None:
-        pass
-
-    def state(self) -> dict[str, list[np.ndarray]]:
-        by_path = {v.path: self._array(t) for v, t in zip(self.model.trainable_variables, self.target, strict=True)}
-        by_path.update({v.path: self._array(t)
-                        for v, t in zip(self.model.non_trainable_variables, self.target_frozen, strict=True)})
-        return {"online": self.online_weights(), "target": [by_path[v.path] for v in self.model.weights],
-                "optimizer": [self._array(v.value) for v in self.optimizer.variables]}
-
-    def load_state(self, state: dict[str, list[np.ndarray]]) -> None:
-        self.check_state(state)
-        self.model.set_weights(state["online"])
-        target = {v.path: w for v, w in zip(self.model.weights, state["target"], strict=True)}
-        for t, v in zip(self.target, self.model.trainable_variables, strict=True):
-            self._assign(t, target[v.path])
-        for t, v in zip(self.target_frozen, self.model.non_trainable_variables, strict=True):
-            self._assign(t, target[v.path])
-        for var, value in zip(self.optimizer.variables, state["optimizer"], strict=True):
-            var.assign(value)
-
-
-class TensorFlowLearner(_WeightsInModel):
+class TensorFlowLearner(WeightsInModel):
     """The model's variables are the online weights; the target's are ``tf.Variable`` copies."""
 
     backend = "tensorflow"
@@ -280,7 +119,7 @@ class TensorFlowLearner(_WeightsInModel):
         copy.assign(value)
 
 
-class TorchLearner(_WeightsInModel):
+class TorchLearner(WeightsInModel):
     """The model's variables (``torch.nn.Parameter``s) are the online weights; the target's are
     detached tensor copies on the same device. Keras' PyTorch backend compiles nothing: a block's
     steps are a Python loop of eager steps (gradients by ``torch.autograd.grad``, the optimizer's

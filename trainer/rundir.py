@@ -87,7 +87,7 @@ def load_run(run_dir: str | Path, *, store: ReplayStore | str | Path | None = No
     import keras
 
     from .agent import DQN
-    from .learner import MAX_GRAD_NORM
+    from .learnerbase import MAX_GRAD_NORM
     from .models import q_network_for
 
     where = Path(run_dir)
