@@ -305,8 +305,7 @@ class DQN:
                    seed: int | None) -> Callable[[], Played] | None:
         if env is None:
             return None
-        seed = self.config.seed + 100_000 if seed is None else seed
-        return lambda: self.play(env, episodes, epsilon=epsilon, seed=seed)
+        return lambda: self.play(env, episodes, epsilon=epsilon, seed=seed)  # (play picks the default seed)
 
     def evaluate(self, env: Any, episodes: int = 10, *, epsilon: float = 0.0, seed: int | None = None) -> list[float]:
         """The raw returns of ``episodes`` whole games (all lives) played greedily (with
