@@ -40,8 +40,7 @@ from .envs import env_spaces
 from .evaluation import Played, play
 from .feeding import Learning
 from .hindsight import check_goals, choose_reward, hindsight_sampler
-from .learner import make_learner
-from .learnerbase import MAX_GRAD_NORM, Learner
+from .learner import MAX_GRAD_NORM, Learner, make_learner
 from .models import check_model, check_savable
 from .offline import OfflineRun
 from .run import Run, Source
