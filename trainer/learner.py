@@ -168,13 +168,15 @@ class TorchLearner(WeightsInModel):
                 return model.stateless_call(self.target, self.target_frozen, stacks)[0]
 
         out: list[tuple[Any, Any, Any]] = []
+        step = self.train_steps  # (read once: on a GPU each read of the counter waits for the device)
         for i in range(int(fields["action"].shape[0])):
             batch = {name: tree_map(lambda v: v[i], value) for name, value in fields.items()}
             loss, (q_mean, abs_td) = td_loss(model, target, batch, cql_alpha=self.cql_alpha)
             grads = torch.autograd.grad(loss, parameters)
             with torch.no_grad():
                 optimizer.apply(list(grads), variables)
-                if self.train_steps % self.target_every == 0:
+                step += 1  # (apply counted it)
+                if step % self.target_every == 0:
                     for t, o in zip(self.target, parameters, strict=True):
                         t.copy_(o if self.tau >= 1.0 else self.tau * o + (1.0 - self.tau) * t)
             out.append((loss.detach(), q_mean.detach(), abs_td.detach()))
