@@ -231,7 +231,9 @@ def test_episode_saved_as_gif(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     for argv, message in (
         (["--save", "0", str(tmp_path / "v.gif")], "not an image"),
         (["--save", "0", str(tmp_path / "vec.zarr" / "inside.npz")], "inside the store"),
-        (["--save", "0", str(tmp_path / "v.mp4")], "name the file .npz"),
+        (["--save", "0", str(tmp_path / "v.avi")], "name the file .npz (every array), .mp4 or .gif"),
+        (["--save", "0", str(tmp_path / "v.mp4")], "not an image"),
+        (["--save", "0", str(tmp_path / "missing" / "v.mp4")], "the folder"),
         (["--save", "7", str(tmp_path / "v.npz")], "holds 4 live episodes"),
         (["--stream", "2"], "has 1 stream"),
     ):
@@ -240,6 +242,50 @@ def test_episode_saved_as_gif(tmp_path: Path, capsys: pytest.CaptureFixture[str]
         assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
     assert snapshot(tmp_path / "vec.zarr") == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ep.gif", "img.zarr", "vec.zarr"]
+
+
+def test_episode_saved_as_mp4(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--save INDEX FILE.mp4``: every observation a frame of an MPEG-4 video at ``--fps``, gray
+    frames as they are and colour ones in colour (the codec is lossy: close, not equal); a frame with
+    an odd side is padded to even ones; an older file of the name is replaced only when the new one
+    is whole, and nothing is left beside it."""
+    import cv2
+
+    def decoded(path: Path) -> tuple[list[np.ndarray], float]:
+        capture, frames = cv2.VideoCapture(str(path)), []
+        while True:
+            ok, image = capture.read()
+            if not ok:
+                return frames, capture.get(cv2.CAP_PROP_FPS)
+            frames.append(image)
+
+    def picture(shape: tuple[int, ...], i: int) -> np.ndarray:  # a bright square moving over a dark ground
+        out = np.full(shape, 40, np.uint8)
+        y, x = 2 * i % (shape[0] - 8), 3 * i % (shape[1] - 8)
+        out[y:y + 8, x:x + 8] = 220 if len(shape) == 2 else (220, 60, 30)
+        return out
+
+    for shape, name in (((84, 84), "gray"), ((45, 33, 3), "colour")):
+        pictures = [picture(shape, i) for i in range(21)]
+        store = make_store(tmp_path / f"{name}.zarr", capacity=64, shape=shape)
+        for i in range(20):  # one episode of 20 moves
+            store.add(pictures[i], 0, 1.0, pictures[i + 1], i == 19, False)
+        store.close()
+        out = tmp_path / f"{name}.mp4"
+        out.write_bytes(b"an older file")
+        assert main(["episodes", str(tmp_path / f"{name}.zarr"), "--save", "0", str(out), "--fps", "10"]) == 0
+        assert capsys.readouterr().out.strip().endswith(f"20 moves, return 20, terminated -> {out}")
+        frames, fps = decoded(out)
+        assert len(frames) == 21 and fps == 10
+        even = (shape[0] + shape[0] % 2, shape[1] + shape[1] % 2)
+        assert frames[0].shape == (*even, 3)
+        for i in (0, 10, 20):
+            shown = frames[i][:shape[0], :shape[1]]
+            shown = shown[..., 0] if len(shape) == 2 else shown[..., ::-1]  # (gray comes back as 3 equal channels; BGR)
+            assert np.abs(shown.astype(int) - pictures[i]).mean() < 8, (name, i)
+            centre = shown[2 * i % (shape[0] - 8) + 4, 3 * i % (shape[1] - 8) + 4].astype(int)
+            assert np.abs(centre - pictures[i][2 * i % (shape[0] - 8) + 4, 3 * i % (shape[1] - 8) + 4]).max() < 16
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["colour.mp4", "colour.zarr", "gray.mp4", "gray.zarr"]
 
 
 def test_an_episode_too_large_for_memory_is_refused_and_read_in_parts(tmp_path: Path,

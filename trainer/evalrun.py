@@ -28,7 +28,7 @@ from .config import TrainerError
 from .envs import atari_settings, is_atari, make_env, make_vector_env
 from .process import stop_signals
 from .rundir import load_run
-from .video import RecordGame, VideoFile, check_video_path
+from .video import RecordGame, check_video_path, video_file
 
 #: Evaluations play up to this many games at once, on a vector env (a run's with --num-envs > 1).
 EVAL_ENVS = 32
@@ -148,7 +148,7 @@ def _env(args: Args, out: Path | None) -> Iterator[tuple[Any, RecordGame | None]
             yield env, None
         return
     env = make_env(args.env_id, arguments.env_kwargs(args), render=True)
-    video = VideoFile(out, _fps(args, env))
+    video = video_file(out, _fps(args, env))
     try:
         env.reset(seed=args.seed)
         recorder = RecordGame(env, video)

@@ -6,14 +6,15 @@ reads one episode's frames (``ReplayStore.episode``) and writes them, with its m
 - ``.npz``: ``obs`` (every observation, single frames), ``action``, ``reward``, ``terminated``,
   ``truncated``, and ``stream``, ``index``, ``first_step``, ``from_start``, ``ended``,
   ``first_move``; and each extra of the moves as ``extras.NAME``;
-- ``.gif``: the observations as an animation, for frames that are images (``(H, W)``,
-  ``(H, W, 1|3|4)`` or channels first), through Pillow (which matplotlib brings); of a Dict store,
-  its entry ``key`` (``--key``; without it, the one entry that is an image, if there is one).
+- ``.mp4`` or ``.gif``: the observations as a video (video.py: OpenCV's MPEG-4, or Pillow's GIF,
+  which matplotlib brings), for frames that are images (``(H, W)``, ``(H, W, 1|3|4)`` or channels
+  first; an alpha channel is dropped); of a Dict store, its entry ``key`` (``--key``; without it,
+  the one entry that is an image, if there is one).
 
 The file is written beside its final name and renamed onto it, so a crash or a full disk leaves no
 half-written file; FILE must not be inside the store. ``--moves A:B`` saves a part; an episode whose
-frames (three times them for a .gif) would take more than half of the memory the process may use
-is refused before it is read.
+frames (with their images: three times them for a .gif, twice for an .mp4) would take more than half
+of the memory the process may use is refused before it is read.
 """
 
 from __future__ import annotations
@@ -33,8 +34,10 @@ from replaystore.sampling.episodes import Episode, episode_table, how_it_ended, 
 from replaystore.sampling.memory import check_episode
 from replaystore.store import ReplayStore
 
+from .video import VideoFile
+
 NEWEST = 20  # episodes listed without --all
-SUFFIXES = (".npz", ".gif")
+SUFFIXES = (".npz", ".mp4", ".gif")
 
 
 def list_episodes(path: str | Path, *, stream: int = 0, newest: int | None = NEWEST) -> dict[str, Any]:
@@ -89,14 +92,14 @@ def _short(value: Any) -> str:
 
 def save_episode(path: str | Path, index: int, out: str | Path, *, stream: int = 0, fps: float = 15.0,
                  moves: slice | None = None, key: str | None = None) -> tuple[Path, Episode]:
-    """Write episode ``index`` of ``stream`` (or its ``moves``) to ``out`` (.npz or .gif); returns the
-    file and the episode. ``key``: the entry of a Dict store a .gif shows. An episode whose frames,
-    with the .gif's images beside them, would take more than half of the memory this process may
-    use is refused before it is read."""
+    """Write episode ``index`` of ``stream`` (or its ``moves``) to ``out`` (.npz, .mp4 or .gif);
+    returns the file and the episode. ``key``: the entry of a Dict store a video shows. An episode
+    whose frames, with the video's images beside them, would take more than half of the memory this
+    process may use is refused before it is read."""
     out = Path(out)
     if out.suffix.lower() not in SUFFIXES:
-        raise ConfigError(f"cannot save an episode as {out.name!r}: name the file .npz (every array) or .gif (the "
-                          "frames as an animation)")
+        raise ConfigError(f"cannot save an episode as {out.name!r}: name the file .npz (every array), .mp4 or .gif "
+                          "(the frames as a video)")
     if not fps > 0:
         raise ConfigError(f"--fps is {fps!r}; give frames per second > 0")
     if "://" not in str(path):
@@ -104,30 +107,35 @@ def save_episode(path: str | Path, index: int, out: str | Path, *, stream: int =
         if target == store_dir or target.startswith(store_dir + os.sep):
             raise UnsafePathError(errno.EINVAL, f"{out} is inside the store {path}; save the episode outside it")
     if out.is_dir():
-        raise ConfigError(f"{out} is a directory; give a file name ending in .npz or .gif")
-    with ReplayStore.open(path, cache_bytes=0) as store:  # (each chunk is read once: no cache to hold)
-        gif = out.suffix.lower() == ".gif"
-        key, box = _shown(store, path, key) if gif else (None, store.schema.observation)
-        if gif:
-            _frames_as_images(np.zeros((1, *box.shape), dtype=np.uint8))  # refuse early
-            _check_images(store, index, stream, moves)
-        episode = store.episode(index, stream=stream, moves=moves)
-        low, high = box.low, box.high
+        raise ConfigError(f"{out} is a directory; give a file name ending in .npz, .mp4 or .gif")
+    video = VideoFile(out, fps, what="--save") if out.suffix.lower() != ".npz" else None
+    try:
+        with ReplayStore.open(path, cache_bytes=0) as store:  # (each chunk is read once: no cache to hold)
+            key, box = _shown(store, path, key) if video else (None, store.schema.observation)
+            if video:
+                _frames_as_images(np.zeros((1, *box.shape), dtype=np.uint8))  # refuse early
+                _check_images(store, index, stream, moves, out.suffix.lower())
+            episode = store.episode(index, stream=stream, moves=moves)
+        if video:
+            flat = _flat_obs(store, episode.obs)
+            frames = flat[key] if key is not None and flat is not None else episode.obs
+            for image in _to_uint8(frames, box.low, box.high):
+                video.add(image[..., :3] if image.ndim == 3 else image)  # (an alpha channel dropped)
+            video.commit()
+            return out, episode
+    finally:
+        if video is not None:
+            video.discard()  # (nothing after a commit)
     data = io.BytesIO()
-    if out.suffix.lower() == ".npz":
-        flat = _flat_obs(store, episode.obs)
-        obs = {f"obs.{key}": v for key, v in flat.items()} if flat is not None else {"obs": episode.obs}
-        arrays: dict[str, Any] = {**obs, "action": episode.action, "reward": episode.reward,
-                                  "terminated": episode.terminated, "truncated": episode.truncated,
-                                  "stream": episode.stream, "index": episode.index, "first_step": episode.first_step,
-                                  "from_start": episode.from_start, "ended": np.str_(episode.ended),
-                                  "first_move": episode.first_move,
-                                  **{f"extras.{name}": v for name, v in episode.extras.items()}}
-        np.savez_compressed(data, **arrays)
-    else:
-        flat = _flat_obs(store, episode.obs)
-        frames = flat[key] if key is not None and flat is not None else episode.obs
-        _write_gif(data, _to_uint8(frames, low, high), fps)
+    flat = _flat_obs(store, episode.obs)
+    obs = {f"obs.{key}": v for key, v in flat.items()} if flat is not None else {"obs": episode.obs}
+    arrays: dict[str, Any] = {**obs, "action": episode.action, "reward": episode.reward,
+                              "terminated": episode.terminated, "truncated": episode.truncated,
+                              "stream": episode.stream, "index": episode.index, "first_step": episode.first_step,
+                              "from_start": episode.from_start, "ended": np.str_(episode.ended),
+                              "first_move": episode.first_move,
+                              **{f"extras.{name}": v for name, v in episode.extras.items()}}
+    np.savez_compressed(data, **arrays)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:
@@ -142,7 +150,7 @@ def save_episode(path: str | Path, index: int, out: str | Path, *, stream: int =
 
 
 def _shown(store: ReplayStore, path: str | Path, key: str | None) -> tuple[str | None, BoxSpec]:
-    """What a .gif shows: the store's observations (no key), or a Dict store's entry ``key`` and its
+    """What a video shows: the store's observations (no key), or a Dict store's entry ``key`` and its
     Box (``ConfigError`` naming the image entries when ``key`` is missing or not one of them)."""
     spec = store.schema.observation_dict
     if spec is None:
@@ -182,16 +190,19 @@ def _is_image(shape: tuple[int, ...]) -> bool:
     return True
 
 
-def _check_images(store: ReplayStore, index: int, stream: int, moves: slice | None) -> None:
-    """Refuse a .gif whose frames and images (uint8 copies, and Pillow's) would not fit: three times
-    the frames' bytes, against half of the memory this process may use."""
+def _check_images(store: ReplayStore, index: int, stream: int, moves: slice | None, suffix: str) -> None:
+    """Refuse a video whose frames and images would not fit, against half of the memory this process
+    may use: three times the frames' bytes for a .gif (uint8 copies, and Pillow's), twice for an
+    .mp4 (streamed to disk)."""
     lengths = episode_table(stream_ring(store.rings, stream))["lengths"]
     if not -lengths.size <= index < lengths.size:
         return  # (store.episode says what is wrong with the index)
     a, b = window(moves, int(lengths[index]), f"episode {index}")
     frame = int(np.prod(store.schema.observation.shape, dtype=np.int64)) * np.dtype(store.schema.observation.dtype).itemsize
     # (a Dict store's whole frame: the episode is read whole, every entry of it)
-    check_episode(3 * (b - a + 1) * frame, None, what=f"episode {index} of stream {stream} as a .gif ({b - a:,} moves)")
+    copies = 3 if suffix == ".gif" else 2
+    check_episode(copies * (b - a + 1) * frame, None,
+                  what=f"episode {index} of stream {stream} as a{'n' if suffix == '.mp4' else ''} {suffix} ({b - a:,} moves)")
 
 
 def _frames_as_images(frames: np.ndarray) -> np.ndarray:
@@ -223,14 +234,3 @@ def _to_uint8(frames: np.ndarray, low: Any, high: Any) -> np.ndarray:
         lo, hi = float(np.nanmin(values)), float(np.nanmax(values))
     scaled = (values - lo) / (hi - lo) * 255.0 if hi > lo else np.zeros_like(values)
     return np.clip(np.nan_to_num(scaled), 0, 255).astype(np.uint8)
-
-
-def _write_gif(f: Any, images: np.ndarray, fps: float) -> None:
-    try:
-        from PIL import Image
-    except ImportError as exc:
-        raise ConfigError("saving an episode as .gif needs Pillow: pip install 'replaystore[plot]' (or save as .npz)") from exc
-    mode = {2: "L"}.get(images.ndim - 1) or ("RGB" if images.shape[-1] == 3 else "RGBA")
-    pictures = [Image.fromarray(np.ascontiguousarray(frame), mode=mode) for frame in images]
-    pictures[0].save(f, format="GIF", save_all=True, append_images=pictures[1:], duration=max(20, round(1000 / fps)),
-                     loop=0)

@@ -193,16 +193,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_inspect)
     p = sub.add_parser("episodes", help="list the live episodes of a stream, or save one (--save INDEX FILE)",
                        description="List the live episodes of a stream from the scalar arrays, or save one whole "
-                                   "(every observation and move) as .npz, or its frames as a .gif.")
+                                   "(every observation and move) as .npz, or its frames as a video (.mp4 or .gif).")
     p.add_argument("path")
     p.add_argument("--stream", type=int, default=0, help="the stream (default 0)")
     p.add_argument("--all", action="store_true", help="list every live episode (default: the newest 20)")
     p.add_argument("--save", nargs=2, metavar=("INDEX", "FILE"),
-                   help="save episode INDEX (as listed; negative: from the newest) to FILE.npz or FILE.gif")
+                   help="save episode INDEX (as listed; negative: from the newest) to FILE.npz, FILE.mp4 or FILE.gif")
     p.add_argument("--moves", metavar="A:B", help="with --save: only the episode's moves A..B-1 and the observations "
                    "around them (Python's slice rules: 0:1000, 5000:, -1000:); for an episode too large to save whole")
-    p.add_argument("--fps", type=float, default=15.0, help="frames per second of a saved .gif (default 15)")
-    p.add_argument("--key", help="with --save FILE.gif of a Dict store: the image entry to show (default: the one "
+    p.add_argument("--fps", type=float, default=15.0, help="frames per second of a saved .mp4 or .gif (default 15)")
+    p.add_argument("--key", help="with --save FILE.mp4 or FILE.gif of a Dict store: the image entry to show (default: the one "
                    "entry that is an image)")
     p.add_argument("--json", action="store_true", help="print the listing (or what was saved) as JSON")
     p.set_defaults(func=_episodes)
