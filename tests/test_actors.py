@@ -41,8 +41,9 @@ def test_actors_on_object_storage_die_and_are_restarted_on_their_streams(tmp_pat
     argv = [a if a != "CartPole-v1" else "crashing_env:CrashingCartPole-v0" for a in ACTORS]
     env = {"CRASH_AFTER": "400", "CRASH_MODE": "exit",
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    # (--dueling: the actors build the run's network, the learner's weights go into it)
     done = _run(*argv, "--actors", "3", "--store", s3_url, "--lease-ttl", "3", "--total-timesteps", "1500",
-                "--run-dir", str(run), env=env)
+                "--dueling", "--run-dir", str(run), env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "actor 0 (streams [0]) died" in done.stdout and "restarting it (restart 1 of at most 3)" in done.stdout
     assert not (run / "replay.zarr").exists()

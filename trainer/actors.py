@@ -105,7 +105,6 @@ class ActorProcess:
         from .acting import VectorActing
         from .envs import make_env, make_vector_env
         from .learner import make_learner
-        from .models import q_network_for
         from .rundir import open_writing
         from .stacks import StackSpec
 
@@ -117,8 +116,7 @@ class ActorProcess:
         self.store = open_writing(args, streams=actor_streams(args, index), cache_bytes=ACTOR_CACHE_BYTES)
         self.store.end_episode()  # after a crash or a resume: the episode in progress ends as truncated
         keras.utils.set_random_seed(args.seed + 1009 * (index + 1) + incarnation)
-        model = q_network_for(space, args.frame_stack, n_actions, hidden_sizes=arguments.hidden_sizes(args),
-                              builder=arguments.model_builder(args))
+        model = arguments.q_network(args, space, args.frame_stack, n_actions)
         self.learner = make_learner(model, keras.optimizers.Adam(), stacks=StackSpec.of_space(space, args.frame_stack),
                                     target_every=1, tau=1.0)  # it only acts: its weights come from the learner
         seed = args.seed + 104_729 * (index + 1) + 7919 * incarnation

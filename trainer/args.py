@@ -57,6 +57,7 @@ class Args:
     her_n_sampled_goal: int = dataclasses.field(default=0, metadata={"help": "a goal env's Dict observations (achieved_goal, desired_goal): hindsight experience replay, this many transitions relabelled with a goal the episode reached for each real one (4 is HER's usual), their rewards from the env's compute_reward; 0: no relabelling"})
     her_strategy: str = dataclasses.field(default="future", metadata={"help": "with --her-n-sampled-goal: where a relabelled goal comes from: future (a later step of the episode), final or episode"})
     model: str = dataclasses.field(default="", metadata={"help": "your own Q-network: module:function, called as function(observation_space, n_actions, frame_stack) for a keras.Model from the store's stacks (batch, frame_stack, *frame) to one Q-value per action (the module is imported: put its folder on PYTHONPATH); default: nature_cnn for images, mlp for vectors (--hidden-sizes), embedded_mlp for a Discrete, dict_mlp for Dicts and Tuples"})
+    dueling: bool = dataclasses.field(default=False, metadata={"help": "the default Q-network with a dueling head (Wang et al. 2016: a state value and each action's advantage over their mean); not with --model, whose function builds its own head"})
     hidden_sizes: str = dataclasses.field(default="120,84", metadata={"help": "MLP layer widths for vector, Dict and Tuple observations"})
     frame_stack: int = dataclasses.field(default=0, metadata={"help": "frames per observation (default: 4 for images, 1 for vectors)"})
     terminal_on_life_loss: bool = dataclasses.field(default=True, metadata={"help": "Atari: a lost life ends the episode for learning"})
@@ -121,6 +122,9 @@ def check(args: Args) -> None:
                            f"(each env writes its own stream); use {lower} or {lower + streams}")
     if args.n_step >= args.buffer_size // streams:
         raise TrainerError(f"--n-step {args.n_step} must be smaller than --buffer-size {args.buffer_size}")
+    if args.dueling and args.model:
+        raise TrainerError(f"--dueling asks for the default Q-network's dueling head, but --model {args.model} builds "
+                           "the network: leave out --dueling, or end your model with replaystore.trainer.Dueling(n_actions)")
     hidden_sizes(args)
     extras(args)
     env_kwargs(args)
@@ -132,6 +136,15 @@ def check_playing(args: Args) -> None:
         raise TrainerError(f"--eval-epsilon is {args.eval_epsilon}; it must be in [0, 1]")
     if not 1 <= args.num_envs <= 1024:
         raise TrainerError(f"--num-envs is {args.num_envs}; it must be between 1 and 1024")
+
+
+def q_network(args: Args, space: Any, frame_stack: int, n_actions: int) -> Any:
+    """The run's Q-network for its observation space: --model's, else the default one (--hidden-sizes,
+    --dueling); Keras is imported here."""
+    from .models import q_network_for
+
+    return q_network_for(space, frame_stack, n_actions, hidden_sizes=hidden_sizes(args), dueling=args.dueling,
+                         builder=model_builder(args))
 
 
 def model_builder(args: Args) -> Callable[..., Any] | None:

@@ -236,11 +236,8 @@ def _agent(keras: Any, args: Args, settings: Any, store: ReplayStore, saved: Any
 
 def _model(keras: Any, args: Args, frame_stack: int, space: Any, actions: int) -> Any:
     """The run's Q-network: --model's, else the default one for the observation space."""
-    from .models import q_network_for
-
     keras.utils.set_random_seed(args.seed)
-    return q_network_for(space, frame_stack, actions, hidden_sizes=arguments.hidden_sizes(args),
-                         builder=arguments.model_builder(args))
+    return arguments.q_network(args, space, frame_stack, actions)
 
 
 def _pretrained(args: Args, model: Any) -> list[Any] | None:

@@ -138,19 +138,20 @@ def dict_mlp(observation_space: Any, n_actions: int, *, frame_stack: int = 1, hi
 
 
 def q_network(stack_shape: Sequence[int], dtype: Any, n_actions: int, *, hidden_sizes: Sequence[int],
-              name: str = "online") -> keras.Model:
+              dueling: bool = False, name: str = "online") -> keras.Model:
     """What ``replaystore-train`` builds: ``nature_cnn`` for stacks of 2-D frames, else ``mlp``."""
     if len(stack_shape) == 3:
-        return nature_cnn(stack_shape, n_actions, dtype=dtype, name=name)
-    return mlp(stack_shape, n_actions, hidden_sizes=hidden_sizes, dtype=dtype, name=name)
+        return nature_cnn(stack_shape, n_actions, dtype=dtype, dueling=dueling, name=name)
+    return mlp(stack_shape, n_actions, hidden_sizes=hidden_sizes, dtype=dtype, dueling=dueling, name=name)
 
 
 def q_network_for(space: Any, frame_stack: int, n_actions: int, *, hidden_sizes: Sequence[int],
-                  name: str = "online", builder: Callable[..., Any] | None = None) -> keras.Model:
+                  dueling: bool = False, name: str = "online", builder: Callable[..., Any] | None = None) -> keras.Model:
     """What ``replaystore-train`` builds for an observation space: ``builder(space, n_actions,
     frame_stack)`` when given (the user's own), else ``dict_mlp`` for a ``Dict`` (a goal env's) or a
     ``Tuple`` (Blackjack's), ``embedded_mlp`` for a ``Discrete`` of states ``0..n-1``, else
-    ``q_network`` of its stacks (a MultiBinary's or MultiDiscrete's ints go through ``mlp`` as numbers)."""
+    ``q_network`` of its stacks (a MultiBinary's or MultiDiscrete's ints go through ``mlp`` as numbers);
+    with ``dueling`` the default ones end in a ``Dueling`` head."""
     if builder is not None:
         model = builder(space, n_actions, frame_stack)
         if not isinstance(model, keras.Model):
@@ -158,10 +159,11 @@ def q_network_for(space: Any, frame_stack: int, n_actions: int, *, hidden_sizes:
                              f"returned a {type(model).__name__}, not a keras.Model; return the Q-network")
         return model
     if isinstance(space, gym.spaces.Dict | gym.spaces.Tuple):
-        return dict_mlp(space, n_actions, frame_stack=frame_stack, hidden_sizes=hidden_sizes, name=name)
+        return dict_mlp(space, n_actions, frame_stack=frame_stack, hidden_sizes=hidden_sizes, dueling=dueling, name=name)
     if hasattr(space, "n") and tuple(space.shape) == () and int(getattr(space, "start", 0)) == 0:
-        return embedded_mlp(frame_stack, int(space.n), n_actions, hidden_sizes=hidden_sizes, name=name)
-    return q_network((frame_stack, *space.shape), space.dtype, n_actions, hidden_sizes=hidden_sizes, name=name)
+        return embedded_mlp(frame_stack, int(space.n), n_actions, hidden_sizes=hidden_sizes, dueling=dueling, name=name)
+    return q_network((frame_stack, *space.shape), space.dtype, n_actions, hidden_sizes=hidden_sizes, dueling=dueling,
+                     name=name)
 
 
 def check_savable(model: Any) -> None:

@@ -88,7 +88,6 @@ def load_run(run_dir: str | Path, *, store: ReplayStore | str | Path | None = No
 
     from .agent import DQN
     from .learnerbase import MAX_GRAD_NORM
-    from .models import q_network_for
 
     where = Path(run_dir)
     try:
@@ -105,8 +104,7 @@ def load_run(run_dir: str | Path, *, store: ReplayStore | str | Path | None = No
         data = location if isinstance(location, ReplayStore) else \
             stack.enter_context(ReplayStore.open(location, mode="r", **options))
         space, actions = data.observation_space, int(data.action_space.n)
-        model = q_network_for(space, data.frame_stack, actions, hidden_sizes=arguments.hidden_sizes(args),
-                              builder=arguments.model_builder(args))
+        model = arguments.q_network(args, space, data.frame_stack, actions)
     optimizer = keras.optimizers.Adam(learning_rate=args.learning_rate, global_clipnorm=MAX_GRAD_NORM)
     agent = DQN(model, location, optimizer=optimizer, buffer_size=args.buffer_size, frame_stack=args.frame_stack or None,
                 **options, **dataclasses.asdict(arguments.config(args)))
