@@ -38,13 +38,13 @@ from __future__ import annotations
 import errno
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
-from replaystore.cli.compactplan import Piece, assign, choose, cut_oldest, damaged_slots, split
+from replaystore.cli.compactplan import Piece, assign, choose, close_newest, cut_oldest, damaged_slots, split
 from replaystore.cli.compactsource import Source
 from replaystore.cli.verify import verify_store
 from replaystore.errors import (
@@ -109,10 +109,65 @@ def compact_store(src: str | Path, dst: str | Path | None = None, *, capacity: i
     """
     source = Source(src)
     try:
-        return _compact(source, src, dst, capacity=capacity, codec=codec, chunk_len=chunk_len, shard_len=shard_len,
-                        num_streams=num_streams, drop_damaged=drop_damaged, progress=progress)
+        return _compact([source], [str(src)], dst, capacity=capacity, codec=codec, chunk_len=chunk_len,
+                        shard_len=shard_len, num_streams=num_streams, drop_damaged=drop_damaged, progress=progress)
     finally:
         source.close()
+
+
+def merge_stores(srcs: Sequence[str | Path], dst: str | Path, *, capacity: int | None = None,
+                 codec: CodecSpec | None = None, chunk_len: int | None = None, shard_len: int | None = None,
+                 num_streams: int | None = None, drop_damaged: bool = False,
+                 progress: Progress | None = None) -> CompactReport:
+    """One new store at ``dst`` holding the live steps of every store in ``srcs`` (``replaystore
+    merge``): stores of one kind (the same observation and action spaces, frame stack and padding,
+    and extras), each read under its writer locks and verified as ``compact`` does. Every source
+    stream becomes a stream of the new store, in the order given (``num_streams``: that many
+    instead, merged or split as ``compact`` does), its episode in progress closed as truncated. The
+    capacity, unless given, is what keeps every live step: the most steps a new stream gets, times
+    the streams; a smaller one keeps each new stream's newest steps. The layout and codec are the
+    first source's unless given."""
+    names = [str(s) for s in srcs]
+    if len(names) < 2:
+        raise ConfigError(f"merge takes two or more stores and got {len(names)}; to rewrite one store use "
+                          "replaystore compact")
+    sources: list[Source] = []
+    try:
+        for name in names:
+            sources.append(Source(name))
+        places = [_place(s.backend) for s in sources]
+        for i, place in enumerate(places):
+            if place in places[:i]:
+                raise ConfigError(f"{names[i]} is the same store as {names[places.index(place)]}; name each store once")
+        _same_kind(sources, names)
+        return _compact(sources, names, dst, capacity=capacity, codec=codec, chunk_len=chunk_len, shard_len=shard_len,
+                        num_streams=num_streams, drop_damaged=drop_damaged, progress=progress)
+    finally:
+        for source in sources:
+            source.close()
+
+
+def _same_kind(sources: list[Source], names: list[str]) -> None:
+    """``ConfigError`` naming the first way a source's steps differ in kind from the first's."""
+    first = sources[0].schema
+    for source, name in zip(sources[1:], names[1:]):
+        schema = source.schema
+        for what, mine, theirs in (
+                ("observations", schema.observation_space(), first.observation_space()),
+                ("actions", schema.action.to_space(), first.action.to_space()),
+                ("frame_stack", schema.frame_stack, first.frame_stack),
+                ("frame padding", schema.frame_padding, first.frame_padding),
+                ("extras", [(e.name, e.shape, e.dtype) for e in schema.extras],
+                 [(e.name, e.shape, e.dtype) for e in first.extras])):
+            if mine != theirs:
+                raise ConfigError(f"{name} holds {what} {_shown(mine)}, but {names[0]} holds {_shown(theirs)}; merge "
+                                  "stores of one kind (the same spaces, frame stack and extras)")
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, list):
+        return "[" + ", ".join(f"{n} {np.dtype(d).name}{tuple(sh)}" for n, sh, d in value) + "]" if value else "none"
+    return str(value)
 
 
 def _place(backend: Backend) -> str:
@@ -126,28 +181,34 @@ def _nested(a: Backend, b: Backend) -> bool:
     return pa != pb and (pa.startswith(pb) or pb.startswith(pa))
 
 
-def _compact(source: Source, src: str | Path, dst: str | Path | None, *, capacity: int | None,
+def _compact(sources: list[Source], names: list[str], dst: str | Path | None, *, capacity: int | None,
              codec: CodecSpec | None, chunk_len: int | None, shard_len: int | None, num_streams: int | None,
              drop_damaged: bool, progress: Progress | None) -> CompactReport:
+    source, src = sources[0], names[0]  # (a merge's first store gives the kind of steps and the layout)
+    merging = len(sources) > 1
     schema, layout = source.schema, source.layout
     target = source.backend if dst is None else open_backend(dst)
-    if dst is not None and _nested(source.backend, target):
-        inner, outer = (target, source.backend) if _place(target).startswith(_place(source.backend)) else (source.backend, target)
-        raise UnsafePathError(errno.EINVAL, f"{inner.where} is inside {outer.where}: compact never writes a store inside "
-                              "another or around it (compacting one of them later would delete the other); choose a "
-                              f"DST outside {src}, or leave DST out to compact {src} in place")
+    for each, name in zip(sources, names):
+        if dst is not None and _nested(each.backend, target):
+            inner, outer = (target, each.backend) if _place(target).startswith(_place(each.backend)) else (each.backend, target)
+            raise UnsafePathError(errno.EINVAL, f"{inner.where} is inside {outer.where}: compact never writes a store "
+                                  "inside another or around it (compacting one of them later would delete the other); "
+                                  f"choose a DST outside {name}" + ("" if merging else f", or leave DST out to compact "
+                                                                     f"{src} in place"))
     if dst is not None and target.exists():
-        raise StoreExistsError(f"{target.where} already exists; choose a new DST, or leave DST out to compact {src} "
-                               "in place")
-    n_src = schema.num_streams
+        raise StoreExistsError(f"{target.where} already exists; choose a new DST"
+                               + ("" if merging else f", or leave DST out to compact {src} in place"))
+    n_src = sum(s.schema.num_streams for s in sources)
+    held = f"{src} holds {n_src} stream(s)" if not merging else f"the stores hold {n_src} streams together"
     n_new = n_src if num_streams is None else num_streams
     if isinstance(n_new, bool) or not isinstance(n_new, int) or n_new < 1:
-        raise ConfigError(f"num_streams is {num_streams!r}; {src} holds {n_src} stream(s), and compact keeps them, "
-                          "merges them into fewer or splits their episodes over more: pass an int >= 1")
-    new_capacity = schema.capacity if capacity is None else capacity
+        raise ConfigError(f"num_streams is {num_streams!r}; {held}, and compact keeps them, merges them into fewer or "
+                          "splits their episodes over more: pass an int >= 1")
+    together = sum(s.schema.capacity for s in sources)  # (a merge's, until its streams' steps are known)
+    new_capacity = (schema.capacity if not merging else -(-together // n_new) * n_new) if capacity is None else capacity
     if isinstance(new_capacity, bool) or not isinstance(new_capacity, int):
         raise ConfigError(f"capacity is {capacity!r}; it must be an int >= {2 * n_new}")
-    whose = "" if capacity is not None else f" ({src}'s)"
+    whose = "" if capacity is not None else (f" ({src}'s)" if not merging else " (the stores' together)")
     if new_capacity < 2 * n_new:
         raise ConfigError(f"capacity {new_capacity:,}{whose} cannot hold {n_new:,} streams of at least 2 steps each: "
                           f"pass a capacity >= {2 * n_new:,}, or fewer streams")
@@ -158,57 +219,71 @@ def _compact(source: Source, src: str | Path, dst: str | Path | None, *, capacit
     per_stream = new_capacity // n_new
     new_layout = _new_layout(schema, layout, per_stream, codec=codec, chunk_len=chunk_len, shard_len=shard_len)
     validate_layout(new_layout, per_stream)
-    source.hold(in_place=dst is None)
+    for each in sources:
+        each.hold(in_place=dst is None)
     staged = target.staging()
-    report = source.verify(None if progress is None else lambda d, t: progress("verify", d, t))
-    fatal = [p for p in report.problems if p.array == "metadata"]
-    if fatal:
-        raise CorruptStoreError(f"{src} cannot be compacted: {fatal[0].message}")
-    if report.problems and not drop_damaged:
-        raise CorruptStoreError(
-            f"{src} has {len(report.problems)} damaged chunk(s), first: {report.problems[0].message.split(';')[0]}; "
-            "run `replaystore compact --drop-damaged` to drop the episodes they hold"
-        )
-    stride = stream_stride(schema, layout)
-    bad = damaged_slots(report.problems, schema, stride, source.states)
     pieces: list[Piece] = []
+    problems: list[str] = []
     transitions_before = dropped_steps = 0
-    for k in range(n_src):
-        ring = source.ring(k)
-        transitions_before += ring.n_valid
-        keep, dropped = choose(ring, bad[k * stride : k * stride + schema.stream_capacity])
-        pieces.append(Piece(k, ring, keep))
-        dropped_steps += dropped
+    for i, (each, name) in enumerate(zip(sources, names)):
+        report = each.verify(None if progress is None else lambda d, t: progress("verify", d, t))
+        fatal = [p for p in report.problems if p.array == "metadata"]
+        if fatal:
+            raise CorruptStoreError(f"{name} cannot be compacted: {fatal[0].message}")
+        if report.problems and not drop_damaged:
+            raise CorruptStoreError(
+                f"{name} has {len(report.problems)} damaged chunk(s), first: {report.problems[0].message.split(';')[0]}; "
+                f"run `replaystore {'merge' if merging else 'compact'} --drop-damaged` to drop the episodes they hold"
+            )
+        problems += [(f"{name}: " if merging else "") + p.where() for p in report.problems]
+        stride = stream_stride(each.schema, each.layout)
+        bad = damaged_slots(report.problems, each.schema, stride, each.states)
+        for k in range(each.schema.num_streams):
+            ring = each.ring(k)
+            transitions_before += ring.n_valid
+            keep, dropped = choose(ring, bad[k * stride : k * stride + each.schema.stream_capacity])
+            pieces.append(Piece(len(pieces), ring, keep, source=i, offset=k * stride))
+            dropped_steps += dropped
     cut = 0
+    fitted = merging and capacity is None  # (a merge's default capacity: what its new streams' steps need)
     if n_new < n_src:
         targets, unjoined = assign(pieces, n_new)
     elif n_new > n_src:
-        targets, unjoined, cut = split(pieces, n_new, per_stream)
+        targets, unjoined, cut = split(pieces, n_new, sum(int(p.keep.size) for p in pieces) if fitted else per_stream)
     else:
+        for piece in pieces if merging else ():  # (no writer goes on in a merged store)
+            close_newest(piece)
         targets, unjoined = [[p] for p in pieces], 0
+    if fitted:
+        per_stream = max(2, *(sum(int(p.keep.size) for p in group) for group in targets))
+        new_capacity = per_stream * n_new
+        new_layout = _new_layout(schema, layout, per_stream, codec=codec, chunk_len=chunk_len, shard_len=shard_len)
+        validate_layout(new_layout, per_stream)
     for target_pieces in targets:
         cut += cut_oldest(target_pieces, per_stream)
-    before = source.nbytes()
+    before = sum(each.nbytes() for each in sources)
     if staged.exists():
         staged.destroy()  # this process's own leftover
+    what = f"the compacted copy of {src}" if not merging else f"the merged store of {', '.join(names)}"
     try:  # from here on, what is at ``staged`` is this run's unfinished copy
         new = ReplayStore.create(staged.where, new_capacity, schema.observation_space(), schema.action.to_space(),
                                  schema.frame_stack, layout=new_layout, cache_bytes=0, num_streams=n_new,
                                  frame_padding=schema.frame_padding,
                                  extras={e.name: (e.shape, e.dtype) for e in schema.extras})
-        episodes = _build(new, source.reader(), stride, targets, progress)
+        episodes = _build(new, [each.reader() for each in sources], targets, progress)
         check = verify_store(staged.where)
         if not check.ok:
-            raise CorruptStoreError(f"the compacted copy failed verification ({check.problems[0].message}); "
-                                    f"{src} is unchanged")
+            raise CorruptStoreError(f"{what} failed verification ({check.problems[0].message}); "
+                                    f"{' and '.join(names)} {'is' if not merging else 'are'} unchanged")
     except StoreWriteError as exc:  # (its own advice, "call flush() again", is for a writer, not for compact)
         _discard(staged)
         full = exc.errno == errno.ENOSPC
         why = "disk full" if full else f"could not write ({os.strerror(exc.errno or errno.EIO)})"
-        raise StoreWriteError(exc.errno, f"{why} while writing the compacted copy of {src} for {target.where}; "
-                              f"nothing of the copy is kept and {src} is unchanged: "
-                              f"{'free space there' if full else 'fix that'}"
-                              f"{', or choose another DST' if dst is not None else ''}, then compact again") from None
+        raise StoreWriteError(exc.errno, f"{why} while writing {what} for {target.where}; "
+                              f"nothing of it is kept and {' and '.join(names)} {'is' if not merging else 'are'} "
+                              f"unchanged: {'free space there' if full else 'fix that'}"
+                              f"{', or choose another DST' if dst is not None else ''}, then "
+                              f"{'merge' if merging else 'compact'} again") from None
     except BaseException:
         _discard(staged)
         raise
@@ -217,9 +292,9 @@ def _compact(source: Source, src: str | Path, dst: str | Path | None, *, capacit
         after_transitions = len(result)
         after_bytes = sum(result.backend.stored_bytes().values())
     return CompactReport(
-        src=str(src), dst=target.where, transitions_before=transitions_before, transitions_after=after_transitions,
-        steps_kept=sum(int(p.keep.size) for group in targets for p in group), episodes_kept=episodes, bytes_before=before,
-        bytes_after=after_bytes, dropped=[p.where() for p in report.problems],
+        src=", ".join(names), dst=target.where, transitions_before=transitions_before,
+        transitions_after=after_transitions, steps_kept=sum(int(p.keep.size) for group in targets for p in group),
+        episodes_kept=episodes, bytes_before=before, bytes_after=after_bytes, dropped=problems,
         steps_dropped=dropped_steps, steps_cut=cut, streams_before=n_src, streams_after=n_new,
         capacity_after=new_capacity, steps_unjoined=unjoined,
     )
@@ -244,27 +319,27 @@ def _new_layout(schema: Schema, layout: Layout, capacity: int, *, codec: CodecSp
     return Layout(shard_len=new_shard, obs_chunk_len=new_chunk, codec=codec or layout.codec)
 
 
-def _build(new: ReplayStore, source: FrameReader, stride: int, targets: list[list[Piece]],
-           progress: Progress | None) -> int:
+def _build(new: ReplayStore, readers: list[FrameReader], targets: list[list[Piece]], progress: Progress | None) -> int:
     """Write the kept steps into ``new`` (just created, and closed here): new stream ``j`` gets
-    ``targets[j]``, end to end; returns its episode count."""
+    ``targets[j]``, end to end, each piece's frames read from ``readers[piece.source]``; returns the
+    new store's episode count."""
     try:
         total = sum(int(p.keep.size) for group in targets for p in group)
         written = [0]
+        step = new.layout.shard_len
         for j, group in enumerate(targets):
-            slots = np.concatenate([p.stream * stride + p.keep % p.ring.capacity for p in group]
-                                   or [np.zeros(0, dtype=np.int64)])
             scalars = {name: np.concatenate([p.ring.fields[name][p.keep % p.ring.capacity] for p in group]
                                             or [np.zeros((0, *shape), dtype=dtype)])
                        for name, (shape, dtype) in scalar_fields(new.schema.action, new.schema.extras).items()}
-            step = new.layout.shard_len
 
-            def frame_blocks(slots: np.ndarray = slots) -> Iterator[np.ndarray]:
-                for first in range(0, slots.size, step):
-                    yield source.gather(slots[first : first + step])
-                    written[0] += min(step, slots.size - first)
-                    if progress is not None:
-                        progress("write", written[0], total)
+            def frame_blocks(group: list[Piece] = group) -> Iterator[np.ndarray]:
+                for piece in group:
+                    slots = piece.offset + piece.keep % piece.ring.capacity
+                    for first in range(0, slots.size, step):
+                        yield readers[piece.source].gather(slots[first : first + step])
+                        written[0] += min(step, slots.size - first)
+                        if progress is not None:
+                            progress("write", written[0], total)
 
             new.load_steps(scalars, frame_blocks(), stream=j)
         new.flush()

@@ -19,11 +19,19 @@ from replaystore.storage.ring import Ring
 
 @dataclass
 class Piece:
-    """One source stream's kept steps: its ring, its number and the positions kept, oldest first."""
+    """One source stream's kept steps: its ring, its number and the positions kept, oldest first;
+    for ``merge``, the store it comes from (``source``, an index) and its first slot in that store's
+    frames (``offset``: the stream's number times the store's stride)."""
 
     stream: int
     ring: Ring
     keep: np.ndarray
+    source: int = 0
+    offset: int = 0
+
+    def part(self, keep: np.ndarray) -> Piece:
+        """The same stream's steps ``keep``."""
+        return Piece(self.stream, self.ring, keep, self.source, self.offset)
 
 
 def damaged_slots(problems: list[Problem], schema: Schema, stride: int, states: list[State]) -> np.ndarray:
@@ -134,7 +142,7 @@ def split(pieces: list[Piece], n_new: int, per_stream: int) -> tuple[list[list[P
                 spans[-1] = (piece, spans[-1][1], b)
             else:
                 spans.append((piece, a, b))
-        targets.append([Piece(piece.stream, piece.ring, piece.keep[a:b]) for piece, a, b in spans])
+        targets.append([piece.part(piece.keep[a:b]) for piece, a, b in spans])
     return targets, unjoin(targets), max(excess, 0)
 
 

@@ -1,5 +1,5 @@
 """The ``replaystore`` command: ``inspect`` and ``verify`` a store without loading its frames, list
-its ``episodes`` and save one (episodes.py), ``compact`` it (compact.py), and make one from a
+its ``episodes`` and save one (episodes.py), ``compact`` it or ``merge`` several (compact.py), make one from a
 Minari dataset or a Minari dataset from one (``import-minari``, ``export-minari``:
 integrations/minari/).
 
@@ -10,12 +10,13 @@ integrations/minari/).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -110,21 +111,57 @@ def _verify(args: argparse.Namespace) -> int:
 
 def _compact(args: argparse.Namespace) -> int:
     from replaystore.cli.compact import compact_store
-    from replaystore.cli.progress import Progress
+
+    with _bar(args) as progress:
+        r = compact_store(args.src, args.dst, capacity=args.capacity, codec=_codec(args), chunk_len=args.chunk_len,
+                          shard_len=args.shard_len, num_streams=args.streams, drop_damaged=args.drop_damaged,
+                          progress=progress)
+    _say_rewritten(r, "compacted")
+    return 0
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from replaystore.cli.compact import merge_stores
+
+    if len(args.stores) < 3:
+        raise ConfigError(f"merge takes two or more stores and a new DST, and got {len(args.stores)} path(s): "
+                          "replaystore merge SRC SRC [SRC ...] DST")
+    *srcs, dst = args.stores
+    for i, src in enumerate(srcs):  # (a run directory's store, said on stderr, as for the verbs that only read)
+        srcs[i] = _followed(src)
+    with _bar(args) as progress:
+        r = merge_stores(srcs, dst, capacity=args.capacity, codec=_codec(args), chunk_len=args.chunk_len,
+                         shard_len=args.shard_len, num_streams=args.streams, drop_damaged=args.drop_damaged,
+                         progress=progress)
+    _say_rewritten(r, "merged")
+    return 0
+
+
+def _codec(args: argparse.Namespace) -> Any:
+    """--codec and --level as a ``CodecSpec`` (None: the source's)."""
     from replaystore.format.schema import CodecSpec
 
-    codec = None
-    if args.codec is not None or args.level is not None:
-        name, _, cname = (args.codec or "zstd").partition(":")
-        codec = CodecSpec(name=name, level=3 if args.level is None else args.level, cname=cname or "zstd")
+    if args.codec is None and args.level is None:
+        return None
+    name, _, cname = (args.codec or "zstd").partition(":")
+    return CodecSpec(name=name, level=3 if args.level is None else args.level, cname=cname or "zstd")
+
+
+@contextlib.contextmanager
+def _bar(args: argparse.Namespace) -> Iterator[Callable[[str, int, int], None]]:
+    """compact's and merge's progress: verifying, then writing."""
+    from replaystore.cli.progress import Progress
+
     with Progress(quiet=args.quiet) as bar:
 
         def progress(phase: str, done: int, total: int) -> None:
             bar.update({"verify": "verifying shards", "write": "writing steps"}[phase], done, total)
 
-        r = compact_store(args.src, args.dst, capacity=args.capacity, codec=codec, chunk_len=args.chunk_len,
-                          shard_len=args.shard_len, num_streams=args.streams, drop_damaged=args.drop_damaged,
-                          progress=progress)
+        yield progress
+
+
+def _say_rewritten(r: Any, verb: str) -> None:
+    """What compact or merge did (a ``CompactReport``)."""
     for line in r.dropped:
         print(f"dropped damaged {line}")
     if r.dropped:
@@ -137,9 +174,8 @@ def _compact(args: argparse.Namespace) -> int:
     if r.steps_cut:
         each = f" ({r.capacity_after // r.streams_after:,} a stream)" if r.streams_after > 1 else ""
         print(f"left out the oldest {r.steps_cut:,} steps to fit capacity {r.capacity_after:,}{each}")
-    print(f"compacted {r.src} -> {r.dst}: {r.transitions_before:,} -> {r.transitions_after:,} transitions, "
+    print(f"{verb} {r.src} -> {r.dst}: {r.transitions_before:,} -> {r.transitions_after:,} transitions, "
           f"{r.steps_kept:,} steps in {r.episodes_kept:,} episodes; {r.bytes_before:,} -> {r.bytes_after:,} bytes on disk")
-    return 0
 
 
 def _import_minari(args: argparse.Namespace) -> int:
@@ -224,6 +260,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drop-damaged", action="store_true", help="drop the episodes that touch damaged chunks")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_compact)
+    p = sub.add_parser("merge", help="make one new store of the live steps of two or more stores",
+                       description="Make a new store at DST holding the live steps of every SRC (stores of one kind: "
+                                   "the same spaces, frame stack and extras), each source stream a stream of DST in the "
+                                   "order given, episodes in progress closed as truncated. The sources are only read.")
+    p.add_argument("stores", nargs="+", metavar="SRC", help="two or more stores (or run directories), then DST, a new path")
+    p.add_argument("--capacity", type=int, help="DST's capacity in steps (default: the sources' together; smaller "
+                   "keeps each stream's newest)")
+    p.add_argument("--streams", type=int, help="merge the source streams into this many, or split their episodes over "
+                   "this many (default: one stream of DST per source stream)")
+    p.add_argument("--codec", help="zstd or blosc:CNAME (default: the first store's)")
+    p.add_argument("--level", type=int, help="compression level (zstd 1..22, blosc 0..9)")
+    p.add_argument("--chunk-len", type=int, help="frames per chunk")
+    p.add_argument("--shard-len", type=int, help="steps per shard file")
+    p.add_argument("--drop-damaged", action="store_true", help="drop the episodes that touch damaged chunks")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_merge)
     p = sub.add_parser("import-minari", help="make a new store of every episode of a Minari dataset",
                        description="Make a new store at DST holding every episode of a Minari (offline RL) dataset: "
                                    "an id in Minari's local datasets (MINARI_DATASETS_PATH) or a dataset's folder. "
@@ -277,18 +329,26 @@ def run_store(path: str) -> str | None:
     return next((str(v) for v in named if isinstance(v, str) and v), str(where / "replay.zarr"))
 
 
+def _followed(path: str) -> str:
+    """``path``, or the store of the run directory it names (said on stderr)."""
+    store = run_store(path)
+    if store is None:
+        return path
+    print(f"{path} is a replaystore-train run directory: its store is {store}", file=sys.stderr)
+    return store
+
+
 def _in_run_dir(args: argparse.Namespace, attr: str, *, read_only: bool) -> None:
     """Point ``args.<attr>`` at the store of the run directory it names: verbs that only read follow it
     (said on stderr); compact, which rewrites the store, is told to name it."""
     path = getattr(args, attr, None)
     store = run_store(path) if isinstance(path, str) else None
-    if store is None:
+    if store is None or not isinstance(path, str):
         return
     if not read_only:
         raise ConfigError(f"{path} is a replaystore-train run directory, not a replay store; its store is {store}: "
                           "pass that")
-    print(f"{path} is a replaystore-train run directory: its store is {store}", file=sys.stderr)
-    setattr(args, attr, store)
+    setattr(args, attr, _followed(path))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
