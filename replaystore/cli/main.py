@@ -253,28 +253,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dst", nargs="?", default=None, help="a new path (default: replace SRC)")
     p.add_argument("--capacity", type=int, help="a new capacity in steps (smaller keeps the newest)")
     p.add_argument("--codec", help="zstd (default) or blosc:CNAME, e.g. blosc:lz4")
-    p.add_argument("--level", type=int, help="compression level (zstd 1..22, blosc 0..9)")
-    p.add_argument("--chunk-len", type=int, help="frames per chunk")
-    p.add_argument("--shard-len", type=int, help="steps per shard file")
     p.add_argument("--streams", type=int, help="merge a store's streams into this many, or split its episodes over this many (default: keep them)")
-    p.add_argument("--drop-damaged", action="store_true", help="drop the episodes that touch damaged chunks")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _rewriting(p)
     p.set_defaults(func=_compact)
     p = sub.add_parser("merge", help="make one new store of the live steps of two or more stores",
                        description="Make a new store at DST holding the live steps of every SRC (stores of one kind: "
                                    "the same spaces, frame stack and extras), each source stream a stream of DST in the "
                                    "order given, episodes in progress closed as truncated. The sources are only read.")
     p.add_argument("stores", nargs="+", metavar="SRC", help="two or more stores (or run directories), then DST, a new path")
-    p.add_argument("--capacity", type=int, help="DST's capacity in steps (default: the sources' together; smaller "
-                   "keeps each stream's newest)")
+    p.add_argument("--capacity", type=int, help="DST's capacity in steps (default: what keeps every live step; "
+                   "smaller keeps each stream's newest)")
+    p.add_argument("--codec", help="zstd or blosc:CNAME (default: the first store's)")
     p.add_argument("--streams", type=int, help="merge the source streams into this many, or split their episodes over "
                    "this many (default: one stream of DST per source stream)")
-    p.add_argument("--codec", help="zstd or blosc:CNAME (default: the first store's)")
-    p.add_argument("--level", type=int, help="compression level (zstd 1..22, blosc 0..9)")
-    p.add_argument("--chunk-len", type=int, help="frames per chunk")
-    p.add_argument("--shard-len", type=int, help="steps per shard file")
-    p.add_argument("--drop-damaged", action="store_true", help="drop the episodes that touch damaged chunks")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _rewriting(p)
     p.set_defaults(func=_merge)
     p = sub.add_parser("import-minari", help="make a new store of every episode of a Minari dataset",
                        description="Make a new store at DST holding every episode of a Minari (offline RL) dataset: "
@@ -327,6 +319,15 @@ def run_store(path: str) -> str | None:
         return None
     named = [doc.get(key) for key in ("offline", "store")] if isinstance(doc, dict) else []
     return next((str(v) for v in named if isinstance(v, str) and v), str(where / "replay.zarr"))
+
+
+def _rewriting(p: argparse.ArgumentParser) -> None:
+    """The flags compact and merge share."""
+    p.add_argument("--level", type=int, help="compression level (zstd 1..22, blosc 0..9)")
+    p.add_argument("--chunk-len", type=int, help="frames per chunk")
+    p.add_argument("--shard-len", type=int, help="steps per shard file")
+    p.add_argument("--drop-damaged", action="store_true", help="drop the episodes that touch damaged chunks")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def _followed(path: str) -> str:
