@@ -166,3 +166,17 @@ def test_a_full_disk_leaves_no_store_and_the_sources_as_they_were(tmp_path: Path
     assert err.startswith("error: ") and "disk full while writing the merged store of" in err and err.count("\n") == 1, err
     assert "nothing of it is kept" in err and list(tiny_disk.iterdir()) == []
     assert all(snapshot(p) == before[p] for p in before)
+
+
+def test_a_store_being_written_is_refused_and_every_lock_given_back(sources: list[Path], tmp_path: Path) -> None:
+    """A writer on the second store: the merge is refused naming it (after the first store's
+    locks were taken), and once the writer is gone the same merge runs: nothing stayed locked."""
+    from replaystore import StoreLockedError
+
+    with ReplayStore.open(sources[1], mode="a"):
+        with pytest.raises(StoreLockedError, match="b.zarr is open for writing by process"):
+            merge_stores(sources, tmp_path / "m.zarr")
+        with ReplayStore.open(sources[0], mode="a"):  # the first store's locks were given back
+            pass
+    assert not (tmp_path / "m.zarr").exists()
+    assert merge_stores(sources, tmp_path / "m.zarr").streams_after == 4
