@@ -41,6 +41,28 @@ def test_inspect_text(filled: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "format version 1" in out and "sampleable transitions" in out and "zstd-3 + crc32c" in out
 
 
+def test_inspect_shows_the_priorities_prioritized_replay_set(filled: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """A store sampled with uniform priorities shows none; after ``update_priorities``: their mean,
+    min and max over the sampleable transitions, and how many hold the max."""
+    assert main(["inspect", str(filled), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["priorities"] is None
+    with ReplayStore.open(filled, mode="a") as store:
+        batch = store.sample(8, prioritized=True, rng=np.random.default_rng(0))
+        index = np.unique(batch.index)
+        store.update_priorities(index, np.linspace(0.5, 3.0, index.size))
+        n = len(store)
+        store.flush()
+    assert main(["inspect", str(filled), "--json"]) == 0
+    pr = json.loads(capsys.readouterr().out)["priorities"]
+    assert pr["min"] == 0.5 and pr["max"] == 3.0 and pr["transitions"] == n
+    assert pr["at_max"] == 1  # (the others keep the initial 1.0, below the max)
+    assert pr["mean"] == pytest.approx((np.linspace(0.5, 3.0, index.size).sum() + n - index.size) / n)
+    assert main(["inspect", str(filled)]) == 0
+    assert f"priorities        mean {pr['mean']:.4g}  min 0.5  max 3  (1 of {n} transitions at the max" in \
+        capsys.readouterr().out
+
+
 def test_verify_clean(filled: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["verify", str(filled), "--quiet"]) == 0
     assert "OK" in capsys.readouterr().out

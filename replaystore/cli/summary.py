@@ -75,6 +75,7 @@ def inspect_store(path: str | Path) -> dict[str, Any]:
                 "extras": {e.name: {"shape": list(e.shape), "dtype": e.dtype} for e in schema.extras},
             },
             "extras": extra_stats(store),
+            "priorities": priority_stats(store),
             "transitions": len(store),
             "live_steps": store.rings.live_steps,
             "streams": [{"stream": k, "transitions": r.n_valid, "live_steps": r.live_steps, "added": st.added,
@@ -120,6 +121,21 @@ def extra_stats(store: ReplayStore) -> dict[str, Any]:
                     low, high = min(low, float(values.min())), max(high, float(values.max()))
         out[e.name] = {"moves": moves, "mean": total / count, "min": low, "max": high} if count else None
     return out
+
+
+def priority_stats(store: ReplayStore) -> dict[str, Any] | None:
+    """The priorities of the sampleable transitions of every stream (prioritized replay's, set by
+    ``update_priorities``): their mean, min and max, and how many hold the max (new transitions are
+    given the highest priority seen, so these are mostly the ones not sampled since they came);
+    None where every transition has the same priority (prioritized replay not used, or nothing
+    updated yet)."""
+    values = [ring.priority[ring.valid] for ring in store.rings.streams]
+    live = np.concatenate(values) if values else np.zeros(0, np.float32)
+    if live.size == 0 or float(live.min()) == float(live.max()):
+        return None
+    high = float(live.max())
+    return {"mean": float(live.mean(dtype=np.float64)), "min": float(live.min()), "max": high,
+            "at_max": int(np.count_nonzero(live == high)), "transitions": int(live.size)}
 
 
 #: Moves ``extra_stats`` reads at a time.
@@ -220,6 +236,10 @@ def format_summary(info: dict[str, Any]) -> list[str]:
         got = info["extras"].get(name)
         values = (f"mean {got['mean']:.4g}  min {got['min']:.4g}  max {got['max']:.4g}" if got else "no moves yet")
         lines.append(f"{'extras' if i == 0 else '':<18}{name} {spec['dtype']}{shape}: {values}")
+    pr = info.get("priorities")
+    if pr:
+        lines.append(f"priorities        mean {pr['mean']:.4g}  min {pr['min']:.4g}  max {pr['max']:.4g}  ({pr['at_max']:,} of "
+                     f"{pr['transitions']:,} transitions at the max: mostly new, not sampled since they came)")
     ratio = info["obs_compression_ratio"]
     lines += [
         (f"layout            shards of {lay['shard_len']} steps ({lay['shards_per_array']} per array), frame chunks of "
