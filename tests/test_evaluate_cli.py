@@ -131,8 +131,11 @@ def cartpole_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (["--evaluate", "{run}", "--env-id", "goal_env:BitFlip-v0", "--video", "{tmp}/x.gif"],
      "goal_env:BitFlip-v0 cannot show its screen: its constructor takes no render_mode; leave out --video"),
     (["--evaluate", "{run}", "--env-id", "FrozenLake-v1"], "the env gives frames of Discrete(16) with Discrete(4), but this agent's Q-network takes stacks of (1, 4)"),
+    (["--best"], "--best plays a run's best weights with --evaluate RUN_DIR; give --evaluate too"),
+    (["--evaluate", "{run}", "--best"], "{run} holds no best.npz: a run keeps its best evaluation's weights only when "
+                                        "it evaluates (--eval-episodes)"),
 ], ids=["video-alone", "training-flag", "resume-too", "no-folder", "no-run", "no-games", "epsilon", "suffix",
-        "video-folder", "video-directory", "no-screen", "other-spaces"])
+        "video-folder", "video-directory", "no-screen", "other-spaces", "best-alone", "no-best"])
 def test_what_it_cannot_do_is_a_one_line_error(cartpole_run: Path, tmp_path: Path, argv: list[str], message: str,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     before = _listing(cartpole_run)
@@ -147,3 +150,48 @@ def test_what_it_cannot_do_is_a_one_line_error(cartpole_run: Path, tmp_path: Pat
     err = capsys.readouterr().err
     assert err.startswith("error: ") and filled(message) in err and err.count("\n") == 1, err
     assert _listing(cartpole_run) == before and not os.listdir(tmp_path)
+
+
+def test_the_best_evaluations_weights_are_kept_and_played(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A run that evaluates keeps ``best.npz``: the weights of its highest evaluation so far, written
+    when an evaluation beats the best before it (also across a resume). In lockstep (no learning
+    while it evaluates) they are exactly the weights that played: ``load_run(best=True)`` and
+    ``--evaluate --best`` play that evaluation's games again, score for score."""
+    import json
+
+    from replaystore.trainer.checkpoint import load_best
+
+    run = tmp_path / "run"
+    flags = ["--env-id", "CartPole-v1", "--buffer-size", "3000", "--batch-size", "32", "--learning-starts", "200",
+             "--train-frequency", "1", "--target-network-frequency", "100", "--learning-rate", "0.001",
+             "--replay-ratio", "0", "--eval-episodes", "3", "--eval-frequency", "400", "--sample-threads", "1",
+             "--no-progress"]
+    assert main([*flags, "--total-timesteps", "2000", "--run-dir", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert f"best weights so far -> {run / 'best.npz'} (mean score " in out
+    evals = [json.loads(line) for line in (run / "evals.jsonl").read_text().splitlines()]
+    means = [e["mean_return"] for e in evals]
+    best = evals[means.index(max(means))]  # (the first of the highest: a tie does not replace it)
+    weights, info = load_best(run)
+    assert (info["step"], info["mean_return"], info["returns"]) == (best["step"], best["mean_return"], best["returns"])
+    assert out.count("best weights so far") == sum(m > max(means[:i], default=-1e9) for i, m in enumerate(means))
+
+    agent = load_run(run, best=True)
+    try:
+        assert agent.evaluate(gym.make("CartPole-v1"), 3) == best["returns"]  # the games it played then
+        assert all(np.array_equal(a, b) for a, b in zip(agent.model.get_weights(), weights, strict=True))
+    finally:
+        agent.close()
+    assert main(["--evaluate", str(run), "--best", "--eval-episodes", "3"]) == 0
+    out = capsys.readouterr().out
+    assert f"its best weights, from the evaluation at step {best['step']:,}: mean score" in out
+    assert _scores(out) == best["returns"]
+
+    assert main(["--resume", str(run), "--total-timesteps", "2800"]) == 0  # the best goes on from the one it had
+    evals = [json.loads(line) for line in (run / "evals.jsonl").read_text().splitlines()]
+    assert len(evals) == len(means) + 2
+    assert load_best(run)[1]["mean_return"] == max(e["mean_return"] for e in evals)
+    (run / "best.npz").write_bytes(b"not an npz")  # damaged: a one-line error that says what to do
+    assert main(["--evaluate", str(run), "--best"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {run / 'best.npz'} is damaged") and "delete it" in err and err.count("\n") == 1

@@ -67,7 +67,8 @@ def test_cql_learns_offline_from_the_command_line(dataset: tuple[Path, float], t
     assert [e["step"] for e in evals] == [1000, 2000] and len(evals[-1]["returns"]) == 10
     assert data_return < 200 and evals[-1]["mean_return"] >= 400
     assert "done: 2,000 gradient steps on" in out and "eval at gradient step 2,000" in out
-    assert sorted(p.name for p in run.iterdir()) == ["args.json", "checkpoint.npz", "evals.jsonl", "scalars.jsonl", "tb"]
+    assert sorted(p.name for p in run.iterdir()) == ["args.json", "best.npz", "checkpoint.npz", "evals.jsonl", "scalars.jsonl",
+                                                     "tb"]
     tags = scalars(run)
     assert {"losses/td_loss", "charts/SPS", "charts/learner_steps_per_s", "replay/size", "eval/mean_return"} <= set(tags)
     with ReplayStore.open(path) as store:

@@ -56,7 +56,7 @@ def test_cartpole_run_writes_store_checkpoint_logs(tmp_path: Path, capsys: pytes
     assert done.returncode == 0, done.stderr[-3000:]
     assert "done: 1,200 steps" in done.stdout and "eval at step 1,200" in done.stdout
     assert {p.name for p in run.iterdir()} == {"args.json", "replay.zarr", "checkpoint.npz", "tb", "evals.jsonl",
-                                               "scalars.jsonl"}
+                                               "scalars.jsonl", "best.npz"}
     _, state = checkpoint.load(run)
     assert state["global_step"] == 1200 and _gradient_steps(run) == (1200 - 200) // 2
     scalars = _scalars(run)

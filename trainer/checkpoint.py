@@ -29,6 +29,8 @@ PARTS = ("online", "target", "optimizer")
 #: Files ``DQN.save`` writes beside the checkpoint: the model, and what rebuilds the agent around it.
 MODEL_FILE = "model.keras"
 AGENT_FILE = "agent.json"
+#: ``replaystore-train``'s best weights: the online weights of the run's highest evaluation so far.
+BEST = "best.npz"
 
 
 @contextlib.contextmanager
@@ -103,6 +105,33 @@ def load(run_dir: Path) -> tuple[dict[str, list[np.ndarray]], dict[str, Any]] | 
         raise TrainerError(f"cannot resume: {path} is damaged (not the arrays and state a checkpoint holds); put "
                            "back a copy of the file, or start a new run (the replay store is untouched)")
     return arrays, state
+
+
+def save_best(run_dir: Path, weights: list[np.ndarray], info: dict[str, Any]) -> None:
+    """Write ``weights`` (``model.get_weights()``) and ``info`` (the evaluation: its step, mean
+    return and returns) atomically to ``run_dir/best.npz``."""
+    payload: dict[str, Any] = {f"online/{i:04d}": np.asarray(a) for i, a in enumerate(weights)}
+    payload["info"] = np.frombuffer(json.dumps(info).encode(), dtype=np.uint8)
+    with replacing(run_dir / BEST) as f:
+        np.savez(f, **payload)
+
+
+def load_best(run_dir: Path) -> tuple[list[np.ndarray], dict[str, Any]] | None:
+    """The weights and evaluation ``save_best`` wrote, or None when there are none; TrainerError if
+    the file is unreadable."""
+    path = run_dir / BEST
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            weights = [data[k] for k in sorted(k for k in data.files if k.startswith("online/"))]
+            info = json.loads(data["info"].tobytes().decode())
+        if not isinstance(info, dict) or not isinstance(info.get("mean_return"), int | float) or not weights:
+            raise ValueError("not the weights and evaluation a best.npz holds")
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+        raise TrainerError(f"{path} is damaged ({type(exc).__name__}: {exc}); delete it (the run writes it again at "
+                           "its next evaluation) or put back a copy") from exc
+    return weights, info
 
 
 def save_agent(directory: Path, model: Any, doc: dict[str, Any], arrays: dict[str, list[np.ndarray]],

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         command = cmdline.parse(argv)
         if command.mode == "evaluate":
-            return evaluate_run(command.args, video=command.video)
+            return evaluate_run(command.args, video=command.video, best=command.best)
         return train(command.args, resuming=command.mode == "resume")
     except (TrainerError, ReplayStoreError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -131,7 +131,8 @@ def _fit(args: Args, settings: Any, env: Any, store: ReplayStore, saved: Any, st
             with evaluation_env(args, vector=args.num_envs > 1) as eval_env:
                 agent.fit(envs if envs is not None else env, args.total_timesteps, eval_env=eval_env,
                           eval_frequency=args.eval_frequency if args.eval_episodes else 0,
-                          eval_episodes=max(1, args.eval_episodes), eval_epsilon=args.eval_epsilon, callbacks=[report],
+                          eval_episodes=max(1, args.eval_episodes), eval_epsilon=args.eval_epsilon,
+                          callbacks=[report, *_best(args, run_dir, report)],
                           checkpoint_frequency=args.checkpoint_frequency, checkpoint_writer=write_checkpoint,
                           should_stop=lambda: bool(stop), source=source, eval_seed=args.seed + 100_000)
         finally:
@@ -198,7 +199,8 @@ def _fit_offline(args: Args, settings: Any, store: ReplayStore, eval_env: Any, s
             agent.fit_offline(args.gradient_steps, eval_env=eval_env,
                               eval_frequency=args.eval_frequency if args.eval_episodes else 0,
                               eval_episodes=max(1, args.eval_episodes), eval_epsilon=args.eval_epsilon,
-                              eval_seed=args.seed + 100_000, callbacks=[report], compute_reward=reward,
+                              eval_seed=args.seed + 100_000, callbacks=[report, *_best(args, run_dir, report)],
+                              compute_reward=reward,
                               checkpoint_frequency=args.checkpoint_frequency, checkpoint_writer=write_checkpoint,
                               should_stop=lambda: bool(stop))
         finally:
@@ -232,6 +234,13 @@ def _agent(keras: Any, args: Args, settings: Any, store: ReplayStore, saved: Any
         assert learner is not None  # (built with the store)
         learner.load_state({**learner.state(), "target": target})
     return agent
+
+
+def _best(args: Args, run_dir: Path, report: Any) -> list[Any]:
+    """With evaluations: the callback that keeps the best evaluation's weights (``best.npz``)."""
+    from .report import BestWeights
+
+    return [BestWeights(run_dir, report.print)] if args.eval_episodes else []
 
 
 def _model(keras: Any, args: Args, frame_stack: int, space: Any, actions: int) -> Any:

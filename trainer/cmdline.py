@@ -72,9 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--evaluate", metavar="RUN_DIR",
                         help="play --eval-episodes games (default: the run's --eval-episodes, or 10) with the last checkpoint of the run in RUN_DIR (it may "
                              "still be running), print their scores and write nothing there; only "
-                             + ", ".join("--" + n.replace("_", "-") for n in EVALUATE) + " and --video may be given")
+                             + ", ".join("--" + n.replace("_", "-") for n in EVALUATE) + ", --video and --best may be given")
     parser.add_argument("--video", metavar="FILE",
                         help="with --evaluate: record the first game's screen as FILE.mp4 (any length) or FILE.gif")
+    parser.add_argument("--best", action="store_true",
+                        help="with --evaluate: play the weights of the run's highest evaluation (RUN_DIR/best.npz, "
+                             "kept by runs with --eval-episodes) instead of its last checkpoint's")
     _add_flags(parser)
     return parser
 
@@ -82,11 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
 @dataclasses.dataclass
 class Command:
     """What the command line asks for: ``mode`` is ``train`` (a new run), ``resume`` or ``evaluate``
-    (with ``video``, the file --video names, or "")."""
+    (with ``video``, the file --video names, or "", and ``best``: --best)."""
 
     args: Args
     mode: str
     video: str = ""
+    best: bool = False
 
 
 def parse(argv: list[str] | None) -> Command:
@@ -95,14 +99,17 @@ def parse(argv: list[str] | None) -> Command:
     ``save``), or an evaluation of one (``args.json`` loaded, never written)."""
     given = vars(build_parser().parse_args(argv))
     resume = given.pop("resume", None)
-    evaluate, video = given.pop("evaluate", None), given.pop("video", None)
+    evaluate, video, best = given.pop("evaluate", None), given.pop("video", None), given.pop("best", False)
     if video is not None and evaluate is None:
         raise TrainerError("--video records a game of --evaluate RUN_DIR; give --evaluate too (a run's own evaluations "
                            "are not recorded)")
+    if best and evaluate is None:
+        raise TrainerError("--best plays a run's best weights with --evaluate RUN_DIR; give --evaluate too (a run "
+                           "keeps them by itself, in RUN_DIR/best.npz, when it evaluates)")
     if evaluate is not None:
         if resume is not None:
             raise TrainerError("--resume and --evaluate cannot be given together; resume the run, then evaluate it")
-        return Command(evaluation(Path(evaluate), given), "evaluate", video or "")
+        return Command(evaluation(Path(evaluate), given), "evaluate", video or "", best)
     if resume is None:
         args = Args(**given)
         if args.offline and "://" not in args.offline:
@@ -143,7 +150,7 @@ def evaluation(run_dir: Path, given: dict[str, Any]) -> Args:
     if other:
         flags = ", ".join("--" + name.replace("_", "-") for name in other)
         raise TrainerError(f"{flags} cannot be given with --evaluate; it plays the run's checkpoint and takes only "
-                           f"{', '.join('--' + n.replace('_', '-') for n in EVALUATE)} and --video")
+                           f"{', '.join('--' + n.replace('_', '-') for n in EVALUATE)}, --video and --best")
     if "env_id" in given and given["env_id"] != args.env_id and "env_kwargs" not in given:
         args.env_kwargs = ""
     for name, value in given.items():

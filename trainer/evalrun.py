@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from . import args as arguments
+from . import checkpoint
 from .args import Args
 from .config import TrainerError
 from .envs import atari_settings, is_atari, make_env, make_vector_env
@@ -50,16 +51,22 @@ def evaluation_env(args: Args, *, vector: bool) -> Iterator[Any]:
             env.close()
 
 
-def evaluate_run(args: Args, *, video: str = "") -> int:
+def evaluate_run(args: Args, *, video: str = "", best: bool = False) -> int:
     """Play ``args.eval_episodes`` games with the checkpoint of the run in ``args.run_dir`` (``args``
     as cmdline.py's ``evaluation`` makes them), print their scores, and record the first one's
-    screen into ``video`` when given; returns the exit status (128 + the signal for SIGINT or
-    SIGTERM, which stop it with no video written)."""
+    screen into ``video`` when given; with ``best``, the weights of the run's highest evaluation
+    (``best.npz``) play instead of the last checkpoint's. Returns the exit status (128 + the signal
+    for SIGINT or SIGTERM, which stop it with no video written)."""
     run_dir = Path(args.run_dir)
     out = check_video_path(video) if video else None
+    kept = checkpoint.load_best(run_dir) if best else None
+    if best and kept is None:
+        raise TrainerError(f"{run_dir} holds no {checkpoint.BEST}: a run keeps its best evaluation's weights only when "
+                           "it evaluates (--eval-episodes), and this one has not evaluated yet; leave out --best to play "
+                           "its last checkpoint")
     try:
         with stop_signals() as stop:  # (SIGINT, SIGTERM recorded; _Checked raises them at the next move)
-            _evaluate(args, run_dir, out, stop)
+            _evaluate(args, run_dir, out, stop, None if kept is None else kept[1])
     except _Stopped as stopped:
         name = signal.Signals(stopped.signum).name
         print(f"stopped by {name}" + (f"; no video written to {out}" if out else ""), flush=True)
@@ -105,19 +112,20 @@ class _Checked:
         return out
 
 
-def _evaluate(args: Args, run_dir: Path, out: Path | None, stop: list[int]) -> None:
+def _evaluate(args: Args, run_dir: Path, out: Path | None, stop: list[int], best: dict[str, Any] | None) -> None:
     from .report import shown  # (it imports Keras: not before the arguments are checked)
 
     with _env(args, out) as (played_on, recorder):
         env = _Checked(played_on, stop)
-        agent = load_run(run_dir)  # (Keras loads here, once the env and the video's file are known to be good)
+        agent = load_run(run_dir, best=best is not None)  # (Keras loads here, once the env and video are good)
         try:
             env.check()
-            at = (f"gradient step {agent.state.train_steps:,}" if args.offline else
-                  f"step {agent.state.global_step:,}")
+            unit = "gradient step" if args.offline else "step"
+            at = f"{unit} {agent.state.train_steps if args.offline else agent.state.global_step:,}"
+            weights = f"its checkpoint at {at}" if best is None else \
+                f"its best weights, from the evaluation at {unit} {best['step']:,}: mean score {shown(best['mean_return'])}"
             how = "greedy" if args.eval_epsilon == 0 else f"epsilon {args.eval_epsilon:g}"
-            print(f"evaluating {run_dir} (its checkpoint at {at}) on {args.env_id}: {_games(args.eval_episodes)}, {how}",
-                  flush=True)
+            print(f"evaluating {run_dir} ({weights}) on {args.env_id}: {_games(args.eval_episodes)}, {how}", flush=True)
             started, games = time.monotonic(), itertools.count(1)
 
             def ended(score: float) -> None:  # (a long Atari game shows its end, not minutes of silence)

@@ -76,12 +76,14 @@ def new_run_dir(args: Args) -> Iterator[Path]:
     arguments.save(args, run_dir)
 
 
-def load_run(run_dir: str | Path, *, store: ReplayStore | str | Path | None = None) -> Any:
+def load_run(run_dir: str | Path, *, store: ReplayStore | str | Path | None = None, best: bool = False) -> Any:
     """The agent of a ``replaystore-train`` run directory (online or ``--offline``) as a ``DQN``, as
     ``DQN.load`` gives a saved one: the run's Q-network (its ``--model``'s, imported again, or its flags' default model) with the
     checkpoint's weights, optimizer state and counters, its store (or ``store``) opened to read.
     ``evaluate``, ``act`` and ``model.save`` work at once; ``fit`` goes on into the run's own store
-    (or ``store``), as ``--resume`` would with the run's hyperparameters."""
+    (or ``store``), as ``--resume`` would with the run's hyperparameters. With ``best`` the online
+    weights are those of the run's highest evaluation (``best.npz``; ``checkpoint.load_best(run_dir)``
+    gives that evaluation too: step, mean return, returns); TrainerError when the run has none."""
     import dataclasses
 
     import keras
@@ -109,4 +111,17 @@ def load_run(run_dir: str | Path, *, store: ReplayStore | str | Path | None = No
     agent = DQN(model, location, optimizer=optimizer, buffer_size=args.buffer_size, frame_stack=args.frame_stack or None,
                 **options, **dataclasses.asdict(arguments.config(args)))
     agent.restore(*saved)
+    if best:
+        kept = checkpoint.load_best(where)
+        if kept is None:
+            raise TrainerError(f"{where} holds no {checkpoint.BEST}: the run keeps the weights of its best evaluation "
+                               "only when it evaluates (--eval-episodes), and it has not evaluated yet; leave out the best "
+                               "weights to take the last checkpoint's")
+        try:
+            agent.model.set_weights(kept[0])
+        except ValueError as exc:
+            raise TrainerError(f"{where / checkpoint.BEST} does not fit the run's Q-network ({exc}); delete it") from None
+        learner = agent.learner
+        assert learner is not None  # (built with the store)
+        learner.pull_model()
     return agent

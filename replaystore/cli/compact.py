@@ -186,12 +186,13 @@ def _compact(sources: list[Source], names: list[str], dst: str | Path | None, *,
              drop_damaged: bool, progress: Progress | None) -> CompactReport:
     source, src = sources[0], names[0]  # (a merge's first store gives the kind of steps and the layout)
     merging = len(sources) > 1
+    verb = "merge" if merging else "compact"
     schema, layout = source.schema, source.layout
     target = source.backend if dst is None else open_backend(dst)
     for each, name in zip(sources, names):
         if dst is not None and _nested(each.backend, target):
             inner, outer = (target, each.backend) if _place(target).startswith(_place(each.backend)) else (each.backend, target)
-            raise UnsafePathError(errno.EINVAL, f"{inner.where} is inside {outer.where}: compact never writes a store "
+            raise UnsafePathError(errno.EINVAL, f"{inner.where} is inside {outer.where}: {verb} never writes a store "
                                   "inside another or around it (compacting one of them later would delete the other); "
                                   f"choose a DST outside {name}" + ("" if merging else f", or leave DST out to compact "
                                                                      f"{src} in place"))
@@ -202,7 +203,7 @@ def _compact(sources: list[Source], names: list[str], dst: str | Path | None, *,
     held = f"{src} holds {n_src} stream(s)" if not merging else f"the stores hold {n_src} streams together"
     n_new = n_src if num_streams is None else num_streams
     if isinstance(n_new, bool) or not isinstance(n_new, int) or n_new < 1:
-        raise ConfigError(f"num_streams is {num_streams!r}; {held}, and compact keeps them, merges them into fewer or "
+        raise ConfigError(f"num_streams is {num_streams!r}; {held}, and {verb} keeps them, merges them into fewer or "
                           "splits their episodes over more: pass an int >= 1")
     together = sum(s.schema.capacity for s in sources)  # (a merge's, until its streams' steps are known)
     new_capacity = (schema.capacity if not merging else -(-together // n_new) * n_new) if capacity is None else capacity
@@ -229,11 +230,11 @@ def _compact(sources: list[Source], names: list[str], dst: str | Path | None, *,
         report = each.verify(None if progress is None else lambda d, t: progress("verify", d, t))
         fatal = [p for p in report.problems if p.array == "metadata"]
         if fatal:
-            raise CorruptStoreError(f"{name} cannot be compacted: {fatal[0].message}")
+            raise CorruptStoreError(f"{name} cannot be {verb}d: {fatal[0].message}")
         if report.problems and not drop_damaged:
             raise CorruptStoreError(
                 f"{name} has {len(report.problems)} damaged chunk(s), first: {report.problems[0].message.split(';')[0]}; "
-                f"run `replaystore {'merge' if merging else 'compact'} --drop-damaged` to drop the episodes they hold"
+                f"run `replaystore {verb} --drop-damaged` to drop the episodes they hold"
             )
         problems += [(f"{name}: " if merging else "") + p.where() for p in report.problems]
         stride = stream_stride(each.schema, each.layout)
@@ -283,7 +284,7 @@ def _compact(sources: list[Source], names: list[str], dst: str | Path | None, *,
                               f"nothing of it is kept and {' and '.join(names)} {'is' if not merging else 'are'} "
                               f"unchanged: {'free space there' if full else 'fix that'}"
                               f"{', or choose another DST' if dst is not None else ''}, then "
-                              f"{'merge' if merging else 'compact'} again") from None
+                              f"{verb} again") from None
     except BaseException:
         _discard(staged)
         raise
