@@ -154,9 +154,10 @@ def test_what_it_cannot_do_is_a_one_line_error(cartpole_run: Path, tmp_path: Pat
 
 def test_the_best_evaluations_weights_are_kept_and_played(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A run that evaluates keeps ``best.npz``: the weights of its highest evaluation so far, written
-    when an evaluation beats the best before it (also across a resume). In lockstep (no learning
-    while it evaluates) they are exactly the weights that played: ``load_run(best=True)`` and
-    ``--evaluate --best`` play that evaluation's games again, score for score."""
+    when an evaluation beats the best before it (also across a resume). The decoupled learner is
+    paused from an evaluation's start to its epoch's end, so they are exactly the weights that
+    played: ``load_run(best=True)`` and ``--evaluate --best`` play that evaluation's games again,
+    score for score."""
     import json
 
     from replaystore.trainer.checkpoint import load_best
@@ -164,7 +165,7 @@ def test_the_best_evaluations_weights_are_kept_and_played(tmp_path: Path, capsys
     run = tmp_path / "run"
     flags = ["--env-id", "CartPole-v1", "--buffer-size", "3000", "--batch-size", "32", "--learning-starts", "200",
              "--train-frequency", "1", "--target-network-frequency", "100", "--learning-rate", "0.001",
-             "--replay-ratio", "0", "--eval-episodes", "3", "--eval-frequency", "400", "--sample-threads", "1",
+             "--eval-episodes", "3", "--eval-frequency", "400", "--sample-threads", "1",
              "--no-progress"]
     assert main([*flags, "--total-timesteps", "2000", "--run-dir", str(run)]) == 0
     out = capsys.readouterr().out

@@ -163,9 +163,9 @@ class Report(keras.callbacks.Callback):
 class BestWeights(keras.callbacks.Callback):
     """``best.npz`` in the run directory: the online weights at the end of the run's highest
     evaluation so far (its mean return), and that evaluation (step, mean return, returns, time).
-    Written at the epoch's end, the learner paused; the evaluation itself runs while the decoupled
-    learner may use its slack, so the weights are those that played up to that slack (exactly those
-    with ``--replay-ratio 0``). A resumed run starts from the best it had."""
+    Written at the epoch's end, the learner paused since the evaluation began (run.py), so they are
+    the weights that played (with Ray actors, which go on meanwhile, those at the evaluation's end).
+    A resumed run starts from the best it had."""
 
     def __init__(self, run_dir: Path, say: Callable[[str], None]) -> None:
         super().__init__()

@@ -16,6 +16,7 @@ checkpoint is written then too.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -68,6 +69,7 @@ class Run:
         self.epoch = 0
         self.in_epoch = False  # an epoch has begun and not ended
         self._sums = [0.0, 0.0, 0.0, 0]  # loss, q, sample seconds a step, calls: since the last on_steps
+        self._pause_to_evaluate = True  # (the source's ``waits``: see end_epoch)
 
     def loop(self, source: Source) -> int:
         """Act, learn and report until the end; returns the run's env steps."""
@@ -75,6 +77,7 @@ class Run:
         duration = config.exploration_fraction * self.total
         step = state.global_step
         source.attach(learning)
+        self._pause_to_evaluate = source.waits
         self.begin_epoch()
         while step < self.total and not self.should_stop() and not self.hooks.stop_training:
             epsilon = linear_schedule(config.start_e, config.end_e, duration, step)
@@ -185,20 +188,31 @@ class Run:
 
     def end_epoch(self, step: int, *, evaluate: bool) -> None:
         """Evaluate (when there is an evaluation environment and ``evaluate``) and end the epoch, the
-        learner paused (so callbacks see, and save, the weights of one moment)."""
+        learner paused (so callbacks see, and save, the weights of one moment). A decoupled learner
+        is paused from the evaluation's start, so its games are played by the weights the epoch's
+        end sees (``best.npz`` keeps those that played): acting waits while the evaluation runs, so
+        the learner would only have taken its slack. Not so with Ray actors (a source that does not
+        wait): they go on, and the learner with them, until the epoch's end."""
         eval_return = success = None
-        if evaluate and self.evaluate is not None:
-            t0 = time.perf_counter()
-            played = self.evaluate()
-            returns = played.returns
-            eval_return = float(np.mean(returns)) if returns else math.nan
-            self.state.evaluated_at = step
-            logs: dict[str, Any] = {"returns": returns, "mean_return": eval_return, "eval_s": time.perf_counter() - t0}
-            if played.successes:  # (a goal env's: info["is_success"] at each game's end)
-                success = float(np.mean(played.successes))
-                logs.update(successes=played.successes, success_rate=success)
-            self.hooks.evaluated(step, logs)
-        with self.learning.paused():
+        held = False
+        with contextlib.ExitStack() as paused:
+            if evaluate and self.evaluate is not None:
+                if self._pause_to_evaluate:
+                    paused.enter_context(self.learning.paused())
+                    held = True
+                t0 = time.perf_counter()
+                played = self.evaluate()
+                returns = played.returns
+                eval_return = float(np.mean(returns)) if returns else math.nan
+                self.state.evaluated_at = step
+                logs: dict[str, Any] = {"returns": returns, "mean_return": eval_return,
+                                        "eval_s": time.perf_counter() - t0}
+                if played.successes:  # (a goal env's: info["is_success"] at each game's end)
+                    success = float(np.mean(played.successes))
+                    logs.update(successes=played.successes, success_rate=success)
+                self.hooks.evaluated(step, logs)
+            if not held:
+                paused.enter_context(self.learning.paused())
             self.hooks.epoch_end(self.epoch, step, eval_return, success)
         self.in_epoch = False
         self.epoch += 1
