@@ -92,7 +92,8 @@ def test_help_and_no_tensorflow() -> None:
                            "print('tensorflow' in sys.modules)"],
                           capture_output=True, text=True)
     assert proc.stdout.strip() == "False"
-    for argv in (["--help"], ["inspect", "--help"], ["verify", "--help"], ["compact", "--help"], ["episodes", "--help"]):
+    for argv in (["--help"], ["inspect", "--help"], ["verify", "--help"], ["compact", "--help"], ["episodes", "--help"],
+                 ["merge", "--help"]):
         with pytest.raises(SystemExit) as exc:
             main(argv)
         assert exc.value.code == 0

@@ -257,6 +257,8 @@ def build_parser() -> argparse.ArgumentParser:
     _rewriting(p)
     p.set_defaults(func=_compact)
     p = sub.add_parser("merge", help="make one new store of the live steps of two or more stores",
+                       usage="%(prog)s SRC SRC [SRC ...] DST [--streams M] [--capacity N] [--codec C] [--level L] "
+                             "[--chunk-len N] [--shard-len N] [--drop-damaged] [--quiet]",
                        description="Make a new store at DST holding the live steps of every SRC (stores of one kind: "
                                    "the same spaces, frame stack and extras), each source stream a stream of DST in the "
                                    "order given, episodes in progress closed as truncated. The sources are only read.")
