@@ -194,12 +194,9 @@ class Run:
         the learner would only have taken its slack. Not so with Ray actors (a source that does not
         wait): they go on, and the learner with them, until the epoch's end."""
         eval_return = success = None
-        held = False
-        with contextlib.ExitStack() as paused:
+        early = self._pause_to_evaluate
+        with self.learning.paused() if early else contextlib.nullcontext():
             if evaluate and self.evaluate is not None:
-                if self._pause_to_evaluate:
-                    paused.enter_context(self.learning.paused())
-                    held = True
                 t0 = time.perf_counter()
                 played = self.evaluate()
                 returns = played.returns
@@ -211,9 +208,8 @@ class Run:
                     success = float(np.mean(played.successes))
                     logs.update(successes=played.successes, success_rate=success)
                 self.hooks.evaluated(step, logs)
-            if not held:
-                paused.enter_context(self.learning.paused())
-            self.hooks.epoch_end(self.epoch, step, eval_return, success)
+            with contextlib.nullcontext() if early else self.learning.paused():
+                self.hooks.epoch_end(self.epoch, step, eval_return, success)
         self.in_epoch = False
         self.epoch += 1
 
