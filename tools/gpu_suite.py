@@ -13,7 +13,10 @@ a few minutes)::
 On the GPU machine, from the project's root with ``.whl/`` carried along, the same command each
 time, until it prints ``suite done``::
 
-    python3 tools/gpu_suite.py run [--dir /tmp/gpu_suite] [--wait 560]
+    python3 tools/gpu_suite.py run [--dir /tmp/gpu_suite] [--wait 560] [--steps pong,train,learner]
+
+``--steps`` names the steps to take (default: all three; with 15 minutes of GPU time only ``pong``
+fits, and a runner that went on to ``train`` would spend the rest on a step it cannot finish).
 
 Each ``run`` installs the carried wheels and the project into ``/tmp/site`` (once per machine),
 starts the suite's runner in the background (``setsid``; unless one is running already), follows
@@ -121,11 +124,13 @@ def install(rehearse: bool) -> dict[str, str]:
     return env
 
 
-def runner(directory: Path, rehearse: bool) -> int:
+def runner(directory: Path, rehearse: bool, steps: list[str]) -> int:
     """The steps not done yet, in order; each step's output goes to DIR/<step>.log."""
     env = install(rehearse)
     state_path = directory / "suite.json"
     for name, argv in STEPS.items():
+        if name not in steps:
+            continue
         state = json.loads(state_path.read_text()) if state_path.exists() else {}
         if state.get(name, {}).get("done"):
             continue
@@ -149,7 +154,8 @@ def follow(args: argparse.Namespace) -> int:
     pid_path, log_path = directory / "runner.pid", directory / "runner.log"
     if not _alive(pid_path):
         with open(log_path, "a") as log:
-            argv = [sys.executable, __file__, "runner", "--dir", str(directory), *(["--rehearse"] if args.rehearse else [])]
+            argv = [sys.executable, __file__, "runner", "--dir", str(directory), "--steps", ",".join(args.steps),
+                    *(["--rehearse"] if args.rehearse else [])]
             proc = subprocess.Popen(argv, cwd=ROOT,
                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         pid_path.write_text(str(proc.pid))
@@ -168,7 +174,7 @@ def follow(args: argparse.Namespace) -> int:
     if copy_to is not None:
         _copy(directory, copy_to)
     state = json.loads((directory / "suite.json").read_text()) if (directory / "suite.json").exists() else {}
-    if all(state.get(name, {}).get("done") for name in STEPS):
+    if all(state.get(name, {}).get("done") for name in args.steps):
         print(f"suite done: {json.dumps(state)}")
         return 0
     print(f"suite not done ({json.dumps(state)}); the runner is {'running' if _alive(pid_path) else 'stopped'}: "
@@ -212,12 +218,22 @@ def _copy(directory: Path, target: Path) -> None:
             shutil.copyfile(path, dest)
 
 
+def _steps(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in STEPS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown step {', '.join(unknown) or '(none given)'}: choose from {', '.join(STEPS)}")
+    return names
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("command", choices=("prepare", "run", "runner"))
     ap.add_argument("--dir", type=Path, default=Path("/tmp/gpu_suite"), help="where the suite's files go (default: %(default)s)")
     ap.add_argument("--wait", type=float, default=560.0, help="seconds to follow the runner before returning")
     ap.add_argument("--copy-to", type=Path, help="copy the results here (default: $OUT, when set)")
+    ap.add_argument("--steps", type=_steps, default=list(STEPS),
+                    help=f"the steps to take, comma-separated, in the suite's order (default: {','.join(STEPS)})")
     ap.add_argument("--rehearse", action="store_true", help="on a CPU machine: small sizes, this environment, no TensorFlow")
     args = ap.parse_args()
     if args.command == "prepare":
@@ -226,7 +242,7 @@ def main() -> int:
     if args.command == "runner":
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         args.dir.mkdir(parents=True, exist_ok=True)
-        return runner(args.dir, args.rehearse)
+        return runner(args.dir, args.rehearse, args.steps)
     return follow(args)
 
 
