@@ -57,7 +57,7 @@ SITE = Path("/tmp/site")
 #: what the GPU image lacks, beyond ../shared/device/fetch-wheels.sh's default set: setuptools builds
 #: the project's own wheel there; tensorboardX (and protobuf) write TensorBoard files without TensorFlow
 EXTRA_WHEELS = ("setuptools", "tensorboardX", "protobuf")
-KEEP = (".json", ".jsonl", ".png", ".log", ".txt")
+KEEP = (".json", ".jsonl", ".png", ".log", ".txt", ".started")  # (.started: the wall clock a curve's times count from)
 #: seconds between two copies of the results out while following the runner
 COPY_EVERY = 30.0
 
