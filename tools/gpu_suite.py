@@ -30,7 +30,7 @@ the first step not done. The Pong step continues its run directory (``learning_c
 Steps (each writes into ``DIR``):
 
   pong     tools/learning_curve.py --env-id ALE/Pong-v5 --backends jax --stop-at-goal --resume:
-           the preset's run (32 envs, replay ratio 8), stopped at its first evaluation of 20 games
+           the preset's run (32 envs, replay ratio 16), stopped at its first evaluation of 20 games
            at or above +18: ``curves/ALE_Pong-v5-jax-1.json`` (every evaluation's step, returns and
            wall time) and ``curves/ALE_Pong-v5-1.png``; ``pong.log``
   train    tools/bench_train.py --backends jax --modes decoupled --overlap off,on: env steps/s,
