@@ -21,8 +21,9 @@ fits, and a runner that went on to ``train`` would spend the rest on a step it c
 Each ``run`` installs the carried wheels and the project into ``/tmp/site`` (once per machine),
 starts the suite's runner in the background (``setsid``; unless one is running already), follows
 its log for at most ``--wait`` seconds, and copies what the suite has written so far (JSON, PNG,
-logs; not the stores) into ``$OUT`` (or ``--copy-to``). The runner takes the steps below in order
-and records each one done in ``DIR/suite.json``; a machine that stays warm between two calls keeps
+logs, the Pong run's ``best.npz``; not the stores or checkpoints) into ``$OUT`` (or ``--copy-to``).
+The runner takes the steps below in order and records each one done in ``DIR/suite.json``; a
+machine that stays warm between two calls keeps
 the runner going, and a runner that was cut off is started again by the next call and goes on from
 the first step not done. The Pong step continues its run directory (``learning_curve.py
 --resume``: the trainer's ``--resume`` keeps every committed transition and the last checkpoint).
@@ -58,6 +59,8 @@ SITE = Path("/tmp/site")
 #: the project's own wheel there; tensorboardX (and protobuf) write TensorBoard files without TensorFlow
 EXTRA_WHEELS = ("setuptools", "tensorboardX", "protobuf")
 KEEP = (".json", ".jsonl", ".png", ".log", ".txt", ".started")  # (.started: the wall clock a curve's times count from)
+#: files kept whatever their suffix: the Pong run's best weights (~7 MB; its checkpoint and store stay)
+KEEP_NAMES = ("best.npz",)
 #: seconds between two copies of the results out while following the runner
 COPY_EVERY = 30.0
 
@@ -210,12 +213,16 @@ def _echo(directory: Path, seen: dict[Path, int]) -> None:
 
 
 def _copy(directory: Path, target: Path) -> None:
-    """Results and logs (not stores or checkpoints) under DIR, to the same places under target."""
+    """Results, logs and best weights (not stores or checkpoints) under DIR, to the same places under
+    target; a file unchanged since its last copy is not copied again."""
     for path in directory.rglob("*"):
-        if path.is_file() and path.suffix in KEEP and "replay.zarr" not in path.parts:
+        if (path.is_file() and (path.suffix in KEEP or path.name in KEEP_NAMES) and "replay.zarr" not in path.parts):
             dest = target / path.relative_to(directory)
+            stat = path.stat()
+            if dest.exists() and (dest.stat().st_size, dest.stat().st_mtime_ns) == (stat.st_size, stat.st_mtime_ns):
+                continue
             dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, dest)
+            shutil.copy2(path, dest)
 
 
 def _steps(text: str) -> list[str]:
