@@ -16,6 +16,7 @@ with ``load_run`` as an agent that evaluates, saves its Q-network and fits on in
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -207,8 +208,29 @@ def test_a_command_line_run_loads_as_an_agent_and_goes_on(tmp_path: Path) -> Non
     stacks = np.random.default_rng(0).normal(size=(5, 1, 4)).astype("float32")
     assert np.allclose(keras.saving.load_model(tmp_path / "q.keras")(stacks), agent.model(stacks), atol=1e-6)
     envs = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2)
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
     agent.fit(envs, 600)  # on into the run's own store
     assert agent.state.global_step >= 600 and agent.store.mode == "a" and len(agent.store) >= 600
     agent.close()
     with pytest.raises(TrainerError, match="cannot load the run: .* holds no run"):
         load_run(tmp_path)
+    # a copy of the run directory is a run of its own: its agent reads and goes on into the copy's store
+    before = snapshot(run)
+    agent = load_run(copy)
+    assert agent.store is not None and agent.store.path == copy / "replay.zarr"
+    agent.fit(envs, 700)
+    assert agent.store.path == copy / "replay.zarr" and len(agent.store) >= 700
+    agent.close()
+    assert snapshot(run) == before
+    # a copy without its store plays its weights (the network made for the env's frames); fit makes a new store
+    shutil.rmtree(copy / "replay.zarr")
+    agent = load_run(copy)
+    try:
+        assert agent.store is None and agent.state.global_step == checkpoint.load(copy)[1]["global_step"]
+        assert len(agent.evaluate(gym.make("CartPole-v1"), 2)) == 2
+        agent.fit(envs, agent.state.global_step + 200)
+        assert agent.store is not None and agent.store.path == copy / "replay.zarr" and len(agent.store) >= 200
+    finally:
+        agent.close()
+    assert snapshot(run) == before

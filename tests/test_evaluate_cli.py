@@ -5,6 +5,7 @@ first game's screen is recorded as an .mp4 or a .gif; what it cannot do is a one
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -187,6 +188,23 @@ def test_the_best_evaluations_weights_are_kept_and_played(tmp_path: Path, capsys
     out = capsys.readouterr().out
     assert f"its best weights, from the evaluation at step {best['step']:,}: mean score" in out
     assert _scores(out) == best["returns"]
+    # brought elsewhere with only its flags and best weights (tools/gpu_suite.py brings those back): they play
+    # the same games, built for the env's frames; nothing is written there
+    only = tmp_path / "weights"
+    only.mkdir()
+    for name in ("args.json", "best.npz"):
+        shutil.copy(run / name, only / name)
+    assert main(["--evaluate", str(only), "--best", "--eval-episodes", "3"]) == 0
+    assert _scores(capsys.readouterr().out) == best["returns"]
+    agent = load_run(only, best=True)
+    try:
+        assert agent.evaluate(gym.make("CartPole-v1"), 3) == best["returns"] and agent.state.global_step == 0
+    finally:
+        agent.close()
+    assert sorted(os.listdir(only)) == ["args.json", "best.npz"]
+    assert main(["--evaluate", str(only)]) == 1
+    err = capsys.readouterr().err
+    assert "holds no checkpoint.npz" in err and "load with best=True (--evaluate --best)" in err, err
 
     assert main(["--resume", str(run), "--total-timesteps", "2800"]) == 0  # the best goes on from the one it had
     evals = [json.loads(line) for line in (run / "evals.jsonl").read_text().splitlines()]

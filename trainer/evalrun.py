@@ -2,7 +2,9 @@
 printed, and with ``--video FILE`` the first game's screen recorded (video.py).
 
 Nothing is written into the run directory: the checkpoint and ``args.json`` are read, the store is
-opened read-only (``load_run``), so a run may be evaluated while it goes on. The env is the run's
+opened read-only (``load_run``), so a run may be evaluated while it goes on. A run directory copied
+without its store plays too (the network made for the env's frames), and with ``--best`` without
+its checkpoint: ``args.json`` and ``best.npz`` are enough. The env is the run's
 (``--env-id`` and ``--env-kwargs`` as recorded, or as given); the games are played as the run's
 evaluations play them (whole games, all lives, raw scores; side by side on up to ``EVAL_ENVS`` envs
 for a run of ``--num-envs`` > 1), with ``--eval-epsilon``-random moves and seeds from ``--seed``.

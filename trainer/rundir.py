@@ -10,12 +10,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from replaystore import ReplayStore, StoreLockedError
+from replaystore import ReplayStore, StoreLockedError, StoreNotFoundError
 
 from . import args as arguments
 from . import checkpoint
 from .args import Args
 from .config import TrainerError
+from .envs import env_spaces, make_env
+from .stacks import StackSpec
 from .stores import same_frames
 
 STORE = "replay.zarr"
@@ -83,7 +85,12 @@ def load_run(run_dir: str | Path, *, store: ReplayStore | str | Path | None = No
     ``evaluate``, ``act`` and ``model.save`` work at once; ``fit`` goes on into the run's own store
     (or ``store``), as ``--resume`` would with the run's hyperparameters. With ``best`` the online
     weights are those of the run's highest evaluation (``best.npz``; ``checkpoint.load_best(run_dir)``
-    gives that evaluation too: step, mean return, returns); TrainerError when the run has none."""
+    gives that evaluation too: step, mean return, returns); TrainerError when the run has none.
+
+    A run directory copied without its store (an online run's, to play its weights elsewhere) loads
+    too: the network is made for its env's frames, and the next ``fit`` makes a new store in it.
+    With ``best`` it needs only ``args.json`` and ``best.npz``: without ``checkpoint.npz`` the agent
+    has no optimizer state and its counters start at 0."""
     import dataclasses
 
     import keras
@@ -94,34 +101,59 @@ def load_run(run_dir: str | Path, *, store: ReplayStore | str | Path | None = No
     where = Path(run_dir)
     try:
         args = arguments.load(where)
+        args.run_dir = str(where)  # (its store is the one beside it: a run directory moved or copied keeps its own)
         saved = checkpoint.load(where)
     except TrainerError as exc:
         raise TrainerError(f"cannot load the run: {str(exc).removeprefix('cannot resume: ')}") from None
-    if saved is None:
+    kept = checkpoint.load_best(where) if best else None
+    if best and kept is None:
+        raise TrainerError(f"{where} holds no {checkpoint.BEST}: the run keeps the weights of its best evaluation "
+                           "only when it evaluates (--eval-episodes), and it has not evaluated yet; leave out the best "
+                           "weights to take the last checkpoint's")
+    if saved is None and kept is None:
+        hint = (f"; its best weights ({checkpoint.BEST}) load with best=True (--evaluate --best)"
+                if (where / checkpoint.BEST).is_file() else "")
         raise TrainerError(f"cannot load the run: {where} holds no {checkpoint.CHECKPOINT}; the run stopped before "
-                           "its first checkpoint")
+                           f"its first checkpoint{hint}")
     location = store if store is not None else (args.offline or arguments.store_path(args))
     options = arguments.store_options(args) if store is None and not args.offline else {}
     with contextlib.ExitStack() as stack:
-        data = location if isinstance(location, ReplayStore) else \
-            stack.enter_context(ReplayStore.open(location, mode="r", **options))
-        space, actions = data.observation_space, int(data.action_space.n)
-        model = arguments.q_network(args, space, data.frame_stack, actions)
+        try:
+            data = location if isinstance(location, ReplayStore) else \
+                stack.enter_context(ReplayStore.open(location, mode="r", **options))
+            space, actions, frames = data.observation_space, int(data.action_space.n), data.frame_stack
+        except StoreNotFoundError:
+            space, actions, frames = _env_stacks(args, location)
+        model = arguments.q_network(args, space, frames, actions)
     optimizer = keras.optimizers.Adam(learning_rate=args.learning_rate, global_clipnorm=MAX_GRAD_NORM)
     agent = DQN(model, location, optimizer=optimizer, buffer_size=args.buffer_size, frame_stack=args.frame_stack or None,
                 **options, **dataclasses.asdict(arguments.config(args)))
-    agent.restore(*saved)
-    if best:
-        kept = checkpoint.load_best(where)
-        if kept is None:
-            raise TrainerError(f"{where} holds no {checkpoint.BEST}: the run keeps the weights of its best evaluation "
-                               "only when it evaluates (--eval-episodes), and it has not evaluated yet; leave out the best "
-                               "weights to take the last checkpoint's")
+    if agent.learner is None:  # (made for the stacks found above, as DQN.load makes it for agent.json's)
+        agent._make_learner(StackSpec.of_space(space, frames), actions)
+        agent.replay.for_reading(missing_ok=True)  # (fit reopens it to append; fit_offline only reads)
+    if saved is not None:
+        agent.restore(*saved)
+    if kept is not None:
         try:
             agent.model.set_weights(kept[0])
         except ValueError as exc:
             raise TrainerError(f"{where / checkpoint.BEST} does not fit the run's Q-network ({exc}); delete it") from None
         learner = agent.learner
-        assert learner is not None  # (built with the store)
+        assert learner is not None
         learner.pull_model()
     return agent
+
+
+def _env_stacks(args: Args, location: Any) -> tuple[Any, int, int]:
+    """The frame space, action count and frame stack of a run whose store is not there (a run
+    directory copied without it, to play its weights elsewhere): those of its env, with the
+    recorded frame stack; TrainerError where the store is needed to know them."""
+    if args.offline or not args.env_id or not args.frame_stack:
+        raise TrainerError(f"cannot load the run: its store {location} is not there, and the run's network is "
+                           "made for that store's stacks; put the store back (copy a run directory whole)")
+    env = make_env(args.env_id, arguments.env_kwargs(args))
+    try:
+        space, action_space = env_spaces(env)
+    finally:
+        env.close()
+    return space, int(action_space.n), args.frame_stack
