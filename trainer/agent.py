@@ -89,6 +89,11 @@ class DQN:
         assert self.learner is not None
         return self.learner
 
+    def build(self, observation_space: Any, action_space: Any) -> None:
+        """Make the learner now, for the store's stacks when it is open, else for these spaces (an
+        env's) and the agent's frame stack: ``load_run`` of a run directory without its store."""
+        self._build(observation_space, action_space)
+
     def _make_learner(self, stacks: StackSpec, n_actions: int) -> None:
         if self.config.her_n_sampled_goal:
             check_goals(stacks)
@@ -290,15 +295,8 @@ class DQN:
         hooks.train_end(learning.learned)
         return hooks.history
 
-    def _saver(self, directory: str | Path | None) -> Callable[[], None] | None:
-        if directory is None:
-            return None
-        where = directory
-
-        def write() -> None:
-            self.save(where)
-
-        return write
+    def _saver(self, directory: str | Path | None) -> Callable[[], object] | None:
+        return None if directory is None else (lambda: self.save(directory))
 
     def _evaluator(self, env: Any, episodes: int, epsilon: float,
                    seed: int | None) -> Callable[[], Played] | None:

@@ -59,7 +59,7 @@ class Run:
     def __init__(self, config: DQNConfig, store: Any, learning: Learning, state: RunState, hooks: Hooks, *,
                  act: Callable[[np.ndarray], np.ndarray], rng: np.random.Generator, total_timesteps: int,
                  evaluate: Callable[[], Played] | None, eval_frequency: int,
-                 checkpoint: Callable[[], None] | None, checkpoint_frequency: int,
+                 checkpoint: Callable[[], object] | None, checkpoint_frequency: int,
                  should_stop: Callable[[], bool]) -> None:
         self.config, self.store, self.learning, self.state, self.hooks = config, store, learning, state, hooks
         self.act, self.rng, self.total = act, rng, total_timesteps

@@ -17,7 +17,6 @@ from . import checkpoint
 from .args import Args
 from .config import TrainerError
 from .envs import env_spaces, make_env
-from .stacks import StackSpec
 from .stores import same_frames
 
 STORE = "replay.zarr"
@@ -121,16 +120,16 @@ def load_run(run_dir: str | Path, *, store: ReplayStore | str | Path | None = No
         try:
             data = location if isinstance(location, ReplayStore) else \
                 stack.enter_context(ReplayStore.open(location, mode="r", **options))
-            space, actions, frames = data.observation_space, int(data.action_space.n), data.frame_stack
+            space, action_space, frames = data.observation_space, data.action_space, data.frame_stack
         except StoreNotFoundError:
-            space, actions, frames = _env_stacks(args, location)
-        model = arguments.q_network(args, space, frames, actions)
+            space, action_space, frames = _env_spaces(args, location)
+        model = arguments.q_network(args, space, frames, int(action_space.n))
     optimizer = keras.optimizers.Adam(learning_rate=args.learning_rate, global_clipnorm=MAX_GRAD_NORM)
     agent = DQN(model, location, optimizer=optimizer, buffer_size=args.buffer_size, frame_stack=args.frame_stack or None,
                 **options, **dataclasses.asdict(arguments.config(args)))
-    if agent.learner is None:  # (made for the stacks found above, as DQN.load makes it for agent.json's)
-        agent._make_learner(StackSpec.of_space(space, frames), actions)
+    if agent.learner is None:  # (for the store's stacks; without a store, the env's frames and the run's frame stack)
         agent.replay.for_reading(missing_ok=True)  # (fit reopens it to append; fit_offline only reads)
+        agent.build(space, action_space)
     if saved is not None:
         agent.restore(*saved)
     if kept is not None:
@@ -144,8 +143,8 @@ def load_run(run_dir: str | Path, *, store: ReplayStore | str | Path | None = No
     return agent
 
 
-def _env_stacks(args: Args, location: Any) -> tuple[Any, int, int]:
-    """The frame space, action count and frame stack of a run whose store is not there (a run
+def _env_spaces(args: Args, location: Any) -> tuple[Any, Any, int]:
+    """The frame space, action space and frame stack of a run whose store is not there (a run
     directory copied without it, to play its weights elsewhere): those of its env, with the
     recorded frame stack; TrainerError where the store is needed to know them."""
     if args.offline or not args.env_id or not args.frame_stack:
@@ -156,4 +155,4 @@ def _env_stacks(args: Args, location: Any) -> tuple[Any, int, int]:
         space, action_space = env_spaces(env)
     finally:
         env.close()
-    return space, int(action_space.n), args.frame_stack
+    return space, action_space, args.frame_stack
