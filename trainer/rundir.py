@@ -127,19 +127,24 @@ def load_run(run_dir: str | Path, *, store: ReplayStore | str | Path | None = No
     optimizer = keras.optimizers.Adam(learning_rate=args.learning_rate, global_clipnorm=MAX_GRAD_NORM)
     agent = DQN(model, location, optimizer=optimizer, buffer_size=args.buffer_size, frame_stack=args.frame_stack or None,
                 **options, **dataclasses.asdict(arguments.config(args)))
-    if agent.learner is None:  # (for the store's stacks; without a store, the env's frames and the run's frame stack)
-        agent.replay.for_reading(missing_ok=True)  # (fit reopens it to append; fit_offline only reads)
-        agent.build(space, action_space)
-    if saved is not None:
-        agent.restore(*saved)
-    if kept is not None:
-        try:
-            agent.model.set_weights(kept[0])
-        except ValueError as exc:
-            raise TrainerError(f"{where / checkpoint.BEST} does not fit the run's Q-network ({exc}); delete it") from None
-        learner = agent.learner
-        assert learner is not None
-        learner.pull_model()
+    try:
+        if agent.learner is None:  # (for the store's stacks; without a store, the env's frames and the run's frame stack)
+            agent.replay.for_reading(missing_ok=True)  # (fit reopens it to append; fit_offline only reads)
+            agent.build(space, action_space)
+        if saved is not None:
+            agent.restore(*saved)
+        if kept is not None:
+            try:
+                agent.model.set_weights(kept[0])
+            except ValueError as exc:
+                raise TrainerError(f"{where / checkpoint.BEST} does not fit the run's Q-network ({exc}); "
+                                   "delete it") from None
+            learner = agent.learner
+            assert learner is not None
+            learner.pull_model()
+    except BaseException:
+        agent.close()  # (the store it opened)
+        raise
     return agent
 
 
