@@ -161,7 +161,8 @@ def test_the_best_evaluations_weights_are_kept_and_played(tmp_path: Path, capsys
     score for score."""
     import json
 
-    from replaystore.trainer.checkpoint import load_best
+    from replaystore.trainer import TrainerError
+    from replaystore.trainer.checkpoint import load_best, save_best
 
     run = tmp_path / "run"
     flags = ["--env-id", "CartPole-v1", "--buffer-size", "3000", "--batch-size", "32", "--learning-starts", "200",
@@ -214,3 +215,6 @@ def test_the_best_evaluations_weights_are_kept_and_played(tmp_path: Path, capsys
     assert main(["--evaluate", str(run), "--best"]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"error: {run / 'best.npz'} is damaged") and "delete it" in err and err.count("\n") == 1
+    save_best(run, [np.zeros(3, "float32")], info)  # another network's weights: refused, saying what to do
+    with pytest.raises(TrainerError, match=r"best.npz does not fit the run's Q-network .*delete it"):
+        load_run(run, best=True)
