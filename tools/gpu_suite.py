@@ -13,7 +13,7 @@ a few minutes)::
 On the GPU machine, from the project's root with ``.whl/`` carried along, the same command each
 time, until it prints ``suite done``::
 
-    python3 tools/gpu_suite.py run [--dir /tmp/gpu_suite] [--wait 560] [--steps pong,train,learner]
+    python3 tools/gpu_suite.py run [--dir /tmp/gpu_suite] [--wait 560] [--steps pong,train,learner] [--seed 1]
 
 ``--steps`` names the steps to take (default: all three; with 15 minutes of GPU time only ``pong``
 fits, and a runner that went on to ``train`` would spend the rest on a step it cannot finish).
@@ -66,7 +66,7 @@ COPY_EVERY = 30.0
 
 STEPS: dict[str, list[str]] = {
     "pong": ["tools/learning_curve.py", "--env-id", "ALE/Pong-v5", "--backends", "jax", "--stop-at-goal", "--resume",
-             "--out", "{dir}/curves"],
+             "--seed", "{seed}", "--out", "{dir}/curves"],
     "train": ["tools/bench_train.py", "--backends", "jax", "--modes", "decoupled", "--envs", "16,32",
               "--overlap", "off,on", "--learning-starts", "5000", "--steps", "40000", "--buffer-size", "1000000",
               "--sample-threads", "4", "--json", "{dir}/bench_train.json"],
@@ -127,7 +127,7 @@ def install(rehearse: bool) -> dict[str, str]:
     return env
 
 
-def runner(directory: Path, rehearse: bool, steps: list[str]) -> int:
+def runner(directory: Path, rehearse: bool, steps: list[str], seed: int) -> int:
     """The steps not done yet, in order; each step's output goes to DIR/<step>.log."""
     env = install(rehearse)
     state_path = directory / "suite.json"
@@ -135,16 +135,17 @@ def runner(directory: Path, rehearse: bool, steps: list[str]) -> int:
         if name not in steps:
             continue
         state = json.loads(state_path.read_text()) if state_path.exists() else {}
-        if state.get(name, {}).get("done"):
+        if state.get(_key(name, seed), {}).get("done"):
             continue
-        cmd = [sys.executable, str(ROOT / argv[0]), *(a.format(dir=directory) for a in argv[1:]),
+        cmd = [sys.executable, str(ROOT / argv[0]), *(a.format(dir=directory, seed=seed) for a in argv[1:]),
                *(REHEARSAL[name] if rehearse else [])]
         t0 = time.time()
         with open(directory / f"{name}.log", "a") as log:
             log.write(f"$ {' '.join(cmd)}\n")
             log.flush()
             rc = subprocess.call(cmd, cwd=directory, env=env, stdout=log, stderr=subprocess.STDOUT)
-        state[name] = {"done": rc in (0, 1) if name == "pong" else rc == 0, "rc": rc, "seconds": time.time() - t0}
+        state[_key(name, seed)] = {"done": rc in (0, 1) if name == "pong" else rc == 0, "rc": rc,
+                                   "seconds": time.time() - t0}
         state_path.write_text(json.dumps(state, indent=1) + "\n")
         print(f"step {name}: exit {rc} after {time.time() - t0:.0f} s", flush=True)
     return 0
@@ -158,6 +159,7 @@ def follow(args: argparse.Namespace) -> int:
     if not _alive(pid_path):
         with open(log_path, "a") as log:
             argv = [sys.executable, __file__, "runner", "--dir", str(directory), "--steps", ",".join(args.steps),
+                    "--seed", str(args.seed),
                     *(["--rehearse"] if args.rehearse else [])]
             proc = subprocess.Popen(argv, cwd=ROOT,
                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -177,7 +179,7 @@ def follow(args: argparse.Namespace) -> int:
     if copy_to is not None:
         _copy(directory, copy_to)
     state = json.loads((directory / "suite.json").read_text()) if (directory / "suite.json").exists() else {}
-    if all(state.get(name, {}).get("done") for name in args.steps):
+    if all(state.get(_key(name, args.seed), {}).get("done") for name in args.steps):
         print(f"suite done: {json.dumps(state)}")
         return 0
     print(f"suite not done ({json.dumps(state)}); the runner is {'running' if _alive(pid_path) else 'stopped'}: "
@@ -225,6 +227,11 @@ def _copy(directory: Path, target: Path) -> None:
             shutil.copy2(path, dest)
 
 
+def _key(step: str, seed: int) -> str:
+    """A step's name in ``suite.json``: the Pong run of another seed than 1 is a step of its own."""
+    return f"{step}-seed{seed}" if step == "pong" and seed != 1 else step
+
+
 def _steps(text: str) -> list[str]:
     names = [name.strip() for name in text.split(",") if name.strip()]
     unknown = [name for name in names if name not in STEPS]
@@ -241,6 +248,8 @@ def main() -> int:
     ap.add_argument("--copy-to", type=Path, help="copy the results here (default: $OUT, when set)")
     ap.add_argument("--steps", type=_steps, default=list(STEPS),
                     help=f"the steps to take, comma-separated, in the suite's order (default: {','.join(STEPS)})")
+    ap.add_argument("--seed", type=int, default=1, help="the Pong run's seed (default: %(default)s; its run "
+                    "directory and curve are named by it)")
     ap.add_argument("--rehearse", action="store_true", help="on a CPU machine: small sizes, this environment, no TensorFlow")
     args = ap.parse_args()
     if args.command == "prepare":
@@ -249,7 +258,7 @@ def main() -> int:
     if args.command == "runner":
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         args.dir.mkdir(parents=True, exist_ok=True)
-        return runner(args.dir, args.rehearse, args.steps)
+        return runner(args.dir, args.rehearse, args.steps, args.seed)
     return follow(args)
 
 
