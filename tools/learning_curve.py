@@ -190,10 +190,15 @@ def training_returns(run_dir: Path, window: int = 32, points: int = 200) -> list
 
     games = [(s["step"], s["charts/episodic_return"]) for s in read_lines(run_dir / "scalars.jsonl")
              if "charts/episodic_return" in s]
-    means = [[step, sum(r for _, r in games[max(0, i + 1 - window):i + 1]) / min(i + 1, window)]
-             for i, (step, _) in enumerate(games) if i + 1 >= min(window, len(games))]
+    if not games:
+        return []
+    import numpy as np
+
+    width = min(window, len(games))
+    means = np.convolve([r for _, r in games], np.ones(width) / width, mode="valid")  # means[i]: games i .. i+width-1
     every = max(1, -(-len(means) // points))
-    return means[::every] + (means[-1:] if means and (len(means) - 1) % every else [])
+    picks = sorted({*range(0, len(means), every), len(means) - 1})
+    return [[games[i + width - 1][0], float(means[i])] for i in picks]
 
 
 def machine() -> str:
