@@ -10,12 +10,15 @@ the command line over the same agent, and ``load_run`` (rundir.py) a run directo
 
 Installed from the repository's ``trainer/`` folder as ``replaystore.trainer`` (pyproject.toml maps
 it), with ``pip install replaystore[train]``. Names are imported on first use, so that the command
-line can parse its flags before Keras (and TensorFlow) load.
+line can parse its flags before Keras (and TensorFlow) load; the first of them loads Keras without
+TensorFlow's start-up lines on stderr (``process.import_keras``; a ``TF_CPP_MIN_LOG_LEVEL`` the
+user set shows them).
 """
 
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -37,5 +40,9 @@ _WHERE = {"DQN": "agent", "DQNConfig": "config", "TrainerError": "config", "Mode
 
 def __getattr__(name: str) -> Any:
     if name in _WHERE:
+        if "keras" not in sys.modules:  # TensorFlow's start-up lines held back, as replaystore-train does
+            from .process import import_keras
+
+            import_keras()
         return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
