@@ -33,6 +33,20 @@ def record(dataset_id: str, env: gym.Env, steps: int, *, seed: int = 0, record_i
     return dataset
 
 
+def record_breakout_stacks(dataset_id: str, steps: int = 300) -> minari.MinariDataset:
+    """What docs/trainer.md's offline examples learn from, small: random Breakout moves recorded
+    behind ``FrameStackObservation(AtariPreprocessing(...), 4)`` (the docs' ``breakout/stacks-v0``),
+    into ``MINARI_DATASETS_PATH`` (once: a page's later example finds it there)."""
+    import ale_py
+
+    if dataset_id in minari.list_local_datasets():
+        return minari.load_dataset(dataset_id)
+    gym.register_envs(ale_py)
+    env = gym.wrappers.FrameStackObservation(
+        gym.wrappers.AtariPreprocessing(gym.make("ALE/Breakout-v5", frameskip=1, max_num_frames_per_episode=800)), 4)
+    return record(dataset_id, env, steps)
+
+
 def written(dataset_id: str, episodes: list[dict], obs_space: gym.Space, action_space: gym.Space):
     """A dataset Minari writes from ``episodes`` as given (Minari checks none of the values)."""
     buffers = [EpisodeBuffer(observations=e["obs"], actions=e["action"], rewards=e["reward"],

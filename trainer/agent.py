@@ -22,7 +22,6 @@ learner beside it and calls the Keras callbacks (callbacks.py). docs/trainer.md 
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,21 +31,21 @@ import numpy as np
 
 from replaystore import ReplayStore
 
-from . import checkpoint
+from . import persist
 from .acting import acting_on
-from .callbacks import Hooks
+from .callbacks import Hooks, keeping_best, kept_best
 from .config import TrainerError, check_count, check_run_arguments, config_from
 from .envs import env_spaces
 from .evaluation import Played, play
 from .feeding import Learning
 from .hindsight import check_goals, choose_reward, hindsight_sampler
 from .learner import MAX_GRAD_NORM, Learner, make_learner
-from .models import check_model, check_savable
+from .models import Loading, check_model
 from .offline import OfflineRun
 from .run import Run, Source
-from .stacks import StackSpec
+from .stacks import RecentFrames, StackSpec
 from .state import RunState
-from .stores import AgentStore, check_dataset, check_for_network, check_not_dataset, place, store_at, store_ref
+from .stores import AgentStore, check_dataset, check_for_network, check_not_dataset, place
 
 
 class DQN:
@@ -57,10 +56,13 @@ class DQN:
     def __init__(self, model: keras.Model, store: ReplayStore | str | Path, *,
                  optimizer: keras.optimizers.Optimizer | None = None, buffer_size: int = 1_000_000,
                  frame_stack: int | None = None, cache_bytes: int = 256 * 2**20,
-                 storage_options: dict[str, Any] | None = None, **hyperparameters: Any) -> None:
+                 storage_options: dict[str, Any] | None = None, custom_objects: dict[str, Any] | None = None,
+                 safe_mode: bool = True, **hyperparameters: Any) -> None:
         """``store``: a ``ReplayStore`` open for appending, or the path or URL of one to open (or, on
         the first ``fit``, to create with ``buffer_size`` steps and ``frame_stack`` frames a stack:
-        4 for image frames, 1 for vectors, when not given)."""
+        4 for image frames, 1 for vectors, when not given). ``custom_objects`` and ``safe_mode``:
+        how the model's saved file is read back (``DQN.load`` takes the same), which ``fit`` with
+        ``checkpoint_dir`` and ``save`` check before they write (``check_reloads``)."""
         self.config = config_from(hyperparameters)
         self.model = model
         self.optimizer = (optimizer or getattr(model, "optimizer", None)
@@ -75,6 +77,11 @@ class DQN:
         self.state = RunState(epsilon=self.config.start_e)
         self.rng = np.random.default_rng(self.config.seed)
         self.resumed = False  # loaded from a checkpoint: the next fit closes the store's unfinished episode
+        self.loading = Loading(custom_objects, bool(safe_mode))
+        self.reloads = False  # the model passed check_reloads
+        self.best: tuple[list[np.ndarray], dict[str, Any]] | None = None  # the best evaluation's weights and info
+        self.holds = "last"  # which weights the model holds: the run's last, or its best evaluation's (persist.py)
+        self.frames = RecentFrames()  # the last frames of the envs act() is given raw observations of
         if self.store is not None:
             self._build(self.store.observation_space, self.store.action_space)
 
@@ -85,16 +92,18 @@ class DQN:
         if self.learner is None:
             self.replay.check_learnable(observation_space, action_space)
             stack = self.store.frame_stack if self.store is not None else self.replay.default_stack(observation_space)
-            self._make_learner(StackSpec.of_space(observation_space, stack), int(action_space.n))
+            self.build_for(StackSpec.of_space(observation_space, stack), int(action_space.n))
         assert self.learner is not None
         return self.learner
 
-    def build(self, observation_space: Any, action_space: Any) -> None:
-        """Make the learner now, for the store's stacks when it is open, else for these spaces (an
-        env's) and the agent's frame stack: ``load_run`` of a run directory without its store."""
-        self._build(observation_space, action_space)
+    def build(self, observation_space: Any, action_space: Any) -> Learner:
+        """Make the learner now (once), for the store's stacks when it is open, else for these
+        spaces (an env's) and the agent's frame stack: ``load_run`` of a run directory without its
+        store."""
+        return self._build(observation_space, action_space)
 
-    def _make_learner(self, stacks: StackSpec, n_actions: int) -> None:
+    def build_for(self, stacks: StackSpec, n_actions: int) -> None:
+        """Make the learner for these stacks and actions (a saved agent's: ``agent.json``)."""
         if self.config.her_n_sampled_goal:
             check_goals(stacks)
         check_model(self.model, stacks, n_actions)
@@ -124,22 +133,39 @@ class DQN:
 
     # Acting -------------------------------------------------------------------------------------
 
-    def act(self, obs: Any) -> int | np.ndarray:
-        """The greedy action for one stack ``(frame_stack, *frame_shape)``, or the actions for a batch
-        of stacks ``(n, frame_stack, *frame_shape)``, as the store returns them (a Dict store's: a
-        dict of them)."""
-        learner = self._learner()
+    def act(self, obs: Any, *, restart: bool | np.ndarray = False) -> int | np.ndarray:
+        """The greedy action for what an env returns, or for stacks as the store returns them:
+
+        - one env's observation (``env.reset()``'s or ``env.step()``'s, a frame): the agent keeps
+          the last ``frame_stack`` of them and acts on that stack, padded at an episode's start with
+          its first frame as the store pads; an episode starts at the first call, after ``reset()``,
+          and where ``restart`` is True (the observation after ``env.reset()``);
+        - a vector env's observations ``(num_envs, *frame)``, with ``restart`` one bool per env
+          (True where that observation begins an episode: with gymnasium's default autoreset, the
+          previous step's ``terminated | truncated``); the first call starts every env;
+        - one stack ``(frame_stack, *frame_shape)`` or a batch of them (a Dict store's: a dict).
+        """
+        learner = self.built()
         assert self.stacks is not None
-        batch, single = self.stacks.batch(obs)
+        vector = np.ndim(restart) > 0
+        if vector or self.stacks.is_frame(obs):
+            batch, single = self.frames.push(self.stacks, obs, restart), not vector
+        else:
+            batch, single = self.stacks.batch(obs)
         actions = learner.act_batch(batch)
         return int(actions[0]) if single else actions
+
+    def reset(self) -> None:
+        """Forget the frames ``act`` kept: the next observations it is given begin new episodes."""
+        self.frames.reset()
 
     @property
     def train_steps(self) -> int:
         """Gradient steps taken (the optimizer's iteration counter)."""
-        return self._learner().train_steps
+        return self.built().train_steps
 
-    def _learner(self) -> Learner:
+    def built(self) -> Learner:
+        """The learner; TrainerError before it is made."""
         if self.learner is None:
             raise TrainerError("the model is not built yet: fit it first (or pass an open ReplayStore)")
         return self.learner
@@ -151,8 +177,8 @@ class DQN:
             callbacks: Sequence[keras.callbacks.Callback] = (), checkpoint_dir: str | Path | None = None,
             checkpoint_frequency: int = 100_000, verbose: int = 0,
             compute_reward: Callable[..., Any] | None = None, source: Source | None = None,
-            should_stop: Callable[[], bool] | None = None,
-            checkpoint_writer: Callable[[], None] | None = None) -> keras.callbacks.History:
+            should_stop: Callable[[], bool] | None = None, checkpoint_writer: Callable[[], None] | None = None,
+            restore_best_weights: bool = False) -> keras.callbacks.History:
         """Act on ``env`` (a gymnasium env, or a vector env whose envs write one stream each) until the
         run has taken ``total_timesteps`` env steps in all (a loaded agent goes on from its count;
         one that took them already returns at once), learning from the store as it goes; returns
@@ -164,14 +190,19 @@ class DQN:
         stops the run (``model.stop_training = True``) or it is interrupted (Ctrl-C), so that
         ``DQN.load`` resumes it after a crash with every transition the store committed. With
         ``her_n_sampled_goal`` (a goal env) the batches are relabelled with ``compute_reward``, by
-        default the env's (hindsight.py). ``source``, ``should_stop`` and ``checkpoint_writer`` are for ``replaystore-train`` (Ray
-        actors, signals, its run directory)."""
+        default the env's (hindsight.py). ``source``, ``should_stop`` and ``checkpoint_writer`` are for
+        ``replaystore-train`` (Ray actors, signals, its run directory).
+
+        What the agent is left with: the weights of the run's last step, as Keras leaves a model;
+        with ``restore_best_weights`` (and ``eval_env``) those of its best evaluation, as
+        ``EarlyStopping(restore_best_weights=True)`` does for a model (its checkpoint keeps the last
+        ones, to go on from). Either way ``agent.best`` holds the best evaluation's weights and
+        result, and ``checkpoint_dir`` gets them as ``best.npz`` (``DQN.load(dir, best=True)``)."""
         check_count("total_timesteps", total_timesteps, least=1)
         check_run_arguments(eval_env, eval_frequency, eval_episodes, checkpoint_frequency, verbose)
         if checkpoint_dir is not None and checkpoint_writer is not None:
             raise TrainerError("pass checkpoint_dir or checkpoint_writer, not both")
-        if checkpoint_dir is not None:
-            check_savable(self.model)  # (save writes it; refused now, not at the first checkpoint)
+        callbacks = keeping_best(callbacks, self, eval_env, checkpoint_dir, restore_best_weights)
         config, state = self.config, self.state
         vector = hasattr(env, "num_envs")
         spaces = env_spaces(env)
@@ -184,6 +215,8 @@ class DQN:
             if source is None:  # an existing store is checked against the env before the model is
                 self.replay.for_append(*spaces, streams, create=False)
             learner = self._build(*spaces)
+            if checkpoint_dir is not None:  # (save writes the model; refused now, not after a crash)
+                persist.check_reloads_once(self)
             reward = choose_reward(config, compute_reward, env)
             if eval_env is not None:  # refused now, not at the first evaluation
                 assert self.stacks is not None
@@ -233,6 +266,7 @@ class DQN:
             if owned:
                 source.close()
         hooks.train_end(state.global_step)
+        kept_best(callbacks, self)
         return hooks.history
 
     def fit_offline(self, gradient_steps: int, *, eval_env: Any = None, eval_frequency: int = 0,
@@ -240,7 +274,8 @@ class DQN:
                     callbacks: Sequence[keras.callbacks.Callback] = (), checkpoint_dir: str | Path | None = None,
                     checkpoint_frequency: int = 10_000, verbose: int = 0,
                     compute_reward: Callable[..., Any] | None = None, should_stop: Callable[[], bool] | None = None,
-                    checkpoint_writer: Callable[[], None] | None = None) -> keras.callbacks.History:
+                    checkpoint_writer: Callable[[], None] | None = None,
+                    restore_best_weights: bool = False) -> keras.callbacks.History:
         """Learn from the store as it is, acting nowhere (offline RL), until the learner has taken
         ``gradient_steps`` gradient steps in all (a loaded agent goes on from its count; one that
         took them already returns at once); returns the callbacks' ``History``.
@@ -253,13 +288,13 @@ class DQN:
         with ``checkpoint_dir`` the agent is saved every ``checkpoint_frequency`` of them, at the
         end, when a callback stops the run and on Ctrl-C (offline.py). With ``her_n_sampled_goal``
         the batches are relabelled with ``compute_reward``, by default ``eval_env``'s. ``should_stop`` and
-        ``checkpoint_writer`` are for ``replaystore-train --offline`` (signals, its run directory)."""
+        ``checkpoint_writer`` are for ``replaystore-train --offline`` (signals, its run directory).
+        ``restore_best_weights`` and ``agent.best`` as in ``fit``."""
         check_count("gradient_steps", gradient_steps, least=1)
         check_run_arguments(eval_env, eval_frequency, eval_episodes, checkpoint_frequency, verbose)
         if checkpoint_dir is not None and checkpoint_writer is not None:
             raise TrainerError("pass checkpoint_dir or checkpoint_writer, not both")
-        if checkpoint_dir is not None:
-            check_savable(self.model)
+        callbacks = keeping_best(callbacks, self, eval_env, checkpoint_dir, restore_best_weights)
         opened = self.store is None
         store = self.replay.for_reading()
         assert store is not None
@@ -267,6 +302,8 @@ class DQN:
         try:
             self.replay.check_stacks(store)
             learner = self._build(store.observation_space, store.action_space)
+            if checkpoint_dir is not None:
+                persist.check_reloads_once(self)
             spaces = None if eval_env is None else env_spaces(eval_env)
             check_dataset(store, config.batch_size, config.n_step, spaces)
             sampler = hindsight_sampler(config, store, choose_reward(config, compute_reward, eval_env))
@@ -293,6 +330,7 @@ class DQN:
         hooks.train_begin()
         run.through(run.learn)
         hooks.train_end(learning.learned)
+        kept_best(callbacks, self)
         return hooks.history
 
     def _saver(self, directory: str | Path | None) -> Callable[[], object] | None:
@@ -316,7 +354,7 @@ class DQN:
         reports ``info["is_success"]`` at a game's end) whether it reached its goal. ``on_game`` is
         called with each game's return as the game ends."""
         assert self.stacks is not None
-        return play(env, self._learner(), self.stacks, self.n_actions, episodes, epsilon=epsilon,
+        return play(env, self.built(), self.stacks, self.n_actions, episodes, epsilon=epsilon,
                     seed=self.config.seed + 100_000 if seed is None else seed,
                     life_loss=self.config.terminal_on_life_loss, on_game=on_game)
 
@@ -325,73 +363,39 @@ class DQN:
     def checkpoint_arrays(self) -> tuple[dict[str, list[np.ndarray]], dict[str, Any]]:
         """What a checkpoint holds: the learner's arrays, and the run's counters (the store flushed
         first, so a checkpoint never runs ahead of the replay data it trained on)."""
-        learner = self._learner()
-        if self.store is not None and self.store.writing:
-            self.store.flush()
-        self.state.rng = dict(self.rng.bit_generator.state)
-        self.state.train_steps = learner.train_steps
-        self.state.stored = len(self.store) if self.store is not None else 0
-        return learner.state(), self.state.to_json()
+        return persist.checkpoint_arrays(self)
 
     def save(self, path: str | Path) -> Path:
         """Save the agent in directory ``path``: ``model.keras`` (the model, loadable with
         ``keras.saving.load_model``), ``checkpoint.npz`` (online and target weights, the optimizer's
-        state, the run's counters and generator) and ``agent.json`` (the hyperparameters, the
-        optimizer's configuration, where the store is). The store itself stays where it is, flushed:
-        it is the replay half of the checkpoint. Each file is replaced atomically."""
-        check_savable(self.model)
-        directory = Path(path)
-        directory.mkdir(parents=True, exist_ok=True)
-        arrays, state = self.checkpoint_arrays()
-        self._learner().sync_model()
-        doc = {"config": dataclasses.asdict(self.config), "store": store_ref(self.location, directory),
-               "optimizer": keras.optimizers.serialize(self.optimizer), "buffer_size": self.replay.buffer_size,
-               "frame_stack": self.replay.frame_stack, "storage_options": self.replay.storage_options,
-               "stacks": self.stacks.to_json(self.n_actions) if self.stacks is not None else None}
-        checkpoint.save_agent(directory, self.model, doc, arrays, state)
-        return directory
+        state, the run's counters and generator), ``agent.json`` (the hyperparameters, the
+        optimizer's configuration, where the store is, which weights the model holds) and, once an
+        evaluation was played, ``best.npz`` (the weights of the best one). The store itself stays
+        where it is, flushed: it is the replay half of the checkpoint. Each file is replaced
+        atomically. A model that would not load back is refused first (``check_reloads``)."""
+        return persist.save(self, Path(path))
 
     @classmethod
     def load(cls, path: str | Path, *, store: ReplayStore | str | Path | None = None,
-             custom_objects: dict[str, Any] | None = None) -> DQN:
+             custom_objects: dict[str, Any] | None = None, safe_mode: bool = True, best: bool = False) -> DQN:
         """The agent ``save`` wrote in ``path``, with its store (or ``store``, which may be a path that
         holds no store yet: the next ``fit`` creates it) as its replay: ``fit`` reopens it to append
         and goes on from the saved step count, with every transition the store committed;
-        ``fit_offline`` goes on from the saved gradient step count."""
-        directory = Path(path)
-        model, doc, saved = checkpoint.load_agent(directory, custom_objects)
-        agent = cls(model, store if store is not None else store_at(doc["store"], directory), optimizer=doc["optimizer"],
-                    buffer_size=doc.get("buffer_size", 1_000_000), frame_stack=doc.get("frame_stack"),
-                    storage_options=doc.get("storage_options"), **doc["config"])
-        stacks = checkpoint.saved_stacks(directory, doc)  # (None from agents saved before: made from the store)
-        if agent.learner is None and stacks is not None:
-            agent._make_learner(*stacks)
-            agent.replay.for_reading(missing_ok=True)  # (fit reopens it to append; fit_offline only reads)
-        agent.restore(*saved)
-        return agent
+        ``fit_offline`` goes on from the saved gradient step count. ``custom_objects`` and
+        ``safe_mode`` are ``keras.saving.load_model``'s: pass ``safe_mode=False`` only for files you
+        wrote yourself (a ``Lambda`` of a Python lambda is code). With ``best`` the online weights
+        are those of the best evaluation (``best.npz``); ``agent.holds`` says which weights it has."""
+        return persist.load(cls, Path(path), store=store, loading=Loading(custom_objects, safe_mode), best=best)
 
     def restore(self, arrays: dict[str, list[np.ndarray]], state: dict[str, Any]) -> None:
         """Take a checkpoint's arrays and counters (``checkpoint_arrays``); the next ``fit`` goes on."""
-        if self.learner is None:
-            store = self.replay.for_reading()  # (fit reopens it to append; fit_offline only reads)
-            assert store is not None
-            self._build(store.observation_space, store.action_space)
-        try:
-            self._learner().load_state(arrays)
-        except (ValueError, IndexError) as exc:
-            raise TrainerError(f"the checkpoint's arrays do not fit this model ({exc}); restore a checkpoint "
-                               "written by the same model") from None
-        try:
-            self.state = RunState.from_json(state)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise TrainerError(f"the checkpoint's state is damaged ({type(exc).__name__}: {exc}); put back a copy "
-                               "of checkpoint.npz, or start a new run") from None
-        if "written" not in state and self.state.global_step > 0:  # saved before it was kept: the store was fit's
-            self.state.written.append(place(self.location))
-        if self.state.rng is not None:
-            self.rng.bit_generator.state = self.state.rng
-        self.state.resumes += 1
-        self.resumed = True
+        persist.restore(self, arrays, state)
+
+    def __repr__(self) -> str:
+        best = self.best[1] if self.best is not None else None
+        kept = (f"; best evaluation {best['mean_return']:.1f} at step {best['step']:,}" if best is not None else "")
+        return (f"<DQN on {self.location}: the {self.holds} weights, step {self.state.global_step:,}, "
+                f"{self.state.train_steps:,} gradient steps{kept}>")
 
     def close(self) -> None:
         """Close the store (flushing what was added); the next ``fit`` or ``fit_offline`` opens it again."""

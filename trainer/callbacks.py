@@ -36,10 +36,14 @@ import collections
 import math
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import keras
+import numpy as np
 
+from . import checkpoint
+from .config import TrainerError
 from .learnerbase import Learner
 
 #: replaystore's own hooks, which a callback may define besides Keras' (see the module docstring)
@@ -194,3 +198,79 @@ class StepProgbar(keras.callbacks.Callback):
         if self.bar is not None:
             self.bar.update(self.target, list((logs or self.logs).items()), finalize=True)
             self.bar = None
+
+
+class BestWeights(keras.callbacks.Callback):
+    """The online weights at the end of the run's highest evaluation so far (its mean return), and
+    that evaluation (``info``: step, mean return, returns, time), kept in RAM and, with
+    ``directory``, written to ``directory/best.npz`` (atomically) each time they change. Taken at
+    the epoch's end, the learner paused since the evaluation began (run.py), so they are the
+    weights that played (with Ray actors, which go on meanwhile, those at the evaluation's end).
+    ``best`` is where a resumed run starts from. With ``restore`` the model takes them back when
+    the run ends (Keras' ``EarlyStopping(restore_best_weights=True)``, for the agent's evaluations);
+    the run's checkpoint keeps its last weights, to go on from."""
+
+    def __init__(self, directory: Path | None = None, *, say: Callable[[str], None] | None = None,
+                 restore: bool = False, best: tuple[list[np.ndarray], dict[str, Any]] | None = None) -> None:
+        super().__init__()
+        self.directory, self.say, self.restore = directory, say, restore
+        self.weights: list[np.ndarray] | None = best[0] if best is not None else None
+        self.info: dict[str, Any] | None = best[1] if best is not None else None
+        self.pending: dict[str, Any] | None = None
+
+    @property
+    def best_return(self) -> float:
+        return float(self.info["mean_return"]) if self.info is not None else -math.inf
+
+    def on_evaluation(self, step: int, logs: dict[str, Any]) -> None:
+        mean = float(logs["mean_return"])
+        self.pending = {"step": step, "mean_return": mean, "returns": list(logs["returns"]), "time": time.time()} \
+            if math.isfinite(mean) and mean > self.best_return else None
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if self.pending is None:
+            return
+        was = self.best_return
+        self.weights, self.info, self.pending = self.model.get_weights(), self.pending, None
+        if self.directory is not None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            checkpoint.save_best(self.directory, self.weights, self.info)
+        if self.say is not None:
+            where = f" -> {self.directory / checkpoint.BEST}" if self.directory is not None else ""
+            self.say(f"best weights so far{where} (mean score {shown(self.best_return)}"
+                     + (f", up from {shown(was)})" if math.isfinite(was) else ")"))
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        if self.restore and self.weights is not None:
+            self.model.set_weights(self.weights)  # (Hooks.train_end hands them to the learner)
+
+
+def keeping_best(callbacks: Sequence[keras.callbacks.Callback], agent: Any, eval_env: Any,
+                 checkpoint_dir: str | Path | None, restore: bool) -> list[keras.callbacks.Callback]:
+    """A run's callbacks with one that keeps the best evaluation's weights (a ``BestWeights`` from
+    ``agent.best`` into ``checkpoint_dir``; ``replaystore-train`` passes its own, for its run
+    directory)."""
+    if restore and eval_env is None:
+        raise TrainerError("restore_best_weights=True needs eval_env: the best weights are those of the best evaluation")
+    shown = list(callbacks)
+    keeper = next((c for c in shown if isinstance(c, BestWeights)), None)
+    if keeper is None and eval_env is not None:
+        keeper = BestWeights(None if checkpoint_dir is None else Path(checkpoint_dir), best=agent.best)
+        shown.append(keeper)
+    if keeper is not None:
+        keeper.restore = keeper.restore or restore
+    return shown
+
+
+def kept_best(callbacks: Sequence[keras.callbacks.Callback], agent: Any) -> None:
+    """What the run's ``BestWeights`` kept, as ``agent.best``; ``agent.holds`` says whether the
+    model took those weights back."""
+    keeper = next((c for c in callbacks if isinstance(c, BestWeights)), None)
+    if keeper is not None and keeper.weights is not None and keeper.info is not None:
+        agent.best = (keeper.weights, keeper.info)
+        agent.holds = "best" if keeper.restore else "last"
+
+
+def shown(score: float) -> str:
+    """A mean score for the terminal: one decimal (Atari's 12.8), two below 1 (Blackjack's -0.05)."""
+    return f"{score:.1f}" if abs(score) >= 1 or score == 0 else f"{score:.2f}"

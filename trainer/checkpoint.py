@@ -142,10 +142,11 @@ def save_agent(directory: Path, model: Any, doc: dict[str, Any], arrays: dict[st
     write_atomically(directory / AGENT_FILE, json.dumps(doc, indent=2, default=str).encode())
 
 
-def load_agent(directory: Path, custom_objects: dict[str, Any] | None) -> tuple[
+def load_agent(directory: Path, loading: Any) -> tuple[
         Any, dict[str, Any], tuple[dict[str, list[np.ndarray]], dict[str, Any]]]:
-    """What ``save_agent`` wrote: the model, ``agent.json`` (its ``optimizer`` made an optimizer) and
-    the checkpoint's arrays and state; TrainerError naming what is missing or unreadable."""
+    """What ``save_agent`` wrote: the model (read as ``loading``, a ``models.Loading``, says),
+    ``agent.json`` (its ``optimizer`` made an optimizer) and the checkpoint's arrays and state;
+    TrainerError naming what is missing or unreadable."""
     import keras
 
     if not (directory / AGENT_FILE).is_file() or not (directory / MODEL_FILE).is_file():
@@ -156,10 +157,15 @@ def load_agent(directory: Path, custom_objects: dict[str, Any] | None) -> tuple[
                            "DQN.save or fit(checkpoint_dir=...) wrote")
     try:
         doc = json.loads((directory / AGENT_FILE).read_text())
-        model = keras.saving.load_model(directory / MODEL_FILE, custom_objects=custom_objects, compile=False)
+        model = loading.load(directory / MODEL_FILE)
         doc["optimizer"] = keras.optimizers.deserialize(doc["optimizer"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise TrainerError(f"cannot load the agent in {directory}: {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - whatever Keras raised loading the user's model, in one line
+        first = next((line.strip() for line in str(exc).splitlines() if line.strip()
+                      and not line.startswith("Exception encountered")), type(exc).__name__)
+        hint = ("; if you wrote this file yourself and trust it, DQN.load(..., safe_mode=False) loads its Lambda"
+                if "safe_mode" in str(exc) else "; pass the custom layers and functions it uses as custom_objects"
+                if isinstance(exc, TypeError | ValueError | NameError) else "")
+        raise TrainerError(f"cannot load the agent in {directory}: {first[:300]}{hint}") from None
     saved = load(directory)
     if saved is None:
         raise TrainerError(f"{directory} holds no checkpoint.npz; the agent was not saved there")

@@ -238,9 +238,9 @@ def _agent(keras: Any, args: Args, settings: Any, store: ReplayStore, saved: Any
 
 def _best(args: Args, run_dir: Path, report: Any) -> list[Any]:
     """With evaluations: the callback that keeps the best evaluation's weights (``best.npz``)."""
-    from .report import BestWeights
+    from .callbacks import BestWeights
 
-    return [BestWeights(run_dir, report.print)] if args.eval_episodes else []
+    return [BestWeights(run_dir, say=report.print, best=checkpoint.load_best(run_dir))] if args.eval_episodes else []
 
 
 def _model(keras: Any, args: Args, frame_stack: int, space: Any, actions: int) -> Any:

@@ -12,8 +12,12 @@ one ``keras.Input`` named after each key.
 
 from __future__ import annotations
 
+import dataclasses
 import operator
+import re
+import tempfile
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -176,6 +180,68 @@ def check_savable(model: Any) -> None:
         raise ModelError(f"the model ({name}) cannot be saved: Keras needs {name}.get_config() to write it "
                          f"(its __init__ takes arguments); give {name} a get_config() returning them and register "
                          "it with @keras.saving.register_keras_serializable(), or fit without checkpoint_dir") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Loading:
+    """How a saved model is read back (``keras.saving.load_model``'s ``custom_objects`` and
+    ``safe_mode``): the user's own choice, given in their call, never read from a saved file."""
+
+    custom_objects: dict[str, Any] | None = None
+    safe_mode: bool = True
+
+    def load(self, path: Any) -> keras.Model:
+        """The model in the ``.keras`` file ``path``."""
+        return keras.saving.load_model(path, custom_objects=self.custom_objects, compile=False,
+                                       safe_mode=self.safe_mode)
+
+
+def check_reloads(model: Any, stacks: StackSpec, loading: Loading) -> None:
+    """Refuse, before anything runs, a model that saves but does not load back as the same function
+    (a ``Lambda`` of a Python lambda in safe mode, or without an ``output_shape``; a custom layer
+    neither registered nor in ``custom_objects``): ``DQN.load`` of a checkpoint would fail after a
+    crash. The model is saved to a temporary file, loaded as ``loading`` says, and both are called
+    on the same random stacks."""
+    check_savable(model)
+    with tempfile.TemporaryDirectory(prefix="replaystore-reload-") as tmp:
+        path = Path(tmp) / "model.keras"
+        try:
+            model.save(path)
+            again = loading.load(path)
+            probe = stacks.random(2, np.random.default_rng(0))
+            before, after = (keras.tree.flatten(m(probe)) for m in (model, again))  # (predict would donate JAX state)
+            same = all(np.allclose(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b), rtol=1e-5, atol=1e-5)
+                       for a, b in zip(before, after, strict=True))
+        except Exception as exc:  # noqa: BLE001 - whatever Keras raised, said in one line with the fix
+            raise ModelError(f"the model saves but does not load back ({type(exc).__name__}: {_first_line(exc)}); "
+                             f"{_reload_fix(exc, loading)}") from None
+    if not same:
+        raise ModelError("the model saves but loads back as a different function (its outputs differ on the same "
+                         "stacks); build every layer from its config (get_config returning each __init__ argument)")
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = next((line for line in lines if not line.startswith("Exception encountered")), lines[0] if lines else "")
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)[:240]
+
+
+def _reload_fix(exc: BaseException, loading: Loading) -> str:
+    """What to do about a model that does not load back."""
+    text = str(exc)
+    if "Lambda" in text and "safe_mode" in text:
+        return ("a Lambda of a Python lambda is code that Keras' safe mode will not load: give the Lambda a named "
+                "function registered with @keras.saving.register_keras_serializable() and an output_shape (or use "
+                "replaystore.trainer.Dueling for a dueling head); for your own trusted files only, pass "
+                "safe_mode=False to DQN and DQN.load")
+    if "output_shape" in text or "infer the shape" in text:
+        return "give the Lambda layer an output_shape (Lambda(fn, output_shape=(n_actions,)))"
+    if isinstance(exc, NameError) or "is not defined" in text:
+        return ("a Lambda's function loses the names it uses when loaded from bytecode: give it a named function "
+                "registered with @keras.saving.register_keras_serializable()")
+    return ("register each custom layer and function with @keras.saving.register_keras_serializable() (with a "
+            "get_config returning its __init__ arguments), or pass them as custom_objects={name: object} to DQN "
+            "and DQN.load")
 
 
 def check_model(model: Any, stacks: StackSpec, n_actions: int) -> None:

@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import collections
 import json
-import math
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +29,7 @@ import keras
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from . import checkpoint
+from .callbacks import shown
 from .scalars import Scalars
 
 #: Seconds between two log lines when there is no progress bar.
@@ -158,36 +156,3 @@ class Report(keras.callbacks.Callback):
             self.line(self.step)
         self._line_at = None
         self.writer.close()
-
-
-class BestWeights(keras.callbacks.Callback):
-    """``best.npz`` in the run directory: the online weights at the end of the run's highest
-    evaluation so far (its mean return), and that evaluation (step, mean return, returns, time).
-    Written at the epoch's end, the learner paused since the evaluation began (run.py), so they are
-    the weights that played (with Ray actors, which go on meanwhile, those at the evaluation's end).
-    A resumed run starts from the best it had."""
-
-    def __init__(self, run_dir: Path, say: Callable[[str], None]) -> None:
-        super().__init__()
-        self.run_dir, self.say = run_dir, say
-        saved = checkpoint.load_best(run_dir)
-        self.best = float(saved[1]["mean_return"]) if saved is not None else -math.inf
-        self.pending: dict[str, Any] | None = None
-
-    def on_evaluation(self, step: int, logs: dict[str, Any]) -> None:
-        mean = float(logs["mean_return"])
-        self.pending = {"step": step, "mean_return": mean, "returns": list(logs["returns"]), "time": time.time()} \
-            if math.isfinite(mean) and mean > self.best else None
-
-    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        if self.pending is None:
-            return
-        checkpoint.save_best(self.run_dir, self.model.get_weights(), self.pending)
-        was, self.best, self.pending = self.best, self.pending["mean_return"], None
-        self.say(f"best weights so far -> {self.run_dir / checkpoint.BEST} (mean score {shown(self.best)}"
-                 + (f", up from {shown(was)})" if math.isfinite(was) else ")"))
-
-
-def shown(score: float) -> str:
-    """A mean score for the terminal: one decimal (Atari's 12.8), two below 1 (Blackjack's -0.05)."""
-    return f"{score:.1f}" if abs(score) >= 1 or score == 0 else f"{score:.2f}"

@@ -115,6 +115,20 @@ class StackSpec:
         lead = (n,) if frames else (n, self.frame_stack)
         return self.structured({key: np.zeros((*lead, *shape), dtype) for key, shape, dtype in self.entries})
 
+    def random(self, n: int, rng: np.random.Generator) -> Tree:
+        """``n`` stacks of random values that any model of them takes: floats drawn from a normal,
+        ``uint8`` frames (images) from 0..255, other integers 0 (a state an embedding has)."""
+
+        def draw(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+            full = (n, self.frame_stack, *shape)
+            if np.issubdtype(dtype, np.floating):
+                return rng.standard_normal(full).astype(dtype)
+            if dtype == np.uint8:
+                return rng.integers(0, 256, full, dtype=np.uint8)
+            return np.zeros(full, dtype)
+
+        return self.structured({key: draw(shape, dtype) for key, shape, dtype in self.entries})
+
     def leaves(self, obs: Any) -> dict[str, Any] | None:
         """``obs``'s value for each entry, by key (None when ``obs`` is not of this spec's form)."""
         if not self.keyed:
@@ -128,6 +142,28 @@ class StackSpec:
         if not isinstance(obs, Mapping) or set(obs) != set(self.keys):
             return None
         return {key: obs[key] for key in self.keys}
+
+    def is_frame(self, obs: Any) -> bool:
+        """Whether ``obs`` is one frame (what one env returns), not a stack or a batch of stacks."""
+        leaves = self.leaves(obs)
+        return leaves is not None and all(np.shape(leaves[key]) == shape for key, shape, _ in self.entries)
+
+    def frames(self, obs: Any, *, rows: int | None) -> Tree:
+        """``obs`` (one frame, or with ``rows`` a batch of that many) as a batch of frames in this
+        spec's dtypes; TrainerError when it is not."""
+        leaves = self.leaves(obs)
+        lead = (1,) if rows is None else (rows,)
+        if leaves is None or not all(np.shape(leaves[key]) == (lead[1:] if rows is None else lead) + shape
+                                     for key, shape, _ in self.entries):
+            what = "one env's observation" if rows is None else f"{rows} envs' observations (one per restart flag)"
+            raise TrainerError(f"act takes {what} of {self.describe_frames()}, not {_looks(obs)}")
+        return self.structured({key: np.asarray(leaves[key], dtype).reshape(lead + shape)
+                                for key, shape, dtype in self.entries})
+
+    def describe_frames(self) -> str:
+        """One frame's shape and dtype (a Dict's: per key)."""
+        parts = [f"{shape} {dtype.name}" for _, shape, dtype in self.entries]
+        return parts[0] if not self.keyed else "{" + ", ".join(f"{k}: {p}" for k, p in zip(self.keys, parts, strict=True)) + "}"
 
     def batch(self, obs: Any) -> tuple[Tree, bool]:
         """``obs`` as a batch of stacks, and whether it was one stack; TrainerError if it is neither."""
@@ -242,3 +278,30 @@ def push_frames(stacks: Tree, frames: Tree, restart: np.ndarray) -> None:
 def one_of(stack: Tree) -> Tree:
     """One stack as a batch of one."""
     return tree_map(lambda s: s[None], stack)
+
+
+class RecentFrames:
+    """The last ``frame_stack`` frames of each env an agent acts on raw observations of, as the
+    batch of stacks its Q-network takes: a new episode's stack holds its first frame in every slot
+    (the store's padding, gymnasium's ``FrameStackObservation(padding_type="reset")``)."""
+
+    def __init__(self) -> None:
+        self.stacks: Tree = None
+        self.rows = 0
+
+    def reset(self) -> None:
+        """Forget every env's frames: the next ones begin new episodes."""
+        self.stacks, self.rows = None, 0
+
+    def push(self, spec: StackSpec, obs: Any, restart: bool | np.ndarray) -> Tree:
+        """Take each env's newest frame (``obs``: one env's frame, or with ``restart`` an array, one
+        frame per env) and return the stacks; rows where ``restart`` is True begin episodes."""
+        flags = np.asarray(restart, dtype=bool)
+        rows = None if flags.ndim == 0 else int(flags.shape[0])
+        frames = spec.frames(obs, rows=rows)
+        flags = flags.reshape(-1)
+        if self.stacks is None or self.rows != (rows or 1):
+            self.stacks, self.rows = stacks_of(frames, spec.frame_stack), rows or 1
+        else:
+            push_frames(self.stacks, frames, flags)
+        return self.stacks
