@@ -47,6 +47,17 @@ def record_breakout_stacks(dataset_id: str, steps: int = 300) -> minari.MinariDa
     return record(dataset_id, env, steps)
 
 
+def record_breakout_frames(dataset_id: str, steps: int = 300) -> minari.MinariDataset:
+    """Raw Breakout screens, ``(210, 160, 3)`` one a move, as Minari's hosted ``atari/*/expert-v0``
+    datasets hold them (random moves, small), into ``MINARI_DATASETS_PATH``, once."""
+    import ale_py
+
+    if dataset_id in minari.list_local_datasets():
+        return minari.load_dataset(dataset_id)
+    gym.register_envs(ale_py)
+    return record(dataset_id, gym.make("ALE/Breakout-v5", max_num_frames_per_episode=800), steps)
+
+
 def written(dataset_id: str, episodes: list[dict], obs_space: gym.Space, action_space: gym.Space):
     """A dataset Minari writes from ``episodes`` as given (Minari checks none of the values)."""
     buffers = [EpisodeBuffer(observations=e["obs"], actions=e["action"], rewards=e["reward"],

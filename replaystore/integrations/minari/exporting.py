@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -249,6 +250,11 @@ def _spec(env: Any, name: str) -> Any:
     if isinstance(env, gym.envs.registration.EnvSpec):
         return env
     if isinstance(env, str):
+        if env.startswith("ALE/"):  # (ale-py registers its ids only when asked: gym.register_envs)
+            with contextlib.suppress(ImportError):
+                import ale_py
+
+                gym.register_envs(ale_py)
         try:
             return gym.spec(env)
         except gym.error.Error as exc:
