@@ -1,0 +1,110 @@
+"""Our DQN beside an independent one: Stable-Baselines3's DQN with rl-baselines3-zoo's published
+hyperparameters (hyperparams/dqn.yml) on CartPole-v1, Acrobot-v1 and MountainCar-v0, each seed of
+each in its own process, the same env-step budget (the zoo's ``n_timesteps``), and each final agent
+scored over ``--episodes`` greedy games. Ours runs ``replaystore.trainer.DQN`` with the same
+hyperparameters, mapped onto its names (``--ours``, below). Goal: our median >= SB3's on each env.
+docs/benchmarks.md, "DQN beside Stable-Baselines3", has the table.
+
+    python tools/reference_dqn.py --out tools/out/reference_dqn.jsonl [--envs CartPole-v1,Acrobot-v1,MountainCar-v0]
+        [--seeds 1,2,3,4,5] [--libs replaystore,sb3] [--jobs 2] [--scale 1.0]
+
+``--scale`` multiplies every budget (0.05 for a rehearsal).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import seeds  # noqa: E402
+
+#: rl-baselines3-zoo's hyperparams/dqn.yml (policy MlpPolicy, net_arch [256, 256] each)
+ZOO: dict[str, dict[str, Any]] = {
+    "CartPole-v1": {"n_timesteps": 50_000, "learning_rate": 2.3e-3, "batch_size": 64, "buffer_size": 100_000,
+                    "learning_starts": 1000, "gamma": 0.99, "target_update_interval": 10, "train_freq": 256,
+                    "gradient_steps": 128, "exploration_fraction": 0.16, "exploration_final_eps": 0.04},
+    "Acrobot-v1": {"n_timesteps": 100_000, "learning_rate": 6.3e-4, "batch_size": 128, "buffer_size": 50_000,
+                   "learning_starts": 0, "gamma": 0.99, "target_update_interval": 250, "train_freq": 4,
+                   "gradient_steps": -1, "exploration_fraction": 0.12, "exploration_final_eps": 0.1},
+    "MountainCar-v0": {"n_timesteps": 120_000, "learning_rate": 4e-3, "batch_size": 128, "buffer_size": 10_000,
+                       "learning_starts": 1000, "gamma": 0.98, "target_update_interval": 600, "train_freq": 16,
+                       "gradient_steps": 8, "exploration_fraction": 0.2, "exploration_final_eps": 0.07},
+}
+
+
+def ours(zoo: dict[str, Any]) -> dict[str, Any]:
+    """The zoo's hyperparameters in ``DQN``'s names: the same gradient steps per env step (SB3's
+    ``gradient_steps`` per ``train_freq``; -1 is one per env step), target period in env steps,
+    exploration schedule, batch, buffer and learning rate (Adam, gradient norm clipped at 10, Huber
+    loss: SB3's defaults and ours)."""
+    per_call = zoo["train_freq"] if zoo["gradient_steps"] == -1 else zoo["gradient_steps"]
+    return {"learning_rate": zoo["learning_rate"], "batch_size": zoo["batch_size"],
+            "buffer_size": zoo["buffer_size"], "learning_starts": max(zoo["learning_starts"], zoo["batch_size"]),
+            "gamma": zoo["gamma"], "target_network_frequency": zoo["target_update_interval"],
+            "train_frequency": max(1, round(zoo["train_freq"] / per_call)),
+            "exploration_fraction": zoo["exploration_fraction"], "end_e": zoo["exploration_final_eps"]}
+
+
+def child(run: dict[str, Any]) -> None:
+    import gymnasium as gym
+
+    zoo, steps = ZOO[run["env"]], int(ZOO[run["env"]]["n_timesteps"] * run["scale"])
+    t0 = time.perf_counter()
+    if run["lib"] == "sb3":
+        import torch
+        from stable_baselines3 import DQN as SB3DQN
+        from stable_baselines3.common.evaluation import evaluate_policy
+
+        torch.set_num_threads(1)
+        kwargs = {k: v for k, v in zoo.items() if k != "n_timesteps"}
+        model = SB3DQN("MlpPolicy", gym.make(run["env"]), seed=run["seed"], policy_kwargs={"net_arch": [256, 256]},
+                       **kwargs)
+        model.learn(steps)
+        eval_env = gym.make(run["env"])
+        eval_env.reset(seed=10_000 + run["seed"])
+        returns, _ = evaluate_policy(model, eval_env, n_eval_episodes=run["episodes"], deterministic=True,
+                                     return_episode_rewards=True)
+    else:
+        import keras
+
+        from replaystore.trainer import DQN, mlp
+
+        keras.utils.set_random_seed(run["seed"])
+        env = gym.make(run["env"])
+        model = mlp((1, *env.observation_space.shape), int(env.action_space.n), hidden_sizes=(256, 256))
+        settings = ours(zoo)
+        agent = DQN(model, Path(tempfile.mkdtemp(prefix="reference-")) / "replay.zarr", seed=run["seed"],
+                    buffer_size=settings.pop("buffer_size"), **settings)
+        agent.fit(env, steps)
+        returns = agent.evaluate(gym.make(run["env"]), episodes=run["episodes"], seed=10_000 + run["seed"])
+        agent.close()
+    print(json.dumps({"score": float(sum(returns) / len(returns)), "steps": steps,
+                      "fit_s": round(time.perf_counter() - t0, 1)}))
+
+
+def main() -> int:
+    p = seeds.parser(__doc__.split("\n\n")[0])
+    p.add_argument("--envs", default=",".join(ZOO))
+    p.add_argument("--libs", default="replaystore,sb3")
+    p.add_argument("--scale", type=float, default=1.0)
+    args = p.parse_args()
+    if args.child:
+        child(json.loads(args.child))
+        return 0
+    runs = [{"env": e, "lib": lib, "seed": int(s), "scale": args.scale, "episodes": args.episodes}
+            for e in args.envs.split(",") for s in args.seeds.split(",") for lib in args.libs.split(",")]
+    rows = seeds.run_all(Path(__file__), runs, args.out, args.jobs,
+                         env=lambda run: {"TF_CPP_MIN_LOG_LEVEL": "3", "OMP_NUM_THREADS": "1"})
+    print(f"\nFinal greedy return, mean of {args.episodes} games, budget x{args.scale}:\n")
+    print(seeds.table(rows, ["env", "lib"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
