@@ -1,6 +1,6 @@
 """The run's Q-network. ``replaystore-train --model module:function``: the user's own, built by
 ``function(observation_space, n_actions, frame_stack)`` (tests/user_models.py), for the run, its
-``--resume`` and ``load_run``. A function that cannot be imported or found, or a model DQN cannot
+``--resume`` and ``load_run`` (given the function again: a run directory never names code to run). A function that cannot be imported or found, or a model DQN cannot
 train, is refused in one line before the run directory is made. ``--dueling``: the default network
 with a dueling head, for every kind of observation, kept by ``--resume``, ``load_run`` and
 ``--evaluate``."""
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from replaystore.trainer import load_run
+from replaystore.trainer import TrainerError, load_run
 from replaystore.trainer.cli import main
 
 CARTPOLE = ["--env-id", "CartPole-v1", "--buffer-size", "3000", "--batch-size", "16", "--learning-starts", "200",
@@ -25,9 +25,13 @@ def test_a_run_learns_resumes_and_loads_with_the_users_model(tmp_path: Path, cap
     assert main([*CARTPOLE, "--model", "user_models:layer_normed", "--total-timesteps", "1200", "--run-dir",
                  str(run)]) == 0
     assert json.loads((run / "args.json").read_text())["model"] == "user_models:layer_normed"
-    assert main(["--resume", str(run), "--total-timesteps", "1600"]) == 0
+    assert main(["--resume", str(run), "--total-timesteps", "1600"]) == 1  # (args.json names code: given again)
+    assert "give --model user_models:layer_normed on the command line yourself" in capsys.readouterr().err
+    assert main(["--resume", str(run), "--model", "user_models:layer_normed", "--total-timesteps", "1600"]) == 0
     assert "done: 1,600 steps" in capsys.readouterr().out
-    agent = load_run(run)
+    with pytest.raises(TrainerError, match="give load_run"):
+        load_run(run)
+    agent = load_run(run, model="user_models:layer_normed")
     assert agent.model.name == "layer_normed" and agent.state.global_step == 1600
     assert "LayerNormalization" in [type(layer).__name__ for layer in agent.model.layers]
     assert agent.act([[0.0, 0.0, 0.0, 0.0]]) in (0, 1)
@@ -59,9 +63,13 @@ def test_dueling_runs_resumes_loads_and_plays(tmp_path: Path, capsys: pytest.Cap
     run = tmp_path / "run"
     assert main([*CARTPOLE, "--dueling", "--total-timesteps", "1200", "--run-dir", str(run)]) == 0
     assert json.loads((run / "args.json").read_text())["dueling"] is True
-    assert main(["--resume", str(run), "--total-timesteps", "1600"]) == 0
+    assert main(["--resume", str(run), "--total-timesteps", "1600"]) == 1  # (args.json names code: given again)
+    assert "give --model user_models:layer_normed on the command line yourself" in capsys.readouterr().err
+    assert main(["--resume", str(run), "--model", "user_models:layer_normed", "--total-timesteps", "1600"]) == 0
     assert "done: 1,600 steps" in capsys.readouterr().out
-    agent = load_run(run)
+    with pytest.raises(TrainerError, match="give load_run"):
+        load_run(run)
+    agent = load_run(run, model="user_models:layer_normed")
     head = agent.model.layers[-1]
     assert isinstance(head, Dueling) and head.name == "q_values" and agent.state.global_step == 1600
     agent.close()

@@ -22,7 +22,8 @@ def parser(description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--seeds", default="1,2,3,4,5", help="comma-separated seeds")
     p.add_argument("--jobs", type=int, default=2, help="runs at once (one a core)")
-    p.add_argument("--out", type=Path, required=True, help="JSON lines of the runs (a rerun skips those there)")
+    p.add_argument("--out", type=Path, default=Path("tools/out/seeds.jsonl"),
+                   help="JSON lines of the runs (a rerun skips those there)")
     p.add_argument("--episodes", type=int, default=20, help="greedy games that score a run's final agent")
     p.add_argument("--child", help=argparse.SUPPRESS)
     return p

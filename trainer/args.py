@@ -138,13 +138,41 @@ def check_playing(args: Args) -> None:
         raise TrainerError(f"--num-envs is {args.num_envs}; it must be between 1 and 1024")
 
 
-def q_network(args: Args, space: Any, frame_stack: int, n_actions: int) -> Any:
-    """The run's Q-network for its observation space: --model's, else the default one (--hidden-sizes,
-    --dueling); Keras is imported here."""
+def q_network(args: Args, space: Any, frame_stack: int, n_actions: int, *,
+              builder: Callable[..., Any] | None = None) -> Any:
+    """The run's Q-network for its observation space: ``builder``'s or --model's, else the default one
+    (--hidden-sizes, --dueling); Keras is imported here."""
     from .models import q_network_for
 
     return q_network_for(space, frame_stack, n_actions, hidden_sizes=hidden_sizes(args), dueling=args.dueling,
-                         builder=model_builder(args))
+                         builder=builder or model_builder(args))
+
+
+def code_named(args: Args) -> dict[str, str]:
+    """The flags of a run that name code to import: ``--model`` (module:function), and an
+    ``--env-id`` of the form ``module:Name-v0`` (gymnasium imports the module)."""
+    named = {"model": args.model} if args.model else {}
+    if ":" in args.env_id:
+        named["env_id"] = args.env_id
+    return named
+
+
+def check_code_given(saved: Args, given: dict[str, Any], run_dir: Path, *, how: str, same_env: bool) -> set[str]:
+    """A run directory is data, never code: what its ``args.json`` names to import (``code_named``)
+    is imported only when the user names it again, as ``how`` says (their own command line or call):
+    ``--model`` the same, and ``--env-id`` the same (``same_env``) or any other. Returns the names
+    of those flags given as the run has them (which --resume may then be given)."""
+    repeated = set()
+    for name, value in code_named(saved).items():
+        flag = "--" + name.replace("_", "-")
+        again = given.get(name)
+        if again is None or (again != value and (name == "model" or same_env)):
+            raise TrainerError(f"{run_dir / ARGS_FILE} names {flag} {value}, code to import, and a run directory is "
+                               "data that never names code to run: if you trust that code, give "
+                               f"{how.format(flag=flag, name=name, value=value)} yourself")
+        if again == value:
+            repeated.add(name)
+    return repeated
 
 
 def model_builder(args: Args) -> Callable[..., Any] | None:

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .args import Args, check, check_playing, env_kwargs, load
+from .args import Args, check, check_code_given, check_playing, env_kwargs, load
 from .config import TrainerError
 
 #: Flags that ``--resume`` accepts: how long to go on and how to report, not what is learned.
@@ -125,8 +125,9 @@ def parse(argv: list[str] | None) -> Command:
         check(args)
         return Command(args, "train")
     args = load(Path(resume))
+    repeated = check_code_given(args, given, Path(resume), how="{flag} {value} on the command line", same_env=True)
     resumable = RESUMABLE + (("env_id",) if args.offline else ())  # (offline, the env is only evaluated on)
-    changed = sorted(set(given) - set(resumable))
+    changed = sorted(set(given) - set(resumable) - repeated)
     if changed:
         flags = ", ".join("--" + name.replace("_", "-") for name in changed)
         raise TrainerError(f"{flags} cannot change when resuming; --resume takes the run's saved arguments and only "
@@ -146,7 +147,8 @@ def evaluation(run_dir: Path, given: dict[str, Any]) -> Args:
         args = load(run_dir)
     except TrainerError as exc:
         raise TrainerError(str(exc).replace("cannot resume:", "cannot evaluate:")) from None
-    other = sorted(set(given) - set(EVALUATE))
+    repeated = check_code_given(args, given, run_dir, how="{flag} {value} on the command line", same_env=False)
+    other = sorted(set(given) - set(EVALUATE) - repeated)
     if other:
         flags = ", ".join("--" + name.replace("_", "-") for name in other)
         raise TrainerError(f"{flags} cannot be given with --evaluate; it plays the run's checkpoint and takes only "

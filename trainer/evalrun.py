@@ -119,7 +119,8 @@ def _evaluate(args: Args, run_dir: Path, out: Path | None, stop: list[int], best
 
     with _env(args, out) as (played_on, recorder):
         env = _Checked(played_on, stop)
-        agent = load_run(run_dir, best=best is not None)  # (Keras loads here, once the env and video are good)
+        agent = load_run(run_dir, best=best is not None, model=args.model or None,  # (as checked: the user's own)
+                         env_id=args.env_id or None)  # (Keras loads here, once the env and video are good)
         try:
             env.check()
             unit = "gradient step" if args.offline else "step"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -77,9 +77,11 @@ def new_run_dir(args: Args) -> Iterator[Path]:
     arguments.save(args, run_dir)
 
 
-def load_run(run_dir: str | Path, *, store: ReplayStore | str | Path | None = None, best: bool = False) -> Any:
+def load_run(run_dir: str | Path, *, store: ReplayStore | str | Path | None = None, best: bool = False,
+             model: str | Callable[..., Any] | None = None, env_id: str | None = None) -> Any:
     """The agent of a ``replaystore-train`` run directory (online or ``--offline``) as a ``DQN``, as
-    ``DQN.load`` gives a saved one: the run's Q-network (its ``--model``'s, imported again, or its flags' default model) with the
+    ``DQN.load`` gives a saved one: the run's Q-network (its flags' default model, or the one
+    ``model`` builds) with the
     checkpoint's weights, optimizer state and counters, its store (or ``store``) opened to read.
     ``evaluate``, ``act`` and ``model.save`` work at once; ``fit`` goes on into the run's own store
     (or ``store``), as ``--resume`` would with the run's hyperparameters. With ``best`` the online
@@ -89,7 +91,12 @@ def load_run(run_dir: str | Path, *, store: ReplayStore | str | Path | None = No
     A run directory copied without its store (an online run's, to play its weights elsewhere) loads
     too: the network is made for its env's frames, and the next ``fit`` makes a new store in it.
     With ``best`` it needs only ``args.json`` and ``best.npz``: without ``checkpoint.npz`` the agent
-    has no optimizer state and its counters start at 0."""
+    has no optimizer state and its counters start at 0.
+
+    A run directory is data: nothing read from it is imported. A run of ``--model mymodels:build``
+    needs ``model`` from the caller (``"mymodels:build"``, the same, or the function itself), and
+    one of an ``--env-id mypkg:Env-v0`` (a module gymnasium imports) needs ``env_id`` (the same, or
+    another to play on) where the env is made (a run without its store)."""
     import dataclasses
 
     import keras
@@ -104,6 +111,12 @@ def load_run(run_dir: str | Path, *, store: ReplayStore | str | Path | None = No
         saved = checkpoint.load(where)
     except TrainerError as exc:
         raise TrainerError(f"cannot load the run: {str(exc).removeprefix('cannot resume: ')}") from None
+    builder = model if callable(model) else None
+    given = {key: value for key, value in (("model", args.model if builder else model), ("env_id", env_id))
+             if value is not None}
+    arguments.check_code_given(args, given, where, how="load_run(..., {name}={value!r})", same_env=False)
+    if env_id is not None:
+        args.env_id = env_id
     kept = checkpoint.load_best(where) if best else None
     if best and kept is None:
         raise TrainerError(f"{where} holds no {checkpoint.BEST}: the run keeps the weights of its best evaluation "
@@ -123,9 +136,9 @@ def load_run(run_dir: str | Path, *, store: ReplayStore | str | Path | None = No
             space, action_space, frames = data.observation_space, data.action_space, data.frame_stack
         except StoreNotFoundError:
             space, action_space, frames = _env_spaces(args, location)
-        model = arguments.q_network(args, space, frames, int(action_space.n))
+        network = arguments.q_network(args, space, frames, int(action_space.n), builder=builder)
     optimizer = keras.optimizers.Adam(learning_rate=args.learning_rate, global_clipnorm=MAX_GRAD_NORM)
-    agent = DQN(model, location, optimizer=optimizer, buffer_size=args.buffer_size, frame_stack=args.frame_stack or None,
+    agent = DQN(network, location, optimizer=optimizer, buffer_size=args.buffer_size, frame_stack=args.frame_stack or None,
                 **options, **dataclasses.asdict(arguments.config(args)))
     try:
         if agent.learner is None:  # (for the store's stacks; without a store, the env's frames and the run's frame stack)
