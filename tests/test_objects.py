@@ -336,3 +336,21 @@ def test_the_server_stopped_in_the_middle_of_writing(tmp_path: Path) -> None:
             np.testing.assert_array_equal(reader.reader.gather(positions), local.reader.gather(positions))
     finally:
         server.stop()
+
+
+def test_two_spellings_of_one_url_are_one_store_to_merge(s3_url: str, tmp_path: Path) -> None:
+    """``s3://b/./a.zarr`` and ``s3://b/a.zarr`` are one store: merge names it twice, refuses, and
+    writes nothing (it used to merge every transition twice)."""
+    from replaystore.cli.compact import merge_stores
+    from replaystore.errors import ConfigError
+
+    with _create(s3_url) as store:
+        for t in range(20):
+            store.add(frame(t), t % 3, 1.0, frame(t + 1), t % 7 == 6, False)
+    bucket, _, key = s3_url.removeprefix("s3://").partition("/")
+    dotted = f"s3://{bucket}/./{key}"
+    assert ReplayStore.open(dotted).path == s3_url
+    before = _objects(s3_url)
+    with pytest.raises(ConfigError, match="is the same store as"):
+        merge_stores([s3_url, dotted], tmp_path / "merged.zarr")
+    assert not (tmp_path / "merged.zarr").exists() and _objects(s3_url) == before

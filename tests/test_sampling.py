@@ -158,12 +158,15 @@ def test_bad_priority_updates_are_refused(prioritized) -> None:
         (slots[:2], [1.0], "shape"),
         ([store.capacity], [1.0], "outside"),
         ([[1, 2]], [[1.0, 2.0]], "1-D"),
+        (slots[:2], [1.0, 1e39], "beyond float32"),  # (stored as float32 it would be inf: every draw would fail)
     ]:
         with pytest.raises(SampleError, match=message):
             store.update_priorities(np.asarray(index), np.asarray(priority))
     np.testing.assert_array_equal(store.priorities(slots), before)
     with pytest.raises(SampleError, match="alpha"):
         store.sample(4, prioritized=True, alpha=2.0)
+    store.update_priorities(slots[:1], [3.0e38])  # (the largest float32 is kept, and draws go on)
+    assert store.sample(4, prioritized=True, rng=np.random.default_rng(0)).index.shape == (4,)
 
 
 def test_cache_hit_rate_and_bytes_held(store_path: Path) -> None:

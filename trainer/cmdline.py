@@ -13,6 +13,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from replaystore.storage.where import is_url, normalized
+
 from .args import Args, check, check_code_given, check_playing, env_kwargs, load
 from .config import TrainerError
 
@@ -112,8 +114,8 @@ def parse(argv: list[str] | None) -> Command:
         return Command(evaluation(Path(evaluate), given), "evaluate", video or "", best)
     if resume is None:
         args = Args(**given)
-        if args.offline and "://" not in args.offline:
-            args.offline = str(Path(args.offline).resolve())  # (a --resume from elsewhere finds it too)
+        if args.offline and not is_url(args.offline):
+            args.offline = normalized(args.offline)  # (a --resume from elsewhere finds it too)
         if args.init_from:
             args.init_from = str(Path(args.init_from).resolve())
         if args.offline and "env_id" not in given:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from replaystore import ReplayStore, StoreNotFoundError
+from replaystore.storage.where import is_url, normalized
 
 from .config import TrainerError
 from .stacks import StackSpec
@@ -94,8 +95,7 @@ def check_dataset(store: ReplayStore, batch_size: int, n_step: int, eval_spaces:
 def place(location: str | Path) -> str:
     """A store's location as one string whatever way it was given: a URL as it is, a path made
     absolute with its links resolved (so two spellings of one directory compare equal)."""
-    text = str(location)
-    return text.rstrip("/") if "://" in text else str(Path(text).resolve())
+    return normalized(str(location))
 
 
 def check_not_dataset(location: str | Path, datasets: list[str]) -> None:
@@ -127,14 +127,14 @@ def store_ref(location: str | Path, directory: Path) -> str:
     """Where the store is, as ``agent.json`` keeps it: a local path relative to the agent's directory
     (so the two move together), a URL as it is."""
     text = str(location)
-    if "://" in text:
+    if is_url(text):
         return text
-    return os.path.relpath(Path(text).resolve(), directory.resolve())
+    return os.path.relpath(normalized(text), directory.resolve())
 
 
 def store_at(ref: str, directory: Path) -> str | Path:
     """The location ``store_ref`` wrote, for an agent loaded from ``directory``."""
-    return ref if "://" in ref or os.path.isabs(ref) else directory / ref
+    return ref if is_url(ref) or os.path.isabs(ref) else directory / ref
 
 
 class AgentStore:

@@ -32,6 +32,7 @@ from replaystore.format import nesting
 from replaystore.format.spaces import BoxSpec, stored_box
 from replaystore.sampling.episodes import Episode, episode_table, how_it_ended, stream_ring, window
 from replaystore.sampling.memory import check_episode
+from replaystore.storage.where import is_url, normalized
 from replaystore.store import ReplayStore
 
 from .video import VideoFile
@@ -102,8 +103,8 @@ def save_episode(path: str | Path, index: int, out: str | Path, *, stream: int =
                           "(the frames as a video)")
     if not fps > 0:
         raise ConfigError(f"--fps is {fps!r}; give frames per second > 0")
-    if "://" not in str(path):
-        store_dir, target = os.path.realpath(path), os.path.realpath(out)
+    if not is_url(str(path)):
+        store_dir, target = normalized(str(path)), os.path.realpath(out)
         if target == store_dir or target.startswith(store_dir + os.sep):
             raise UnsafePathError(errno.EINVAL, f"{out} is inside the store {path}; save the episode outside it")
     if out.is_dir():

@@ -17,10 +17,10 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 from replaystore.errors import ConfigError, ReplayStoreError
+from replaystore.storage.where import is_url, local_path
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -312,8 +312,10 @@ def run_store(path: str) -> str | None:
     """The store of a ``replaystore-train`` run directory at ``path`` (one with an ``args.json`` and
     no ``zarr.json``): its ``replay.zarr``, the ``--store`` URL it wrote, or the dataset it learned
     from offline; None when ``path`` is not a run directory."""
-    where = Path(path)
-    if "://" in path or not (where / RUN_ARGS).is_file() or (where / "zarr.json").exists():
+    if is_url(path):
+        return None
+    where = local_path(path)
+    if not (where / RUN_ARGS).is_file() or (where / "zarr.json").exists():
         return None
     try:
         doc = json.loads((where / RUN_ARGS).read_text())

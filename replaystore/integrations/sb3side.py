@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import weakref
 from collections.abc import Mapping
 from typing import Any
@@ -21,6 +20,7 @@ from replaystore.format.extras import extras_from_arg
 from replaystore.format.spaces import DiscreteSpec, action_from_space, observation_from_space
 from replaystore.integrations.stacking import StackChecker, StackLayout, choose, from_frames
 from replaystore.sampling.hindsight import HindsightSampler, goal_entries
+from replaystore.storage.where import normalized
 from replaystore.store import ReplayStore
 
 log = logging.getLogger("replaystore.integrations.sb3")
@@ -372,5 +372,4 @@ _WRITING: weakref.WeakValueDictionary[str, StoreSide] = weakref.WeakValueDiction
 
 
 def _key(path: Any) -> str:
-    text = str(path)
-    return text if "://" in text else os.path.realpath(text)
+    return normalized(str(path))

@@ -31,6 +31,10 @@ from replaystore.storage.rings import Rings
 MIN_PRIORITY = 1e-6
 
 
+#: The largest priority the store keeps (it stores them as float32).
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
 def check_priorities(index: Any, priority: Any, size: int) -> tuple[np.ndarray, np.ndarray]:
     """``update_priorities``' arguments checked: int64 slots below ``size`` and float64 priorities >= 0."""
     idx = np.asarray(index)
@@ -44,6 +48,9 @@ def check_priorities(index: Any, priority: Any, size: int) -> tuple[np.ndarray, 
         raise SampleError(f"index holds slots outside 0..{size - 1}; pass batch.index from this store")
     if prio.size and not (np.all(np.isfinite(prio)) and prio.min() >= 0):
         raise SampleError("priorities must be finite and >= 0 (use |td_error| + a small epsilon)")
+    if prio.size and prio.max() > FLOAT32_MAX:  # (stored as float32: a larger one would be inf there)
+        raise SampleError(f"a priority is {float(prio.max()):.3g}, beyond float32's range ({FLOAT32_MAX:.3g}), in which "
+                          "the store keeps priorities; scale or clip the TD errors")
     return idx.astype(np.int64), prio.astype(np.float64)
 
 

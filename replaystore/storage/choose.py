@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from replaystore.errors import ConfigError
 from replaystore.storage.backend import Backend
+from replaystore.storage.where import is_url, local_path
+
+__all__ = ["LEASE_OPTIONS", "is_url", "local_path", "open_backend"]
 
 #: storage_options that mean something for a store at a URL only, and are ignored for a local path
 #: (so one command line serves both: ``replaystore-train --store PATH_OR_URL --lease-ttl ...``)
@@ -26,10 +28,4 @@ def open_backend(path: Any, storage_options: dict[str, Any] | None = None) -> Ba
     if other:
         raise ConfigError(f"storage_options {other} were given for {path}, a local path; they configure a store at an "
                           "s3:// URL: drop them, or give a URL")
-    return LocalBackend(Path(path[len("file://"):] if isinstance(path, str) and path.startswith("file://") else path))
-
-
-def is_url(path: Any) -> bool:
-    """Whether ``path`` names a store on object storage (``s3://bucket/prefix``); ``file://`` URLs and
-    plain paths are local."""
-    return isinstance(path, str) and "://" in path and not path.startswith("file://")
+    return LocalBackend(local_path(path))

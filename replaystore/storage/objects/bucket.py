@@ -26,6 +26,7 @@ from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
 from replaystore.errors import ConfigError, StoreNotFoundError, StoreReadError, StoreWriteError
+from replaystore.storage.where import normal_url
 
 T = TypeVar("T")
 
@@ -45,7 +46,7 @@ class Bucket:
             from obstore.store import from_url
         except ImportError as exc:
             raise ConfigError(f"a store at {url} needs obstore: pip install 'replaystore[s3]'") from exc
-        self.url = url.rstrip("/")
+        self.url = normal_url(url)  # (s3://b/./a.zarr is s3://b/a.zarr: one store, one name)
         options = dict(storage_options or {})
         for key in OWN_OPTIONS:
             options.pop(key, None)
