@@ -228,6 +228,32 @@ def test_episodes_listed_and_saved(filled: Path, tmp_path: Path, capsys: pytest.
     assert snapshot(filled) == before
 
 
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--save", "0", "{out}/x.mp4", "--fps", "inf"], "--fps is inf; give frames per second above 0 and at most 1000"),
+    (["--save", "0", "{out}/x.gif", "--fps", "nan"], "--fps is nan"),
+    (["--save", "0", "{out}/x.gif", "--fps", "0"], "--fps is 0.0"),
+    (["--save", "0", "{out}/nodir/x.npz"], "the folder {out}/nodir does not exist; make it first"),
+], ids=["fps-inf", "fps-nan", "fps-0", "no-folder"])
+def test_a_bad_save_is_one_line_and_writes_nothing(filled: Path, tmp_path: Path, argv: list[str], message: str,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """An infinite --fps used to spin forever in OpenCV; a missing folder was named by a temporary file."""
+    out = tmp_path / "out"
+    out.mkdir()
+    before = snapshot(filled)
+    assert main(["episodes", str(filled), *(a.format(out=out) for a in argv)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message.format(out=out) in err and err.count("\n") == 1, err
+    assert list(out.iterdir()) == [] and snapshot(filled) == before
+
+
+def test_moves_counted_from_the_end_as_documented(filled: Path, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """``--moves -5:`` as docs/cli.md writes it (argparse took the value for a flag)."""
+    assert main(["episodes", str(filled), "--save", "-2", str(tmp_path / "ep.npz"), "--moves", "-5:"]) == 0
+    assert "5 moves" in capsys.readouterr().out
+    assert np.load(tmp_path / "ep.npz")["action"].shape == (5,)
+
+
 def test_episode_saved_as_gif(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Image frames (Atari's 84x84) become an animation of every observation; vector observations
     are refused before anything is written, as are a file inside the store and an unknown suffix."""

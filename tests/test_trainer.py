@@ -85,9 +85,16 @@ def test_linear_schedule() -> None:
                                                                   "has dtype"),
     (["--env-id", "CartPole-v1", "--info-keys", "a b"], "--info-keys 'a b': extras name 'a b' is not allowed"),
     (["--env-id", "CartPole-v1", "--info-keys", "x,x"], "--info-keys names 'x' twice"),
+    (["--env-id", "CartPole-v1", "--hidden-sizes", "300000,300000"], "--hidden-sizes 300000,300000 asks for "
+                                                                      "90,000,000,000 weights"),
+    (["--env-id", "CartPole-v1", "--sample-threads", "100000"], "--sample-threads is 100000; it must be at most 64"),
+    (["--env-id", "CartPole-v1", "--env-kwargs", "[" * 20_000 + "]" * 20_000], "--env-kwargs is '[[[["),
+    (["--env-id", "CartPole-v1", "--model", "os:system"], "system(observation_space, n_actions, frame_stack) raised "
+                                                          "TypeError"),
 ], ids=["unknown-env", "continuous-actions", "buffer-below-batch", "gamma", "hidden-sizes", "ratio-word",
         "ratio-negative", "actors-lockstep", "actors-streams", "actor-restarts", "overlap-word", "env-kwargs-json",
-        "env-kwargs-list", "env-kwargs-atari", "env-kwargs-atari-value", "env-kwargs-unknown", "info-dtype", "info-name", "info-twice"])
+        "env-kwargs-list", "env-kwargs-atari", "env-kwargs-atari-value", "env-kwargs-unknown", "info-dtype", "info-name", "info-twice",
+        "hidden-sizes-huge", "sample-threads-huge", "env-kwargs-deep", "model-not-a-builder"])
 def test_bad_arguments_are_one_line_errors_and_write_nothing(tmp_path: Path, argv: list[str], message: str,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     run_dir = tmp_path / "run"

@@ -204,7 +204,7 @@ def env_kwargs(args: Args) -> dict[str, Any] | None:
         return None
     try:
         kwargs = json.loads(args.env_kwargs)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # (RecursionError: an object nested thousands deep)
         kwargs = exc
     if not isinstance(kwargs, dict) or not kwargs:
         raise TrainerError(f"--env-kwargs is {args.env_kwargs!r}; give a JSON object of gym.make's keywords, such as "
@@ -273,13 +273,23 @@ def num_streams(args: Args) -> int:
     return args.num_envs * max(1, args.actors)
 
 
+#: Bounds on --hidden-sizes: a network that fits in memory (100M weights are 400 MB of float32, times
+#: four with the target network and Adam's moments).
+MAX_LAYERS, MAX_WIDTH, MAX_HIDDEN_WEIGHTS = 16, 65_536, 100_000_000
+
+
 def hidden_sizes(args: Args) -> list[int]:
     try:
         sizes = [int(s) for s in args.hidden_sizes.split(",") if s.strip()]
     except ValueError:
         sizes = []
-    if not sizes or min(sizes) < 1:
-        raise TrainerError(f"--hidden-sizes is {args.hidden_sizes!r}; give layer widths like 120,84")
+    if not sizes or min(sizes) < 1 or len(sizes) > MAX_LAYERS:
+        raise TrainerError(f"--hidden-sizes is {args.hidden_sizes!r}; give up to {MAX_LAYERS} layer widths like 120,84")
+    weights = sum(a * b for a, b in zip(sizes, sizes[1:], strict=False))
+    if max(sizes) > MAX_WIDTH or weights > MAX_HIDDEN_WEIGHTS:
+        raise TrainerError(f"--hidden-sizes {args.hidden_sizes} asks for {weights:,} weights between its layers (at most "
+                           f"{MAX_HIDDEN_WEIGHTS:,}, each layer at most {MAX_WIDTH:,} wide); DQN's MLPs are a few "
+                           "hundred wide, such as 256,256")
     return sizes
 
 

@@ -18,6 +18,8 @@ class TrainerError(Exception):
 #: Gradient steps per compiled learner call when ``steps_per_call`` is 0, per Keras backend
 #: (docs/benchmarks.md, "The learner").
 DEFAULT_STEPS_PER_CALL = {"tensorflow": 8, "jax": 32, "torch": 8}
+#: The most sampling threads (and decode processes) a run may start.
+MAX_SAMPLE_THREADS = 64
 #: Where a hindsight goal comes from (replaystore.HindsightSampler's strategies).
 HER_STRATEGIES = ("future", "final", "episode")
 
@@ -56,6 +58,9 @@ class DQNConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise TrainerError(f"{name} is {value!r}; it must be a positive integer")
+        if self.sample_threads > MAX_SAMPLE_THREADS:  # (each starts a thread and a decode process)
+            raise TrainerError(f"sample_threads is {self.sample_threads}; it must be at most {MAX_SAMPLE_THREADS} (a "
+                               "thread and a decode process each: one or two per core)")
         for name in ("learning_starts", "steps_per_call"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:

@@ -157,7 +157,13 @@ def q_network_for(space: Any, frame_stack: int, n_actions: int, *, hidden_sizes:
     ``q_network`` of its stacks (a MultiBinary's or MultiDiscrete's ints go through ``mlp`` as numbers);
     with ``dueling`` the default ones end in a ``Dueling`` head."""
     if builder is not None:
-        model = builder(space, n_actions, frame_stack)
+        try:
+            model = builder(space, n_actions, frame_stack)
+        except Exception as exc:  # noqa: BLE001 - the user's function, whatever it raised, in one line
+            first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+            raise ModelError(f"{getattr(builder, '__name__', builder)}(observation_space, n_actions, frame_stack) "
+                             f"raised {type(exc).__name__}: {first[:200]}; --model names a function that builds "
+                             "and returns the Q-network") from None
         if not isinstance(model, keras.Model):
             raise ModelError(f"{getattr(builder, '__name__', builder)}(observation_space, n_actions, frame_stack) "
                              f"returned a {type(model).__name__}, not a keras.Model; return the Q-network")

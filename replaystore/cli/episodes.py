@@ -91,6 +91,10 @@ def _short(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+#: The most frames a second a saved video may play (an infinite rate makes OpenCV's writer spin).
+MAX_FPS = 1000.0
+
+
 def save_episode(path: str | Path, index: int, out: str | Path, *, stream: int = 0, fps: float = 15.0,
                  moves: slice | None = None, key: str | None = None) -> tuple[Path, Episode]:
     """Write episode ``index`` of ``stream`` (or its ``moves``) to ``out`` (.npz, .mp4 or .gif);
@@ -101,14 +105,16 @@ def save_episode(path: str | Path, index: int, out: str | Path, *, stream: int =
     if out.suffix.lower() not in SUFFIXES:
         raise ConfigError(f"cannot save an episode as {out.name!r}: name the file .npz (every array), .mp4 or .gif "
                           "(the frames as a video)")
-    if not fps > 0:
-        raise ConfigError(f"--fps is {fps!r}; give frames per second > 0")
+    if not 0 < fps <= MAX_FPS:  # (inf or nan: OpenCV's writer spins forever)
+        raise ConfigError(f"--fps is {fps!r}; give frames per second above 0 and at most {MAX_FPS:g} (15 is usual)")
     if not is_url(str(path)):
         store_dir, target = normalized(str(path)), os.path.realpath(out)
         if target == store_dir or target.startswith(store_dir + os.sep):
             raise UnsafePathError(errno.EINVAL, f"{out} is inside the store {path}; save the episode outside it")
     if out.is_dir():
         raise ConfigError(f"{out} is a directory; give a file name ending in .npz, .mp4 or .gif")
+    if not out.parent.is_dir():
+        raise ConfigError(f"the folder {out.parent} does not exist; make it first, or save the episode elsewhere")
     video = VideoFile(out, fps, what="--save") if out.suffix.lower() != ".npz" else None
     try:
         with ReplayStore.open(path, cache_bytes=0) as store:  # (each chunk is read once: no cache to hold)

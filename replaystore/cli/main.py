@@ -357,7 +357,7 @@ def _in_run_dir(args: argparse.Namespace, attr: str, *, read_only: bool) -> None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(_joined(sys.argv[1:] if argv is None else list(argv)))
     try:
         _in_run_dir(args, "path", read_only=True)  # inspect, episodes, verify
         _in_run_dir(args, "src", read_only=args.func is _export_minari)
@@ -368,6 +368,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ReplayStoreError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+
+
+def _joined(argv: list[str]) -> list[str]:
+    """``--moves -1000:`` as ``--moves=-1000:`` (argparse takes a value that starts with ``-`` for a flag)."""
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        if i and argv[i - 1] == "--moves" and arg.startswith("-") and out and out[-1] == "--moves":
+            out[-1] = f"--moves={arg}"
+        else:
+            out.append(arg)
+    return out
 
 
 def _quiet_stdout() -> None:
