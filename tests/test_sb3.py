@@ -278,6 +278,13 @@ def test_bad_input_refused_and_nothing_lost(tmp_path):
     with pytest.raises(InvalidTransitionError, match="not obs\\[0\\] moved on by one frame"):
         buffer.add(stack, broken, np.array([1]), np.array([0.5]), np.array([False]), [{}])
     assert buffer.size() == 29
+    nxt = np.concatenate([stack[:, 1:], frames[30][None]], axis=1)
+    for done in (np.array(["False"]), np.array([0.5])):  # typed, not coerced: "False" would have ended the episode
+        with pytest.raises(InvalidTransitionError, match="done is .*; it must hold bools"):
+            buffer.add(stack, nxt, np.array([1]), np.array([0.5]), done, [{}])
+    assert buffer.size() == 29
+    buffer.add(stack, nxt, np.array([1]), np.array([0.5]), np.array([0.0], np.float32), [{}])  # (SB3's float dones)
+    assert buffer.size() == 30
 
     # a store written by a run of 2 envs is not continued by a run of 3
     buffer.close()

@@ -72,7 +72,7 @@ def main() -> int:
         child(json.loads(args.child))
         return 0
     runs = [{"backend": b, "seed": int(s), "steps": args.steps, "episodes": args.episodes}
-            for b in args.backends.split(",") for s in args.seeds.split(",")]
+            for s in args.seeds.split(",") for b in args.backends.split(",")]  # (seed by seed: both backends go on)
     rows = seeds.run_all(Path(__file__), runs, args.out, args.jobs,
                          env=lambda run: {"KERAS_BACKEND": run["backend"], "TF_CPP_MIN_LOG_LEVEL": "3"})
     print(f"\nREADME.md's DQN example, {args.steps:,} env steps, mean of {args.episodes} greedy games:\n")

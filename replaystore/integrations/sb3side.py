@@ -228,6 +228,8 @@ class StoreSide:
         done_a = np.asarray(done).reshape(-1)
         if done_a.shape != (n,):
             raise InvalidTransitionError(f"done has shape {np.shape(done)}; this buffer takes one flag per env ({n})")
+        if done_a.dtype.kind not in "biuf" or (done_a.dtype.kind != "b" and not np.isin(done_a, (0, 1)).all()):
+            raise InvalidTransitionError(f"done is {done_a!r}; it must hold bools (or 0 and 1), one per env")
         done_b = done_a.astype(bool)
         timeouts = np.zeros(n, dtype=bool)
         if self.handle_timeout_termination and isinstance(infos, (list, tuple)):
