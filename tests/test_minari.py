@@ -157,6 +157,28 @@ def test_a_smaller_capacity_keeps_the_newest_episodes(tmp_path: Path) -> None:
         assert np.array_equal(store.episode(-2).obs, eps[-2]["obs"])
 
 
+def test_metadata_that_undercounts_the_moves_is_refused_and_a_smaller_capacity_is_said(
+        tmp_path: Path, datasets_root: Path, capsys: pytest.CaptureFixture) -> None:
+    """An under-counted ``total_steps`` made the default capacity too small: the import said "28
+    episodes, 1,484 moves" and kept 128 steps. Now the episodes are counted as they are read: one
+    line, no store; a capacity given smaller is said in the summary."""
+    import json
+
+    eps = [episode(9, start=100.0 * i) for i in range(6)]
+    written("under/count-v0", eps, VECTOR, gym.spaces.Discrete(3))
+    meta = datasets_root / "under" / "count-v0" / "data" / "metadata.json"
+    doc = json.loads(meta.read_text())
+    doc["total_steps"] = 10
+    meta.write_text(json.dumps(doc))
+    with pytest.raises(CorruptStoreError, match="metadata says 10 moves, but its episodes hold more"):
+        store_from_minari("under/count-v0", tmp_path / "u.zarr")
+    assert not (tmp_path / "u.zarr").exists() and left_beside(tmp_path / "u.zarr") == []
+    report = store_from_minari("under/count-v0", tmp_path / "u.zarr", capacity=60)
+    assert (report.moves, report.kept_steps) == (54, 60)
+    assert main(["import-minari", "under/count-v0", str(tmp_path / "c.zarr"), "--capacity", "32", "--quiet"]) == 0
+    assert "--capacity 32 keeps the newest 32 steps of 60" in capsys.readouterr().out
+
+
 def test_a_store_on_object_storage(s3_url: str) -> None:
     data = record("cartpole/s3-v0", gym.make("CartPole-v1"), 300)
     report = store_from_minari(data, s3_url)

@@ -195,8 +195,10 @@ def _import_minari(args: argparse.Namespace) -> int:
                               progress=lambda done, total: bar.update("storing moves", done, total))
     closed = f"; {r.closed:,} cut short, closed as truncated" if r.closed else ""
     empty = f"; {r.empty:,} without a move left out" if r.empty else ""
+    kept = (f"; --capacity {args.capacity:,} keeps the newest {r.kept_steps:,} steps of {r.moves + r.episodes:,}"
+            if r.kept_steps < r.moves + r.episodes else "")
     print(f"stored the Minari dataset {r.dataset_id} in {r.path}: {r.episodes:,} episodes, {r.moves:,} moves "
-          f"({r.stacking}), {r.bytes_on_disk:,} bytes on disk{closed}{empty}")
+          f"({r.stacking}), {r.bytes_on_disk:,} bytes on disk{closed}{empty}{kept}")
     if r.infos or r.infos_left:
         print(f"infos kept as extras: {', '.join(r.infos) or 'none'}"
               + (f"; left out: {', '.join(r.infos_left)}" if r.infos_left and not args.no_infos else ""))

@@ -45,6 +45,7 @@ class MinariImport:
     bytes_on_disk: int
     infos: tuple[str, ...] = ()  # the info keys kept, as extras of the moves (format/extras.py)
     infos_left: tuple[str, ...] = ()  # the info keys left out, each with why
+    kept_steps: int = 0  # the steps the store holds: all of them, or the newest that fit a smaller capacity
 
 
 def store_from_minari(dataset: Any, path: str | Path, *, frame_stack: Any = "auto", stack_axis: Any = None,
@@ -83,7 +84,8 @@ def store_from_minari(dataset: Any, path: str | Path, *, frame_stack: Any = "aut
     total_moves, total_episodes = int(data.total_steps), len(data)
     if total_episodes == 0:
         raise ConfigError(f"the Minari dataset {name} holds no episodes")
-    if capacity is None:
+    counted = capacity is None
+    if capacity is None:  # (the metadata's count, checked against the episodes as they are read)
         capacity = total_moves + total_episodes  # each episode's moves and its last observation
     target = open_backend(path, storage_options)
     if target.exists():
@@ -105,9 +107,15 @@ def store_from_minari(dataset: Any, path: str | Path, *, frame_stack: Any = "aut
         with store:
             for episode in chain([first], episodes):
                 _add_episode(store, episode, stack, f"the Minari dataset {name}, episode {episode.id}", counts, spec)
+                if counted and counts["moves"] > total_moves:  # (the default capacity would drop the oldest)
+                    raise CorruptStoreError(f"the Minari dataset {name}'s metadata says {total_moves:,} moves, but "
+                                            f"its episodes hold more ({counts['moves']:,} by episode {episode.id}): "
+                                            "its metadata is wrong; give capacity (--capacity) for every step, or "
+                                            "fix the dataset")
                 if progress is not None:
                     progress(counts["moves"], total_moves)
             store.flush()
+            kept = min(store.added, store.capacity)
             stored = sum(store.backend.stored_bytes().values())
     except BaseException:
         _discard(staged)
@@ -116,7 +124,7 @@ def store_from_minari(dataset: Any, path: str | Path, *, frame_stack: Any = "aut
     return MinariImport(dataset_id=name, path=target.where, episodes=counts["episodes"], moves=counts["moves"],
                         closed=counts["closed"], empty=counts["empty"], stacking=_describe(stack),
                         frame_stack=stack.frame_stack, bytes_on_disk=stored, infos=tuple(extras),
-                        infos_left=tuple(left))
+                        infos_left=tuple(left), kept_steps=kept)
 
 
 def _load(dataset: Any) -> tuple[Any, str]:
