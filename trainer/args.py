@@ -19,6 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from replaystore.storage.readfile import read_text
+
 from .config import DQNConfig, TrainerError
 from .envs import atari_settings, is_atari
 
@@ -318,7 +320,7 @@ def load(run_dir: Path) -> Args:
         raise TrainerError(f"cannot resume: {run_dir} holds no run ({ARGS_FILE} is missing); "
                            "start a new run with --run-dir instead")
     try:
-        saved = json.loads(path.read_text())
+        saved = json.loads(read_text(path, what="an args.json"))
         if not isinstance(saved, dict):
             raise TypeError(f"it holds {type(saved).__name__}, not an object of flags")
         fields = {f.name: f.type if isinstance(f.type, str) else f.type.__name__ for f in dataclasses.fields(Args)}

@@ -21,6 +21,8 @@ from typing import IO, Any
 
 import numpy as np
 
+from replaystore.storage.readfile import npz_arrays, read_text
+
 from .config import TrainerError
 from .stacks import StackSpec
 
@@ -90,12 +92,12 @@ def load(run_dir: Path) -> tuple[dict[str, list[np.ndarray]], dict[str, Any]] | 
     if not path.is_file():
         return None
     try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays: dict[str, list[np.ndarray]] = {part: [] for part in PARTS}
-            for key in sorted(k for k in data.files if k != "state"):
-                part, _ = key.split("/")
-                arrays[part].append(data[key])
-            state = json.loads(data["state"].tobytes().decode())
+        data = _arrays(path)
+        arrays: dict[str, list[np.ndarray]] = {part: [] for part in PARTS}
+        for key in sorted(k for k in data if k != "state"):
+            part, _ = key.split("/")
+            arrays[part].append(data[key])
+        state = json.loads(data["state"].tobytes().decode())
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
         raise TrainerError(f"cannot resume: {path} is damaged ({type(exc).__name__}: {exc}); the networks cannot be "
                            "restored from it: put back a copy of the file, or start a new run (the replay store "
@@ -105,6 +107,14 @@ def load(run_dir: Path) -> tuple[dict[str, list[np.ndarray]], dict[str, Any]] | 
         raise TrainerError(f"cannot resume: {path} is damaged (not the arrays and state a checkpoint holds); put "
                            "back a copy of the file, or start a new run (the replay store is untouched)")
     return arrays, state
+
+
+def _arrays(path: Path) -> dict[str, np.ndarray]:
+    """The arrays of a checkpoint file, each array's declared size checked before it is inflated:
+    ``np.savez`` stores them uncompressed, so together they are at most the file's size (a small
+    file of compressed zeros that declares gigabytes is refused unread)."""
+    budget = 2 * path.stat().st_size + 2**20
+    return dict(npz_arrays(path, budget=budget, what="a checkpoint file"))
 
 
 def save_best(run_dir: Path, weights: list[np.ndarray], info: dict[str, Any]) -> None:
@@ -123,9 +133,9 @@ def load_best(run_dir: Path) -> tuple[list[np.ndarray], dict[str, Any]] | None:
     if not path.is_file():
         return None
     try:
-        with np.load(path, allow_pickle=False) as data:
-            weights = [data[k] for k in sorted(k for k in data.files if k.startswith("online/"))]
-            info = json.loads(data["info"].tobytes().decode())
+        data = _arrays(path)
+        weights = [data[k] for k in sorted(k for k in data if k.startswith("online/"))]
+        info = json.loads(data["info"].tobytes().decode())
         if not isinstance(info, dict) or not isinstance(info.get("mean_return"), int | float) or not weights:
             raise ValueError("not the weights and evaluation a best.npz holds")
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
@@ -156,7 +166,7 @@ def load_agent(directory: Path, loading: Any) -> tuple[
         raise TrainerError(f"{directory} holds no saved agent ({AGENT_FILE} and {MODEL_FILE}); pass the directory "
                            "DQN.save or fit(checkpoint_dir=...) wrote")
     try:
-        doc = json.loads((directory / AGENT_FILE).read_text())
+        doc = json.loads(read_text(directory / AGENT_FILE, what="an agent.json"))
         model = loading.load(directory / MODEL_FILE)
         doc["optimizer"] = keras.optimizers.deserialize(doc["optimizer"])
     except Exception as exc:  # noqa: BLE001 - whatever Keras raised loading the user's model, in one line

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from replaystore.errors import ConfigError, ReplayStoreError
+from replaystore.storage.readfile import read_text
 from replaystore.storage.where import is_url, local_path
 
 
@@ -320,7 +321,7 @@ def run_store(path: str) -> str | None:
     if not (where / RUN_ARGS).is_file() or (where / "zarr.json").exists():
         return None
     try:
-        doc = json.loads((where / RUN_ARGS).read_text())
+        doc = json.loads(read_text(where / RUN_ARGS, what="an args.json"))
     except (OSError, ValueError):
         return None
     named = [doc.get(key) for key in ("offline", "store")] if isinstance(doc, dict) else []

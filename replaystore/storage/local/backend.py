@@ -25,6 +25,8 @@ import shutil
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from replaystore.errors import (
     CorruptStoreError,
     FormatVersionError,
@@ -47,6 +49,7 @@ from replaystore.format.schema import (
     group_doc,
     item_ndim,
     root_state,
+    scalar_fields,
     slot_count,
     stream_doc,
     stream_state_from_doc,
@@ -60,6 +63,7 @@ from replaystore.storage.backend import FRAMES, Backend
 from replaystore.storage.local.durable import atomic_write, fsync_dir, fsync_dirs, remove_partials
 from replaystore.storage.local.files import ShardFiles
 from replaystore.storage.local.lock import LOCK_NAME, WriterLock
+from replaystore.storage.readfile import NotAFileError, read_file
 
 EXTRAS_GROUP = PREFIX.rstrip("/")  # the extras' subgroup (format/extras.py)
 
@@ -172,8 +176,8 @@ class LocalBackend(Backend):
     def check_arrays(self) -> None:
         def read(name: str) -> bytes | None:
             try:
-                return (self.root / name / "zarr.json").read_bytes()
-            except OSError:
+                return read_file(self.root / name / "zarr.json", what="an array's zarr.json")
+            except OSError:  # (missing, or not a file: check_arrays says it is damaged)
                 return None
 
         check_arrays(self.where, *self._known(), read)
@@ -230,7 +234,7 @@ class LocalBackend(Backend):
             return root_state(self._read_root().get("attributes"), path=self.where)
         path = self._stream_dir(k) / "zarr.json"
         try:
-            raw = path.read_bytes()
+            raw = read_file(path, what="a stream's commit")
         except FileNotFoundError:
             raise StoreNotFoundError(f"{path} is missing: stream {k}'s commit is gone; the store is damaged (run "
                                      "`replaystore verify`)") from None
@@ -240,10 +244,19 @@ class LocalBackend(Backend):
         out: list[bytes | None] = []
         for name, k, j in wanted:
             try:
-                out.append(self._path(name, k, j).read_bytes())
-            except (FileNotFoundError, IsADirectoryError, NotADirectoryError):  # (no shard file there: missing)
+                out.append(read_file(self._path(name, k, j), cap=self._shard_cap(name), what=f"a shard of {name}"))
+            except (FileNotFoundError, IsADirectoryError, NotADirectoryError, NotAFileError):  # (no shard file there)
                 out.append(None)
         return out
+
+    def _shard_cap(self, name: str) -> int:
+        """The most bytes a shard file of ``name`` may hold: twice its rows uncompressed, and its index."""
+        schema, layout = self._known()
+        if name == "obs":
+            shape, dtype = schema.observation.shape, schema.observation.dtype
+        else:
+            shape, dtype = scalar_fields(schema.action, schema.extras).get(name, ((), "float64"))
+        return 2 * layout.shard_len * int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize + 2**20
 
     def follow(self, k: int) -> list[int]:
         return []  # the files in place are the commit's (a reader keeps those it planned on open)
@@ -302,7 +315,7 @@ class LocalBackend(Backend):
             raise StoreNotFoundError(f"{self.root} does not exist; create a store with "
                                      f"ReplayStore.create({str(self.root)!r}, ...)")
         try:
-            raw = path.read_bytes()
+            raw = read_file(path, what="a store's zarr.json")
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             raise StoreNotFoundError(f"{self.root} is not a replay store (no zarr.json); check the path or create "
                                      "one with ReplayStore.create") from None
@@ -365,7 +378,7 @@ def exchange(a: Path, b: Path) -> None:
 
 def _is_store(path: Path) -> bool:
     try:
-        doc = json.loads((path / "zarr.json").read_text())
+        doc = json.loads(read_file(path / "zarr.json", what="a store's zarr.json"))
     except (OSError, ValueError):
         return False
     return isinstance(doc, dict) and doc.get("node_type") == "group"

@@ -57,6 +57,7 @@ from replaystore.format.shards import (
 from replaystore.storage.backend import FRAMES, FrameShards, Whole
 from replaystore.storage.chunkread import ChunkRead
 from replaystore.storage.local.deferred import DeferredReads, Identity, ShardHandle
+from replaystore.storage.readfile import NotAFileError, read_file
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,7 @@ class ShardFiles(DeferredReads, FrameShards):
     def __init__(self, root: Path, *, ndim: int, capacity: int, shard_len: int, chunk_len: int) -> None:
         FrameShards.__init__(self, ndim=ndim, capacity=capacity, shard_len=shard_len, chunk_len=chunk_len)
         self.root = root
+        self.cap = 1 << 31  # the most bytes a shard read whole may hold (read_file refuses a larger one)
         self.max_open = lazy_limit()
         self._handles: OrderedDict[int, ShardHandle] = OrderedDict()
         self._pins = threading.RLock()  # guards pins, retired and closing (reads finish outside the store's lock)
@@ -183,8 +185,9 @@ class ShardFiles(DeferredReads, FrameShards):
 
     def _whole(self, shard: int) -> Whole | None:
         try:
-            raw = memoryview((self.root / shard_key(NAME, shard, self.ndim)).read_bytes())
-        except FileNotFoundError:
+            raw = memoryview(read_file(self.root / shard_key(NAME, shard, self.ndim), cap=self.cap,
+                                       what="a shard of frames"))
+        except (FileNotFoundError, IsADirectoryError, NotAFileError):
             return None
         index = parse_index(raw[max(0, len(raw) - self.tail):], self.chunks_per_shard, name=NAME, shard=shard)
         return raw[: max(0, len(raw) - self.tail)], index.tolist()

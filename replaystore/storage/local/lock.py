@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from replaystore.errors import LockUnavailableError, StoreLockedError, TooManyOpenFilesError, UnsafePathError
+from replaystore.storage.readfile import read_text
 
 try:
     import fcntl
@@ -114,7 +115,7 @@ class WriterLock:
 
     def _describe_holder(self) -> str:
         try:
-            info = json.loads(self.path.read_text() or "{}")
+            info = json.loads(read_text(self.path, cap=64 * 1024, what="a writer lock's record") or "{}")
             return f"process {info.get('pid')} on host {info.get('host')}"
         except (OSError, ValueError):
             return "another process"
