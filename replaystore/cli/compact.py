@@ -288,7 +288,7 @@ def _compact(sources: list[Source], names: list[str], dst: str | Path | None, *,
     except BaseException:
         _discard(staged)
         raise
-    target.publish(staged)
+    target.publish(staged, replace=dst is None)  # (a new DST: never over a store made there meanwhile)
     with ReplayStore.open(target.where) as result:
         after_transitions = len(result)
         after_bytes = sum(result.backend.stored_bytes().values())

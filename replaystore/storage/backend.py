@@ -152,9 +152,10 @@ class Backend(ABC):
         (``ConfigError``) to replace a store here when that cannot be done atomically."""
 
     @abstractmethod
-    def publish(self, staged: Backend) -> None:
+    def publish(self, staged: Backend, *, replace: bool) -> None:
         """Put the store built at ``staged`` (from ``staging``) here, atomically: a crash leaves the
-        old store here or the new one, never neither."""
+        old store here or the new one, never neither. Without ``replace`` (a new DST) a store that
+        appeared here meanwhile is never replaced: ``StoreExistsError``, and ``staged`` is removed."""
 
     def close(self) -> None:
         """Release every claim this backend holds and let go of its frame shards."""

@@ -120,7 +120,7 @@ def store_from_minari(dataset: Any, path: str | Path, *, frame_stack: Any = "aut
     except BaseException:
         _discard(staged)
         raise
-    target.publish(staged)
+    target.publish(staged, replace=False)  # (never over a store made at the path meanwhile)
     return MinariImport(dataset_id=name, path=target.where, episodes=counts["episodes"], moves=counts["moves"],
                         closed=counts["closed"], empty=counts["empty"], stacking=_describe(stack),
                         frame_stack=stack.frame_stack, bytes_on_disk=stored, infos=tuple(extras),

@@ -69,6 +69,7 @@ EXTRAS_GROUP = PREFIX.rstrip("/")  # the extras' subgroup (format/extras.py)
 
 log = logging.getLogger(__name__)
 
+RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
 RENAME_SWAP = 2  # macOS's renamex_np flag
 AT_FDCWD = -100
@@ -206,14 +207,15 @@ class LocalBackend(Backend):
             shutil.rmtree(p, ignore_errors=True)
         return LocalBackend(self.root.parent / f".{self.root.name}.compact-{os.getpid()}")
 
-    def publish(self, staged: Backend) -> None:
-        """A rename to a new path; over a store, ``renameat2(RENAME_EXCHANGE)`` on Linux
-        (``renamex_np(RENAME_SWAP)`` on macOS) swaps the two directories in one atomic step, and the
-        old one is then deleted."""
+    def publish(self, staged: Backend, *, replace: bool) -> None:
+        """A rename to a new path that never replaces what appeared there meanwhile
+        (``renameat2(RENAME_NOREPLACE)``); in place (``replace``), ``renameat2(RENAME_EXCHANGE)`` on
+        Linux (``renamex_np(RENAME_SWAP)`` on macOS) swaps the two directories in one atomic step, and
+        the old one is then deleted."""
         assert isinstance(staged, LocalBackend)
         staged.close()
-        if not self.root.exists():
-            os.rename(staged.root, self.root)
+        if not replace:
+            rename_new(staged.root, self.root)
             fsync_dir(self.root.parent)
             return
         exchange(staged.root, self.root)
@@ -357,6 +359,26 @@ def refuse_links(root: Path, where: str) -> None:
                                       f"{where}; a store written through links could write outside itself, so it is "
                                       "opened for writing only without them: replace the link with the file or "
                                       "directory itself, or open the store with mode='r' to read it")
+
+
+def rename_new(a: Path, b: Path) -> None:
+    """Rename ``a`` to ``b`` only if nothing is at ``b`` (``renameat2(RENAME_NOREPLACE)``; where the
+    file system lacks it, a rename after a check, which a directory made at ``b`` between the two
+    still makes fail unless it is empty); ``StoreExistsError`` and ``a`` removed when something is."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fn = getattr(libc, "renameat2", None) if sys.platform.startswith("linux") else None
+    rc = -1 if fn is None else fn(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_NOREPLACE)
+    err = 0 if rc == 0 else (errno.ENOSYS if fn is None else ctypes.get_errno())
+    if err in (errno.ENOSYS, errno.EINVAL):  # (no renameat2, or a file system without the flag)
+        err = errno.EEXIST if os.path.lexists(b) else 0
+        if not err:
+            os.rename(a, b)
+    if err:
+        shutil.rmtree(a, ignore_errors=True)
+        if err == errno.EEXIST:
+            raise StoreExistsError(f"{b} appeared while the command ran (another process made it): nothing there was "
+                                   "replaced and the new store was discarded; run the command again with a new DST")
+        raise OSError(err, f"cannot rename the new store to {b}: {os.strerror(err)}")
 
 
 def exchange(a: Path, b: Path) -> None:

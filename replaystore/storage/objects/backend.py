@@ -145,8 +145,8 @@ class ObjectBackend(Backend):
                               f"replaystore compact {self.where} s3://BUCKET/NEW/replay.zarr")
         return self
 
-    def publish(self, staged: Backend) -> None:
-        assert staged is self  # built here: nothing to move
+    def publish(self, staged: Backend, *, replace: bool) -> None:
+        assert staged is self  # built here, its root zarr.json created only where none was (put_new): nothing to move
 
     def close(self) -> None:
         if self._frames is not None:
