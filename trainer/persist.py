@@ -17,6 +17,8 @@ from typing import Any
 import keras
 import numpy as np
 
+from replaystore.storage.outside import check_not_in_store
+
 from . import checkpoint
 from .config import TrainerError
 from .models import Loading, check_reloads
@@ -49,6 +51,7 @@ def check_reloads_once(agent: Any) -> None:
 def save(agent: Any, directory: Path) -> Path:
     """``DQN.save``: model.keras, checkpoint.npz, agent.json and best.npz, each atomically."""
     check_reloads_once(agent)
+    check_not_in_store(directory, what="the agent's checkpoint")
     directory.mkdir(parents=True, exist_ok=True)
     arrays, state = checkpoint_arrays(agent)
     agent.built().sync_model()

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from replaystore import ReplayStore, StoreLockedError, StoreNotFoundError
+from replaystore.storage.outside import check_not_in_store
 
 from . import args as arguments
 from . import checkpoint
@@ -63,6 +64,7 @@ def new_run_dir(args: Args) -> Iterator[Path]:
     write ``args.json`` into it when the block ends without an error; a directory made here is
     removed again when the block fails."""
     run_dir = Path(args.run_dir)
+    check_not_in_store(run_dir, what="the run directory")
     if run_dir.exists() and any(run_dir.iterdir()):
         raise TrainerError(f"{run_dir} already holds files; continue that run with --resume {run_dir}, "
                            "or pick a new --run-dir")

@@ -32,6 +32,7 @@ from replaystore.format import nesting
 from replaystore.format.spaces import BoxSpec, stored_box
 from replaystore.sampling.episodes import Episode, episode_table, how_it_ended, stream_ring, window
 from replaystore.sampling.memory import check_episode
+from replaystore.storage.outside import check_target
 from replaystore.storage.where import is_url, normalized
 from replaystore.store import ReplayStore
 
@@ -111,10 +112,7 @@ def save_episode(path: str | Path, index: int, out: str | Path, *, stream: int =
         store_dir, target = normalized(str(path)), os.path.realpath(out)
         if target == store_dir or target.startswith(store_dir + os.sep):
             raise UnsafePathError(errno.EINVAL, f"{out} is inside the store {path}; save the episode outside it")
-    if out.is_dir():
-        raise ConfigError(f"{out} is a directory; give a file name ending in .npz, .mp4 or .gif")
-    if not out.parent.is_dir():
-        raise ConfigError(f"the folder {out.parent} does not exist; make it first, or save the episode elsewhere")
+    check_target(out, what="the episode")  # (no link, FIFO or directory there; inside no store)
     video = VideoFile(out, fps, what="--save") if out.suffix.lower() != ".npz" else None
     try:
         with ReplayStore.open(path, cache_bytes=0) as store:  # (each chunk is read once: no cache to hold)

@@ -15,6 +15,7 @@ import numpy as np
 
 from replaystore.cli.summary import episodes
 from replaystore.errors import ConfigError
+from replaystore.storage.outside import check_target, publish_file, temporary
 from replaystore.store import ReplayStore
 
 SAMPLES = 4
@@ -33,6 +34,7 @@ def plot_store(path: str | Path, out: str | Path, *, samples: int = SAMPLES, see
         out = out / f"{Path(str(path).rstrip('/')).stem or 'store'}.png"
     elif not out.suffix:
         out = out.with_name(out.name + ".png")
+    out = check_target(out, what="the plot")
     with ReplayStore.open(path, cache_bytes=0) as store:  # (each chunk is read once: no cache to hold)
         eps = [episodes(store, j) for j in range(store.num_streams)]
         k = store.frame_stack
@@ -70,10 +72,14 @@ def plot_store(path: str | Path, out: str | Path, *, samples: int = SAMPLES, see
                                  "observation component (" + ", then ".join(batch.obs) + ")", fontsize=7)
                     fig.colorbar(im, ax=a)
         fig.suptitle(f"{path}: {len(store):,} transitions, capacity {store.capacity:,}", fontsize=10)
+        tmp = temporary(out)
         try:
-            fig.savefig(out, dpi=90)
+            fig.savefig(tmp, dpi=90, format=out.suffix.lstrip(".").lower())
+            publish_file(tmp, out, replace=True)
         except ValueError as exc:  # a suffix matplotlib does not write
             raise ConfigError(f"cannot draw {out}: {exc}; name the file .png, .svg or .pdf") from None
+        finally:
+            tmp.unlink(missing_ok=True)
     return out
 
 

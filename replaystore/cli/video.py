@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from replaystore.errors import ConfigError
+from replaystore.storage.outside import check_target
 
 SUFFIXES = (".mp4", ".gif")
 
@@ -39,7 +40,7 @@ def check_video_path(path: str | Path, *, what: str) -> Path:
         raise ConfigError(f"{what} {path}: name the file .mp4 (MPEG-4, any length, streamed to disk) or .gif")
     if not out.parent.is_dir():
         raise ConfigError(f"{what} {path}: the folder {out.parent} does not exist; make it first")
-    return out
+    return check_target(out, what=f"{what} {path}")
 
 
 class VideoFile:

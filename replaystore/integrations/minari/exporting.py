@@ -23,6 +23,7 @@ from replaystore.errors import (
 from replaystore.format import nesting
 from replaystore.integrations.minari.common import Progress, minari_module
 from replaystore.sampling.episodes import Episode, episode_table
+from replaystore.storage.outside import check_not_in_store
 from replaystore.store import ReplayStore
 
 #: The name that a dataset being exported has under Minari's root, before its process and host.
@@ -71,6 +72,7 @@ def minari_from_store(src: str | Path | ReplayStore, dataset_id: str, *, stacks:
         raise ConfigError(f"dataset_id is {dataset_id!r}; Minari ids are (namespace/)name-vN, such as "
                           "'replaystore/breakout/dqn-v0'") from None
     final = get_dataset_path(dataset_id)
+    check_not_in_store(final, what=f"the Minari dataset {dataset_id} (MINARI_DATASETS_PATH)")
     if final.exists():
         raise StoreExistsError(f"a Minari dataset {dataset_id} already exists at {final}; choose another id (or "
                                "version), or delete it with minari.delete_dataset")

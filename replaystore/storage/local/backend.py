@@ -63,6 +63,7 @@ from replaystore.storage.backend import FRAMES, Backend
 from replaystore.storage.local.durable import atomic_write, fsync_dir, fsync_dirs, remove_partials
 from replaystore.storage.local.files import ShardFiles
 from replaystore.storage.local.lock import LOCK_NAME, WriterLock
+from replaystore.storage.outside import check_not_in_store
 from replaystore.storage.readfile import NotAFileError, read_file
 
 EXTRAS_GROUP = PREFIX.rstrip("/")  # the extras' subgroup (format/extras.py)
@@ -126,6 +127,7 @@ class LocalBackend(Backend):
         other files is refused, an existing store only without ``overwrite`` (its contents are
         removed under its streams' writer locks, so a live writer is never clobbered)."""
         root = self.root
+        check_not_in_store(root.parent, what="a new store")  # (a store owns its directory: compact deletes strangers)
         lock = WriterLock(root)
         if root.exists() and not root.is_dir():
             raise StoreExistsError(f"{root} exists and is a file; choose another path for the store")
