@@ -20,6 +20,7 @@ from replaystore.format.shards import (
     EMPTY,
     INDEX_ENTRY_BYTES,
     check_chunk,
+    check_index_layout,
     decode_chunk,
     numcodecs_codec,
     parse_index,
@@ -133,6 +134,7 @@ def _verify(report: Report, schema: Schema, layout: Layout, states: list[State],
                 tail = per_shard * INDEX_ENTRY_BYTES + CRC_BYTES
                 try:
                     index = parse_index(raw[max(0, len(raw) - tail):], per_shard, name=name, shard=shard)
+                    check_index_layout(index, len(raw) - tail, name=name, shard=shard)
                 except ChunkChecksumError as exc:
                     report.problems.append(Problem(name, shard, None, slot_range, live_range(*slot_range), str(exc), k))
                     continue

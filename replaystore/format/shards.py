@@ -171,6 +171,23 @@ def parse_index(tail: bytes | memoryview, n_chunks: int, *, name: str, shard: in
     return np.frombuffer(body, dtype="<u8").reshape(n_chunks, 2).copy()
 
 
+def check_index_layout(index: np.ndarray, data_len: int, *, name: str, shard: int) -> None:
+    """Check a parsed shard index's structure against the shard's data (``data_len`` bytes before the
+    index): every chunk written lies inside the data, holds at least its checksum, and the chunks
+    follow one another in order without overlapping (as the writer lays them out).
+    ``ChunkChecksumError`` naming the first entry that does not."""
+    written = [(c, int(off), int(n)) for c, (off, n) in enumerate(index) if off != EMPTY]
+    end = 0
+    for c, off, n in written:
+        why = ("holds fewer bytes than its checksum" if n < CRC_BYTES else
+               f"points past its shard's data ({off}+{n} > {data_len} bytes)" if off + n > data_len else
+               f"starts at byte {off}, inside the chunk before it (which ends at {end})" if off < end else None)
+        if why is not None:
+            raise ChunkChecksumError(f"shard {shard} of '{name}' has a damaged index: chunk {c} {why}; run `replaystore "
+                                     "compact --drop-damaged`", array=name, shard=shard, chunk=c)
+        end = off + n
+
+
 def check_chunk(raw: bytes | memoryview, *, name: str, shard: int, chunk: int, first_step: int, steps: int) -> memoryview:
     """Verify a chunk's trailing crc32c; return the compressed payload without it."""
     raw = memoryview(raw)
