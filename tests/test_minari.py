@@ -179,6 +179,24 @@ def test_metadata_that_undercounts_the_moves_is_refused_and_a_smaller_capacity_i
     assert "--capacity 32 keeps the newest 32 steps of 60" in capsys.readouterr().out
 
 
+def test_an_episode_that_declares_huge_arrays_is_refused_before_it_is_read(tmp_path: Path,
+                                                                          datasets_root: Path) -> None:
+    """A small HDF5 file whose episode declares 1.2 GB of observations (h5py would allocate them on
+    read): refused from the declared shape, with no store made."""
+    import h5py
+
+    written("huge/decl-v0", [episode(5), episode(4, start=20.0)], VECTOR, gym.spaces.Discrete(3))
+    main_file = datasets_root / "huge" / "decl-v0" / "data" / "main_data.hdf5"
+    with h5py.File(main_file, "a") as f:
+        group = f[sorted(f)[1]]
+        del group["observations"]
+        group.create_dataset("observations", shape=(10**8, *VECTOR.shape), dtype="float32", chunks=True)
+    assert main_file.stat().st_size < 2**20
+    with pytest.raises(CorruptStoreError, match=r"observations declares shape \(100000000,"):
+        store_from_minari("huge/decl-v0", tmp_path / "h.zarr")
+    assert not (tmp_path / "h.zarr").exists() and left_beside(tmp_path / "h.zarr") == []
+
+
 def test_a_store_on_object_storage(s3_url: str) -> None:
     data = record("cartpole/s3-v0", gym.make("CartPole-v1"), 300)
     report = store_from_minari(data, s3_url)

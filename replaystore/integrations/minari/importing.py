@@ -25,6 +25,7 @@ from replaystore.format.extras import ExtraSpec, extras_from_arg
 from replaystore.format.spaces import action_from_space, observation_from_space
 from replaystore.integrations.minari.common import Progress, minari_module
 from replaystore.integrations.stacking import StackLayout, choose
+from replaystore.sampling.memory import memory_limit
 from replaystore.storage.backend import Backend
 from replaystore.storage.choose import open_backend
 from replaystore.store import ReplayStore
@@ -91,6 +92,7 @@ def store_from_minari(dataset: Any, path: str | Path, *, frame_stack: Any = "aut
     if target.exists():
         raise StoreExistsError(f"{target.where} already exists; store_from_minari makes a new store: choose a new "
                                "path, or delete what is there")
+    _check_declared(data, name, obs_shape if spec is None else None)
     episodes = _read(data, name)
     first = next(episodes)
     stack = _detect(first, obs_shape, name, spec, frame_stack=frame_stack, stack_axis=stack_axis, padding=padding)
@@ -150,6 +152,40 @@ def _load(dataset: Any) -> tuple[Any, str]:
     except (ValueError, KeyError, AssertionError, OSError) as exc:
         raise ConfigError(f"could not read the Minari dataset at {data_path}: {exc}") from None
     return data, str(data.spec.dataset_id)
+
+
+def _check_declared(data: Any, name: str, obs_shape: tuple[int, ...] | None) -> None:
+    """Refuse, before any episode is read, an HDF5 dataset whose episodes declare arrays they cannot
+    hold: a length other than one per move (``rewards``) or per observation, observations of another
+    shape than the space's, or more bytes than half of what this process may use (a small file can
+    declare gigabytes, which h5py would allocate before any check)."""
+    path = Path(getattr(getattr(data, "storage", None), "data_path", "") or "") / "main_data.hdf5"
+    if not path.is_file():
+        return  # (another storage format: its episodes are checked as they are read)
+    import h5py
+
+    limit, said = memory_limit()
+    with h5py.File(path, "r") as f:
+        for key in f:
+            group = f[key]
+            if not isinstance(group, h5py.Group) or not isinstance(group.get("rewards"), h5py.Dataset):
+                continue  # (read as it is, and refused there)
+            moves = int(group["rewards"].shape[0]) if group["rewards"].shape else 0
+            sizes: list[tuple[str, tuple[int, ...], int]] = []
+            group.visititems(lambda sub, obj: sizes.append((sub, tuple(obj.shape), obj.size * obj.dtype.itemsize))
+                             if isinstance(obj, h5py.Dataset) else None)
+            for sub, shape, _ in sizes:
+                bad = (not shape or shape[0] > moves + 1
+                       or (sub == "observations" and obs_shape is not None and shape != (moves + 1, *obs_shape)))
+                if bad:
+                    raise CorruptStoreError(f"the Minari dataset {name}'s {key}/{sub} declares shape {shape}, but the "
+                                            f"episode has {moves:,} moves" + (f" of {obs_shape} observations"
+                                            if sub == "observations" and obs_shape is not None else "")
+                                            + ": the dataset is damaged or lies; fix it, or leave it out")
+            total = sum(n for _, _, n in sizes)
+            if limit is not None and total > limit // 2:
+                raise CorruptStoreError(f"the Minari dataset {name}'s {key} declares {total / 2**20:,.0f} MB of arrays, "
+                                        f"more than half of what this process may use ({said}); split its episodes")
 
 
 def _read(data: Any, name: str) -> Iterator[Any]:
