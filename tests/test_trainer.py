@@ -91,10 +91,13 @@ def test_linear_schedule() -> None:
     (["--env-id", "CartPole-v1", "--env-kwargs", "[" * 20_000 + "]" * 20_000], "--env-kwargs is '[[[["),
     (["--env-id", "CartPole-v1", "--model", "os:system"], "system(observation_space, n_actions, frame_stack) raised "
                                                           "TypeError"),
+    (["--env-id", "CartPole-v1", "--steps-per-call", "100000000"], "--steps-per-call is 100000000; it must be at most"),
+    (["--env-id", "CartPole-v1", "--seed", "-1"], "--seed is -1; it must be an integer from 0 to 2**32 - 1"),
 ], ids=["unknown-env", "continuous-actions", "buffer-below-batch", "gamma", "hidden-sizes", "ratio-word",
         "ratio-negative", "actors-lockstep", "actors-streams", "actor-restarts", "overlap-word", "env-kwargs-json",
         "env-kwargs-list", "env-kwargs-atari", "env-kwargs-atari-value", "env-kwargs-unknown", "info-dtype", "info-name", "info-twice",
-        "hidden-sizes-huge", "sample-threads-huge", "env-kwargs-deep", "model-not-a-builder"])
+        "hidden-sizes-huge", "sample-threads-huge", "env-kwargs-deep", "model-not-a-builder", "steps-per-call-huge",
+        "seed-negative"])
 def test_bad_arguments_are_one_line_errors_and_write_nothing(tmp_path: Path, argv: list[str], message: str,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     run_dir = tmp_path / "run"

@@ -20,6 +20,8 @@ class TrainerError(Exception):
 DEFAULT_STEPS_PER_CALL = {"tensorflow": 8, "jax": 32, "torch": 8}
 #: The most sampling threads (and decode processes) a run may start.
 MAX_SAMPLE_THREADS = 64
+#: The most gradient steps a compiled learner call may take (its block of batches is sampled ahead).
+MAX_STEPS_PER_CALL = 4096
 #: Where a hindsight goal comes from (replaystore.HindsightSampler's strategies).
 HER_STRATEGIES = ("future", "final", "episode")
 
@@ -58,6 +60,11 @@ class DQNConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise TrainerError(f"{name} is {value!r}; it must be a positive integer")
+        if self.steps_per_call > MAX_STEPS_PER_CALL:
+            raise TrainerError(f"steps_per_call is {self.steps_per_call}; it must be at most {MAX_STEPS_PER_CALL} (a "
+                               "block of that many batches is sampled ahead: 8 to 64 is usual)")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**32:
+            raise TrainerError(f"seed is {self.seed!r}; it must be an integer from 0 to 2**32 - 1")
         if self.sample_threads > MAX_SAMPLE_THREADS:  # (each starts a thread and a decode process)
             raise TrainerError(f"sample_threads is {self.sample_threads}; it must be at most {MAX_SAMPLE_THREADS} (a "
                                "thread and a decode process each: one or two per core)")

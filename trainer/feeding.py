@@ -35,10 +35,10 @@ from typing import Any
 
 import numpy as np
 
-from replaystore import ReplayStore
+from replaystore import ReplayStore, ReplayStoreError
 from replaystore.sampling.samplers import Sampler
 
-from .config import DQNConfig
+from .config import DQNConfig, TrainerError
 from .learnerbase import Learner
 from .ratio import RatioLimiter
 from .state import RunState
@@ -94,6 +94,8 @@ class Learning:
         if wait and self.sampleable():  # (until the learner has enough to sample, waiting for it could never end)
             self.limiter.wait_actor()
         if self.error is not None:
+            if isinstance(self.error, ReplayStoreError | TrainerError):  # (a refusal: said as it is, in one line)
+                raise self.error
             raise RuntimeError(f"the learner thread failed: {self.error!r}") from self.error
 
     def sampleable(self) -> bool:
