@@ -79,7 +79,9 @@ def test_a_run_directory_or_a_checkpoint_inside_a_store_is_refused(store: Path, 
     _one_line(capsys, "is inside the replay store")
     agent = DQN(mlp((1, 4), 2, hidden_sizes=[8]), tmp_path / "own.zarr", learning_starts=50, batch_size=8)
     with pytest.raises(UnsafePathError, match="inside the replay store"):
-        agent.fit(gym.make("CartPole-v1"), 100, checkpoint_dir=store / "agent")
+        agent.fit(gym.make("CartPole-v1"), 100, checkpoint_dir=store / "agent", eval_env=gym.make("CartPole-v1"),
+                  eval_frequency=50, eval_episodes=1)
+    assert not (tmp_path / "own.zarr").exists()  # (refused before the run began)
     agent.close()
     assert snapshot(store) == before and not (store / "run").exists() and not (store / "agent").exists()
 

@@ -42,6 +42,8 @@ from typing import Any
 import keras
 import numpy as np
 
+from replaystore.storage.outside import check_not_in_store
+
 from . import checkpoint
 from .config import TrainerError
 from .learnerbase import Learner
@@ -252,6 +254,8 @@ def keeping_best(callbacks: Sequence[keras.callbacks.Callback], agent: Any, eval
     directory)."""
     if restore and eval_env is None:
         raise TrainerError("restore_best_weights=True needs eval_env: the best weights are those of the best evaluation")
+    if checkpoint_dir is not None:  # (refused before anything is written there: best.npz, a checkpoint)
+        check_not_in_store(checkpoint_dir, what="the agent's checkpoint")
     shown = list(callbacks)
     keeper = next((c for c in shown if isinstance(c, BestWeights)), None)
     if keeper is None and eval_env is not None:
