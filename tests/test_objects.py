@@ -354,3 +354,14 @@ def test_two_spellings_of_one_url_are_one_store_to_merge(s3_url: str, tmp_path: 
     with pytest.raises(ConfigError, match="is the same store as"):
         merge_stores([s3_url, dotted], tmp_path / "merged.zarr")
     assert not (tmp_path / "merged.zarr").exists() and _objects(s3_url) == before
+
+
+def test_a_huge_metadata_object_is_refused_unread(s3_url: str) -> None:
+    """A root ``zarr.json`` object of 20 MB (metadata is at most 16 MiB): one line, not read."""
+    from replaystore.errors import CorruptStoreError
+
+    with _create(s3_url) as store:
+        store.add(frame(0), 1, 1.0, frame(1), False, False)
+    Bucket(s3_url).put("zarr.json", b" " * (20 * 2**20))
+    with pytest.raises(CorruptStoreError, match="more than a metadata object can be"):
+        ReplayStore.open(s3_url)

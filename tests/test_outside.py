@@ -101,3 +101,19 @@ def test_store_around_finds_the_store_whatever_the_spelling(store: Path, tmp_pat
     for spelling in (store / "obs" / "x", tmp_path / "link" / "x", f"file://{store}/x", store):
         assert store_around(spelling) == store.resolve()
     assert store_around(tmp_path / "elsewhere.png") is None and store_around("s3://b/x.zarr") is None
+
+
+def test_a_new_file_never_replaces_one_made_meanwhile(tmp_path: Path) -> None:
+    from replaystore import StoreExistsError
+    from replaystore.storage.outside import publish_file, temporary
+
+    target = tmp_path / "plot.png"
+    tmp = temporary(target)
+    tmp.write_bytes(b"mine")
+    target.write_bytes(b"theirs, made while the command ran")
+    with pytest.raises(StoreExistsError, match="appeared while the command ran"):
+        publish_file(tmp, target, replace=False)
+    assert target.read_bytes() == b"theirs, made while the command ran" and not tmp.exists()
+    tmp.write_bytes(b"mine")
+    publish_file(tmp, target, replace=True)  # (the command's own older output)
+    assert target.read_bytes() == b"mine" and not tmp.exists()

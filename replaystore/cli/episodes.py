@@ -32,7 +32,7 @@ from replaystore.format import nesting
 from replaystore.format.spaces import BoxSpec, stored_box
 from replaystore.sampling.episodes import Episode, episode_table, how_it_ended, stream_ring, window
 from replaystore.sampling.memory import check_episode
-from replaystore.storage.outside import check_target
+from replaystore.storage.outside import check_target, publish_file, temporary
 from replaystore.storage.where import is_url, normalized
 from replaystore.store import ReplayStore
 
@@ -113,6 +113,7 @@ def save_episode(path: str | Path, index: int, out: str | Path, *, stream: int =
         if target == store_dir or target.startswith(store_dir + os.sep):
             raise UnsafePathError(errno.EINVAL, f"{out} is inside the store {path}; save the episode outside it")
     check_target(out, what="the episode")  # (no link, FIFO or directory there; inside no store)
+    replace = out.exists()  # (an older file of the command's own: replaced; none: never one made meanwhile)
     video = VideoFile(out, fps, what="--save") if out.suffix.lower() != ".npz" else None
     try:
         with ReplayStore.open(path, cache_bytes=0) as store:  # (each chunk is read once: no cache to hold)
@@ -141,13 +142,11 @@ def save_episode(path: str | Path, index: int, out: str | Path, *, stream: int =
                               "first_move": episode.first_move,
                               **{f"extras.{name}": v for name, v in episode.extras.items()}}
     np.savez_compressed(data, **arrays)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    tmp = temporary(out)
     try:
-        with open(tmp, "wb") as f:
+        with open(tmp, "xb") as f:
             f.write(data.getbuffer())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, out)
+        publish_file(tmp, out, replace=replace)  # (a file made there meanwhile, where none was, is kept)
     finally:
         if tmp.exists():
             tmp.unlink()

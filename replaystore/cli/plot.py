@@ -35,6 +35,7 @@ def plot_store(path: str | Path, out: str | Path, *, samples: int = SAMPLES, see
     elif not out.suffix:
         out = out.with_name(out.name + ".png")
     out = check_target(out, what="the plot")
+    replace = out.exists()  # (an older plot there is replaced; where none was, none made meanwhile)
     with ReplayStore.open(path, cache_bytes=0) as store:  # (each chunk is read once: no cache to hold)
         eps = [episodes(store, j) for j in range(store.num_streams)]
         k = store.frame_stack
@@ -75,7 +76,7 @@ def plot_store(path: str | Path, out: str | Path, *, samples: int = SAMPLES, see
         tmp = temporary(out)
         try:
             fig.savefig(tmp, dpi=90, format=out.suffix.lstrip(".").lower())
-            publish_file(tmp, out, replace=True)
+            publish_file(tmp, out, replace=replace)
         except ValueError as exc:  # a suffix matplotlib does not write
             raise ConfigError(f"cannot draw {out}: {exc}; name the file .png, .svg or .pdf") from None
         finally:

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from replaystore.errors import ConfigError
-from replaystore.storage.outside import check_target
+from replaystore.storage.outside import check_target, publish_file
 
 SUFFIXES = (".mp4", ".gif")
 
@@ -52,6 +52,7 @@ class VideoFile:
         if not fps > 0:
             raise ConfigError(f"a video of {fps!r} frames per second; give a number > 0")
         self.path = check_video_path(path, what=what)
+        self.replace = self.path.exists()  # (an older video there is replaced; where none was, none made meanwhile)
         self.fps = float(fps)
         self.max_frames = max_frames
         self.part = self.path.with_name(f".{self.path.stem}-{os.getpid()}.part{self.path.suffix}")
@@ -121,12 +122,7 @@ class VideoFile:
             else:
                 self._writer.release()
                 self._writer = None
-            fd = os.open(self.part, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(self.part, self.path)
+            publish_file(self.part, self.path, replace=self.replace)
         except BaseException:
             self.discard()
             raise

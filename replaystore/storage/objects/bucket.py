@@ -25,7 +25,8 @@ import threading
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
-from replaystore.errors import ConfigError, StoreNotFoundError, StoreReadError, StoreWriteError
+from replaystore.errors import ConfigError, CorruptStoreError, StoreNotFoundError, StoreReadError, StoreWriteError
+from replaystore.storage.readfile import METADATA_CAP
 from replaystore.storage.where import normal_url
 
 T = TypeVar("T")
@@ -71,15 +72,22 @@ class Bucket:
     # ---------------------------------------------------------------------------------------------
     # Whole objects
 
-    def get(self, key: str) -> tuple[bytes, dict[str, Any]] | None:
-        """The object's bytes and metadata (``e_tag``, ``last_modified``, ``size``), or None if absent."""
+    def get(self, key: str, *, cap: int = METADATA_CAP) -> tuple[bytes, dict[str, Any]] | None:
+        """The object's bytes and metadata (``e_tag``, ``last_modified``, ``size``), or None if absent;
+        ``CorruptStoreError`` for an object larger than ``cap`` (a metadata object: refused unread)."""
         import obstore
 
         try:
             result = obstore.get(self.store, key)
+            size = int(result.meta.get("size") or 0)
+            if size > cap:
+                raise CorruptStoreError(f"{self.where(key)} is {size:,} bytes, more than a metadata object can be "
+                                        f"({cap:,}); it is damaged or not a replay store's: put back a copy")
             return bytes(result.bytes()), dict(result.meta)
         except FileNotFoundError:
             return None
+        except CorruptStoreError:
+            raise
         except Exception as exc:  # noqa: BLE001
             raise self.read_error(key, exc) from exc
 
