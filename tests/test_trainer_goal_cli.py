@@ -59,9 +59,9 @@ def test_the_command_line_learns_bit_flipping_with_hindsight_resumes_and_learns_
     with ReplayStore.open(run / "replay.zarr") as store:
         assert set(store.observation_space.spaces) == {"observation", "achieved_goal", "desired_goal"}
         assert store.num_streams == 2 and store.frame_stack == 1 and len(store) > 2900
-    out = _train(capsys, "--resume", str(run), "--total-timesteps", "3200")
-    assert "resuming" in out and re.search("done: 3,20[01] steps", out)
-    agent = load_run(run)  # dict_mlp with the checkpoint's weights
+    out = _train(capsys, "--resume", str(run), "--env-id", "goal_env:BitFlip-v0", "--total-timesteps", "3200")
+    assert "resuming" in out and re.search("done: 3,20[01] steps", out)  # (the env's module named again: it is code)
+    agent = load_run(run, env_id="goal_env:BitFlip-v0")  # dict_mlp with the checkpoint's weights
     assert agent.model.name == "online" and _successes(agent, 40) >= 0.8
     agent.close()
 
