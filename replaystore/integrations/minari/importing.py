@@ -156,7 +156,7 @@ def _load(dataset: Any) -> tuple[Any, str]:
 
 def _check_declared(data: Any, name: str, obs_shape: tuple[int, ...] | None) -> None:
     """Refuse, before any episode is read, an HDF5 dataset whose episodes declare arrays they cannot
-    hold: a length other than one per move (``rewards``) or per observation, observations of another
+    hold: longer than one per observation (``rewards`` counts the moves), observations of another
     shape than the space's, or more bytes than half of what this process may use (a small file can
     declare gigabytes, which h5py would allocate before any check)."""
     path = Path(getattr(getattr(data, "storage", None), "data_path", "") or "") / "main_data.hdf5"
@@ -165,6 +165,17 @@ def _check_declared(data: Any, name: str, obs_shape: tuple[int, ...] | None) -> 
     import h5py
 
     limit, said = memory_limit()
+    try:
+        _check_groups(h5py, path, name, obs_shape, limit, said)
+    except (OSError, KeyError, ValueError, TypeError) as exc:
+        if isinstance(exc, CorruptStoreError):
+            raise
+        raise CorruptStoreError(f"could not read the Minari dataset {name}: {type(exc).__name__}: {exc}") from None
+
+
+def _check_groups(h5py: Any, path: Path, name: str, obs_shape: tuple[int, ...] | None, limit: int | None,
+                  said: str) -> None:
+    """``_check_declared``'s walk over the episodes' groups of an open HDF5 file."""
     with h5py.File(path, "r") as f:
         for key in f:
             group = f[key]
@@ -175,8 +186,8 @@ def _check_declared(data: Any, name: str, obs_shape: tuple[int, ...] | None) -> 
             group.visititems(lambda sub, obj: sizes.append((sub, tuple(obj.shape), obj.size * obj.dtype.itemsize))
                              if isinstance(obj, h5py.Dataset) else None)
             for sub, shape, _ in sizes:
-                bad = (not shape or shape[0] > moves + 1
-                       or (sub == "observations" and obs_shape is not None and shape != (moves + 1, *obs_shape)))
+                bad = (not shape or shape[0] > moves + 1  # (shorter ones are refused as the episode is read)
+                       or (sub == "observations" and obs_shape is not None and shape[1:] != obs_shape))
                 if bad:
                     raise CorruptStoreError(f"the Minari dataset {name}'s {key}/{sub} declares shape {shape}, but the "
                                             f"episode has {moves:,} moves" + (f" of {obs_shape} observations"
