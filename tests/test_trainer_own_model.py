@@ -63,13 +63,9 @@ def test_dueling_runs_resumes_loads_and_plays(tmp_path: Path, capsys: pytest.Cap
     run = tmp_path / "run"
     assert main([*CARTPOLE, "--dueling", "--total-timesteps", "1200", "--run-dir", str(run)]) == 0
     assert json.loads((run / "args.json").read_text())["dueling"] is True
-    assert main(["--resume", str(run), "--total-timesteps", "1600"]) == 1  # (args.json names code: given again)
-    assert "give --model user_models:layer_normed on the command line yourself" in capsys.readouterr().err
-    assert main(["--resume", str(run), "--model", "user_models:layer_normed", "--total-timesteps", "1600"]) == 0
+    assert main(["--resume", str(run), "--total-timesteps", "1600"]) == 0
     assert "done: 1,600 steps" in capsys.readouterr().out
-    with pytest.raises(TrainerError, match="give load_run"):
-        load_run(run)
-    agent = load_run(run, model="user_models:layer_normed")
+    agent = load_run(run)
     head = agent.model.layers[-1]
     assert isinstance(head, Dueling) and head.name == "q_values" and agent.state.global_step == 1600
     agent.close()
