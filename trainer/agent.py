@@ -145,9 +145,8 @@ class DQN:
           previous step's ``terminated | truncated``); the first call starts every env;
         - one stack ``(frame_stack, *frame_shape)`` or a batch of them (a Dict store's: a dict).
         """
-        learner = self.built()
+        learner, vector = self.built(), np.ndim(restart) > 0
         assert self.stacks is not None
-        vector = np.ndim(restart) > 0
         if vector or self.stacks.is_frame(obs):
             batch, single = self.frames.push(self.stacks, obs, restart), not vector
         else:
@@ -155,8 +154,7 @@ class DQN:
         actions = learner.act_batch(batch)
         return int(actions[0]) if single else actions
 
-    def reset(self) -> None:
-        """Forget the frames ``act`` kept: the next observations it is given begin new episodes."""
+    def reset(self) -> None:  # (forget the frames act kept: the next observations begin new episodes)
         self.frames.reset()
 
     @property
