@@ -1,6 +1,6 @@
 """A quiet start: no TensorFlow, absl or XLA lines on stderr from ``import replaystore.trainer`` and
 its names, on either Keras backend, on a machine without a GPU, unless the user raises the verbosity
-(``TF_CPP_MIN_LOG_LEVEL`` set: then TensorFlow prints what it prints)."""
+(``TF_CPP_MIN_LOG_LEVEL`` set below 3: then TensorFlow prints what it prints)."""
 
 from __future__ import annotations
 
@@ -27,6 +27,13 @@ def test_importing_the_trainer_prints_nothing_on_stderr(backend: str) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == backend
     assert done.stderr == "", done.stderr[-2000:]
+
+
+def test_the_usual_quiet_setting_is_quiet_too() -> None:
+    """``TF_CPP_MIN_LOG_LEVEL=3`` (what users set to quiet TensorFlow) lets absl's lines through on
+    its own; the trainer's import filters them as when it is unset."""
+    done = _run("tensorflow", TF_CPP_MIN_LOG_LEVEL="3")
+    assert done.returncode == 0 and done.stderr == "", done.stderr[-2000:]
 
 
 def test_a_verbosity_the_user_set_shows_tensorflows_lines() -> None:

@@ -6,9 +6,10 @@ hyperparameters, mapped onto its names (``--ours``, below). Goal: our median >= 
 docs/benchmarks.md, "DQN beside Stable-Baselines3", has the table.
 
     python tools/reference_dqn.py --out tools/out/reference_dqn.jsonl [--envs CartPole-v1,Acrobot-v1,MountainCar-v0]
-        [--seeds 1,2,3,4,5] [--libs replaystore,sb3] [--jobs 2] [--scale 1.0]
+        [--seeds 1,2,3,4,5] [--libs replaystore,sb3] [--backend jax] [--jobs 2] [--scale 1.0]
 
-``--scale`` multiplies every budget (0.05 for a rehearsal).
+``--scale`` multiplies every budget (0.05 for a rehearsal). ``--backend`` is the Keras backend ours
+runs on (JAX by default: the same learning as TensorFlow's, in about half the time here).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ def child(run: dict[str, Any]) -> None:
     t0 = time.perf_counter()
     if run["lib"] == "sb3":
         import torch
+        import triton  # noqa: F401  (torch's triton before SB3 loads TensorFlow: both bundle LLVM; tests/conftest.py)
         from stable_baselines3 import DQN as SB3DQN
         from stable_baselines3.common.evaluation import evaluate_policy
 
@@ -93,14 +95,17 @@ def main() -> int:
     p.add_argument("--envs", default=",".join(ZOO))
     p.add_argument("--libs", default="replaystore,sb3")
     p.add_argument("--scale", type=float, default=1.0)
+    p.add_argument("--backend", default="jax", choices=["jax", "tensorflow", "torch"])
     args = p.parse_args()
     if args.child:
         child(json.loads(args.child))
         return 0
-    runs = [{"env": e, "lib": lib, "seed": int(s), "scale": args.scale, "episodes": args.episodes}
+    runs = [{"env": e, "lib": lib, "seed": int(s), "scale": args.scale, "episodes": args.episodes,
+             **({"backend": args.backend} if lib == "replaystore" else {})}
             for e in args.envs.split(",") for s in args.seeds.split(",") for lib in args.libs.split(",")]
     rows = seeds.run_all(Path(__file__), runs, args.out, args.jobs,
-                         env=lambda run: {"TF_CPP_MIN_LOG_LEVEL": "3", "OMP_NUM_THREADS": "1"})
+                         env=lambda run: {"TF_CPP_MIN_LOG_LEVEL": "3", "OMP_NUM_THREADS": "1",
+                                          "KERAS_BACKEND": run.get("backend", "tensorflow")})
     print(f"\nFinal greedy return, mean of {args.episodes} games, budget x{args.scale}:\n")
     print(seeds.table(rows, ["env", "lib"]))
     return 0

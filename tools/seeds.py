@@ -34,7 +34,8 @@ def run_all(script: Path, runs: Sequence[dict[str, Any]], out: Path, jobs: int, 
     """Each run not yet in ``out`` as a child of ``script``; every row of ``out`` for these runs."""
     out.parent.mkdir(parents=True, exist_ok=True)
     done = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
-    key = lambda row: json.dumps({k: row[k] for k in sorted(row) if k in runs[0]}, sort_keys=True)  # noqa: E731
+    fields = sorted({k for run in runs for k in run})
+    key = lambda row: json.dumps({k: row.get(k) for k in fields}, sort_keys=True)  # noqa: E731
     have = {key(row) for row in done}
     todo = [run for run in runs if key(run) not in have]
 

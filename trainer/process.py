@@ -47,11 +47,13 @@ def import_keras() -> Any:
     """Keras and TensorFlow where it is installed (TensorBoard's writer uses it on either backend;
     scalars.py), without TensorFlow's start-up noise: on a machine without a GPU it prints CPU-flag
     notes, "could not find cuda drivers" and an ``E0000 ... failed call to cuInit`` line that reads
-    as a failure, each twice. A ``TF_CPP_MIN_LOG_LEVEL`` the user set wins: then everything is
-    printed. On JAX without TensorFlow (a GPU box), only Keras."""
+    as a failure, each twice. A ``TF_CPP_MIN_LOG_LEVEL`` below 3 that the user set wins: then
+    everything is printed (3, the usual way to ask TensorFlow for quiet, still lets absl's
+    pre-initialisation lines through, so those are filtered as if it were unset). On JAX without
+    TensorFlow (a GPU box), only Keras."""
     if importlib.util.find_spec("tensorflow") is None:
         import keras
-    elif "TF_CPP_MIN_LOG_LEVEL" in os.environ:
+    elif os.environ.get("TF_CPP_MIN_LOG_LEVEL", "3").strip() != "3":
         import keras
         import tensorflow  # noqa: F401
     else:
