@@ -41,13 +41,19 @@ ZOO: dict[str, dict[str, Any]] = {
 
 def ours(zoo: dict[str, Any]) -> dict[str, Any]:
     """The zoo's hyperparameters in ``DQN``'s names: the same gradient steps per env step (SB3's
-    ``gradient_steps`` per ``train_freq``; -1 is one per env step), target period in env steps,
-    exploration schedule, batch, buffer and learning rate (Adam, gradient norm clipped at 10, Huber
-    loss: SB3's defaults and ours)."""
+    ``gradient_steps`` per ``train_freq``; -1 is one per env step), the same target period in
+    gradient steps, exploration schedule, batch, buffer and learning rate (Adam, gradient norm
+    clipped at 10, Huber loss: SB3's defaults and ours).
+
+    SB3 copies the target between env steps and takes a rollout's gradient steps in one burst, so a
+    ``target_update_interval`` shorter than ``train_freq`` (CartPole's 10 against 256) still means
+    one copy per burst: its period is ``max(target_update_interval, train_freq)`` env steps. Ours
+    counts the target period in gradient steps (``target_network_frequency // train_frequency``);
+    taking the zoo's 10 literally would copy every 5 gradient steps, and CartPole diverged (9.4)."""
     per_call = zoo["train_freq"] if zoo["gradient_steps"] == -1 else zoo["gradient_steps"]
     return {"learning_rate": zoo["learning_rate"], "batch_size": zoo["batch_size"],
             "buffer_size": zoo["buffer_size"], "learning_starts": max(zoo["learning_starts"], zoo["batch_size"]),
-            "gamma": zoo["gamma"], "target_network_frequency": zoo["target_update_interval"],
+            "gamma": zoo["gamma"], "target_network_frequency": max(zoo["target_update_interval"], zoo["train_freq"]),
             "train_frequency": max(1, round(zoo["train_freq"] / per_call)),
             "exploration_fraction": zoo["exploration_fraction"], "end_e": zoo["exploration_final_eps"]}
 
