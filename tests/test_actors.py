@@ -31,6 +31,7 @@ def _run(*argv: str, env: dict[str, str] | None = None, timeout: float = 420) ->
                           timeout=timeout, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})})
 
 
+@pytest.mark.slow  # ~80 s: Ray, SeaweedFS and three actors that die (the default run keeps test_an_actor_that_keeps_dying_ends_the_run)
 def test_actors_on_object_storage_die_and_are_restarted_on_their_streams(tmp_path: Path, s3_url: str) -> None:
     """Three actors write three streams of a store on the S3 server (--store URL) while the learner
     samples and refreshes. Each actor's environment ends its whole process after 400 of its steps (as
@@ -67,6 +68,7 @@ def test_an_actor_that_keeps_dying_ends_the_run(tmp_path: Path) -> None:
     assert cli_main(["verify", str(run / "replay.zarr"), "--quiet"]) == 0
 
 
+@pytest.mark.slow  # ~95 s: Ray started three times
 def test_actors_survive_a_killed_learner_and_a_sigterm_and_resume(tmp_path: Path) -> None:
     """Two actors write a stream each while the learner learns. SIGKILL of the trainer's process (its
     Ray and actors go with it): --resume reopens every stream (the actors' unfinished episodes closed

@@ -236,7 +236,7 @@ def _python(code: str, *argv: str, backend: str = "tensorflow", timeout: float =
     return done.stdout
 
 
-@pytest.mark.parametrize("backend", ["tensorflow", "jax", "torch"])
+@pytest.mark.parametrize("backend", ["tensorflow", "jax", pytest.param("torch", marks=pytest.mark.slow)])  # (torch ~20 s)
 @pytest.mark.parametrize("kind", ["functional", "subclassed"])
 def test_dueling_functional_and_subclassed_models_fit_save_and_load(tmp_path: Path, backend: str, kind: str) -> None:
     if backend != "tensorflow":

@@ -107,6 +107,7 @@ def _wins(act, episodes: int = 10) -> int:
     return wins
 
 
+@pytest.mark.slow  # ~30 s: a learning check (the default run keeps the Keras DQN learning from such a store)
 def test_sb3_dqn_learns_frozen_lake_with_the_store(tmp_path) -> None:
     """SB3 samples a Discrete observation as ``(batch, 1)`` int64, as its own buffer does."""
     from stable_baselines3 import DQN
@@ -156,6 +157,7 @@ def test_a_minari_dataset_of_such_observations_round_trips(tmp_path, datasets_ro
         np.testing.assert_array_equal(a.observations, b.observations)
 
 
+@pytest.mark.slow  # ~35 s: a learning check
 def test_the_command_line_learns_slippery_frozen_lake(tmp_path, capsys) -> None:
     """``replaystore-train`` on a Discrete observation space builds ``embedded_mlp`` (each state
     embedded, then the MLP); on slippery FrozenLake (a random policy succeeds 1.5% of the time, the

@@ -52,6 +52,7 @@ def bit_flipping(tmp_path: Path, k: int) -> float:
     return float(np.mean(np.array(returns) > -10))
 
 
+@pytest.mark.slow  # ~33 s: a learning check (the command line learns bit flipping with hindsight in test_trainer_goal_cli)
 def test_hindsight_learns_bit_flipping_that_plain_dqn_cannot(tmp_path: Path) -> None:
     """HER's own task: the reward is -1 until all 10 bits match, which random moves almost never do."""
     success = bit_flipping(tmp_path, 4), bit_flipping(tmp_path, 0)
@@ -200,7 +201,9 @@ print("backend", keras.backend.backend(), agent.train_steps)
 """
 
 
-@pytest.mark.parametrize(("backend", "kind"), [("jax", "BitFlip"), ("jax", "NestedBitFlip"), ("torch", "NestedBitFlip")])
+@pytest.mark.parametrize(("backend", "kind"), [("jax", "BitFlip"),  # (the others ~15 s each: slow)
+                                             pytest.param("jax", "NestedBitFlip", marks=pytest.mark.slow),
+                                             pytest.param("torch", "NestedBitFlip", marks=pytest.mark.slow)])
 def test_dict_stacks_learn_on_another_backend_and_resume_on_tensorflow(tmp_path: Path, backend: str, kind: str) -> None:
     """Dict stacks (and a nested Dict's, goals relabelled leaf for leaf) on JAX and PyTorch, and the
     checkpoint resumed on TensorFlow."""

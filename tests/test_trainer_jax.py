@@ -68,7 +68,8 @@ def _batch(stack_shape: tuple[int, ...], n: int, seed: int) -> dict[str, np.ndar
             "weight": rng.uniform(0.5, 1.0, n).astype(np.float32)}
 
 
-@pytest.mark.parametrize("stack_shape", [(2, 5), (4, 84, 84)], ids=["mlp", "nature-cnn"])
+@pytest.mark.parametrize("stack_shape", [pytest.param((2, 5), id="mlp"),
+                                         pytest.param((4, 84, 84), id="nature-cnn", marks=pytest.mark.slow)])  # (~25 s)
 def test_jax_torch_and_tensorflow_steps_agree(tmp_path: Path, stack_shape: tuple[int, ...]) -> None:
     """TensorFlow makes the weights and takes a step; JAX and PyTorch load the same weights and take
     the same step: the same loss, |td| and weights after (the same optimizer arithmetic, to float
@@ -159,6 +160,7 @@ def test_jax_cartpole_run_then_resume_on_tensorflow_and_back(tmp_path: Path) -> 
         assert len(store) == 1700
 
 
+@pytest.mark.slow  # ~55 s (the default run resumes JAX on TensorFlow and back)
 def test_torch_cartpole_run_resumes_on_tensorflow(tmp_path: Path) -> None:
     """Keras on PyTorch: a whole run (the decoupled learner on its thread, numpy blocks from the
     store), its checkpoint resumed on TensorFlow, and back; the replay ratio's count holds."""
@@ -178,6 +180,7 @@ def test_torch_cartpole_run_resumes_on_tensorflow(tmp_path: Path) -> None:
     assert abs(_gradient_steps(run) - (1600 - 200) * 8 // 16) <= 16 + 8  # the ratio: 8 sampled per inserted
 
 
+@pytest.mark.slow  # ~25 s (test_trainer_smoke kills and resumes a run on one backend)
 def test_jax_run_killed_resumes_on_tensorflow(tmp_path: Path) -> None:
     run = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "replaystore.trainer.cli", *CARTPOLE, "--total-timesteps", "100000",
@@ -198,6 +201,7 @@ def test_jax_run_killed_resumes_on_tensorflow(tmp_path: Path) -> None:
     assert _gradient_steps(run) == before + 150
 
 
+@pytest.mark.slow  # ~40 s (test_trainer_smoke runs AtariVectorEnv on TensorFlow)
 def test_jax_atari_vector_env_run(tmp_path: Path) -> None:
     run = tmp_path / "breakout"
     done = _train("--env-id", "ALE/Breakout-v5", "--total-timesteps", "600", "--buffer-size", "1000", "--num-envs", "2",
@@ -231,6 +235,7 @@ def test_jax_decoupled_run_holds_the_ratio(tmp_path: Path) -> None:
     assert "replay/ratio" in _scalars(run)
 
 
+@pytest.mark.slow  # ~33 s
 def test_tensorflow_blocks_of_steps_resume_on_jax(tmp_path: Path) -> None:
     """TensorFlow with --steps-per-call 4 (a tf.while_loop over blocks from as_dataset(blocks=True)):
     the lockstep schedule's gradient steps, a block at a time; then JAX continues the run."""

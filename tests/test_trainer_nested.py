@@ -151,6 +151,7 @@ def test_what_cannot_work_is_refused(tmp_path: Path) -> None:
         DQN.load(tmp_path / "agent")
 
 
+@pytest.mark.slow  # ~55 s: a learning check (the default run keeps the nested goal env learned, saved and loaded)
 def test_the_command_line_learns_blackjack(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Blackjack-v1's Tuple(Discrete(32), Discrete(11), Discrete(2)): a random policy scores about
     -0.40 a game, always standing -0.18, the basic strategy -0.05 (20,000 games each); 2,000 games

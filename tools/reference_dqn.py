@@ -2,7 +2,8 @@
 hyperparameters (hyperparams/dqn.yml) on CartPole-v1, Acrobot-v1 and MountainCar-v0, each seed of
 each in its own process, the same env-step budget (the zoo's ``n_timesteps``), and each final agent
 scored over ``--episodes`` greedy games. Ours runs ``replaystore.trainer.DQN`` with the same
-hyperparameters, mapped onto its names (``--ours``, below). Goal: our median >= SB3's on each env.
+hyperparameters, mapped onto its names (``ours``, below), and the same network (``sb3_network``).
+Goal: our median >= SB3's on each env.
 docs/benchmarks.md, "DQN beside Stable-Baselines3", has the table.
 
     python tools/reference_dqn.py --out tools/out/reference_dqn.jsonl [--envs CartPole-v1,Acrobot-v1,MountainCar-v0]
@@ -58,6 +59,24 @@ def ours(zoo: dict[str, Any]) -> dict[str, Any]:
             "exploration_fraction": zoo["exploration_fraction"], "end_e": zoo["exploration_final_eps"]}
 
 
+def sb3_network(n_inputs: int, n_actions: int) -> Any:
+    """SB3's ``MlpPolicy`` Q-network for DQN as a Keras model: 256x256 ReLU, each layer initialized as
+    PyTorch's ``nn.Linear`` is (weights and biases uniform in +-1/sqrt(fan_in)), taking the store's
+    stacks of one frame. The same network, so that the two runs differ only in the DQN around it.
+    (With ``mlp``'s Keras initialization, glorot-uniform weights and zero biases, CartPole collapsed
+    on 3 of 5 seeds with these settings: docs/benchmarks.md.)"""
+    import keras
+
+    def dense(units: int, fan_in: int, activation: str | None = None) -> Any:
+        bound = 1 / fan_in ** 0.5
+        return keras.layers.Dense(units, activation=activation,
+                                  kernel_initializer=keras.initializers.VarianceScaling(1 / 3, "fan_in", "uniform"),
+                                  bias_initializer=keras.initializers.RandomUniform(-bound, bound))
+
+    return keras.Sequential([keras.Input((1, n_inputs)), keras.layers.Flatten(), dense(256, n_inputs, "relu"),
+                             dense(256, 256, "relu"), dense(n_actions, 256)])
+
+
 def child(run: dict[str, Any]) -> None:
     import gymnasium as gym
 
@@ -81,11 +100,11 @@ def child(run: dict[str, Any]) -> None:
     else:
         import keras
 
-        from replaystore.trainer import DQN, mlp
+        from replaystore.trainer import DQN
 
         keras.utils.set_random_seed(run["seed"])
         env = gym.make(run["env"])
-        model = mlp((1, *env.observation_space.shape), int(env.action_space.n), hidden_sizes=(256, 256))
+        model = sb3_network(int(env.observation_space.shape[0]), int(env.action_space.n))
         settings = ours(zoo)
         agent = DQN(model, Path(tempfile.mkdtemp(prefix="reference-")) / "replay.zarr", seed=run["seed"],
                     buffer_size=settings.pop("buffer_size"), **settings)
