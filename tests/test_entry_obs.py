@@ -176,6 +176,7 @@ def test_the_command_line_learns_slippery_frozen_lake(tmp_path, capsys) -> None:
     assert np.mean(agent.evaluate(gym.make("FrozenLake-v1"), episodes=200, seed=1)) >= 0.35
 
 
+@pytest.mark.slow  # ~30 s: 6,000 steps of learning (test_atari_settings checks --env-kwargs reach a run's envs)
 def test_env_kwargs_reach_every_env_of_the_run(tmp_path) -> None:
     """``--env-kwargs '{"is_slippery": false}'`` makes the run's envs (two acting, the evaluation's)
     FrozenLake without slip: every stored move from a state with an action lands on one state, and
