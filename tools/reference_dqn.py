@@ -47,7 +47,7 @@ def ours(zoo: dict[str, Any]) -> dict[str, Any]:
     same target period in gradient steps, exploration schedule, batch, buffer and learning rate
     (Adam, gradient norm clipped at 10, Huber loss: SB3's defaults and ours). (Our default learner,
     on its own thread at the same replay ratio, interleaves its steps with acting instead: on
-    CartPole with these settings it ended at 500 on 2 of 5 seeds, on SB3's schedule 3 of 4;
+    CartPole with these settings it ended at 500 on 2 of 5 seeds, on SB3's schedule 3 of 5;
     docs/benchmarks.md.)
 
     SB3 copies the target between env steps and takes a rollout's gradient steps in one burst, so a
