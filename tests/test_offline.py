@@ -220,7 +220,7 @@ def test_bad_input_is_refused_in_one_line_with_nothing_written(dataset: tuple[Pa
     assert not (tmp_path / "missing.zarr").exists()
     tiny = tmp_path / "tiny.zarr"
     write_dataset(tiny, 20, 0.5, seed=0)
-    with pytest.raises(TrainerError, match=r"holds 1\d transitions; a batch of 64 with 1-step returns needs at least 65"):
+    with pytest.raises(TrainerError, match=r"holds 1\d transitions; a batch of 64 with 3-step returns needs at least 67"):
         DQN(model(), tiny, **OFFLINE).fit_offline(10)
     unbuilt = DQN(model(), tiny, **OFFLINE)
     with pytest.raises(TrainerError, match="holds 1"):

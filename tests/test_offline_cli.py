@@ -155,7 +155,7 @@ def test_a_stopped_or_killed_offline_run_resumes_from_its_checkpoint(dataset: tu
     (["--gradient-steps", "0"], "--gradient-steps is 0; it must be a positive integer"),
     (["--cql-alpha", "-1"], "--cql-alpha is -1.0"),
     (["--env-id", "ALE/Pong-v5", "--eval-episodes", "2"], r"the evaluation env gives frames of Box\(0, 255, \(84, 84\)"),
-    (["--batch-size", "20000"], r"holds \d+ transitions; a batch of 20000 with 1-step returns needs at least 20001"),
+    (["--batch-size", "20000"], r"holds \d+ transitions; a batch of 20000 with 3-step returns needs at least 20003"),
 ])
 def test_bad_offline_flags_are_refused_before_a_run_directory_is_made(dataset: tuple[Path, float], tmp_path: Path,
                                                                       capsys: pytest.CaptureFixture[str],

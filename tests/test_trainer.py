@@ -213,10 +213,21 @@ def test_double_dqn_target(tmp_path: Path) -> None:
     assert learner.train_steps == 1
 
 
-def test_args_defaults_are_cleanrl_atari() -> None:
-    args = Args()
-    assert (args.buffer_size, args.learning_starts, args.train_frequency, args.target_network_frequency,
-            args.batch_size, args.learning_rate) == (1_000_000, 80_000, 4, 1000, 32, 1e-4)
+def test_args_defaults_are_cleanrl_atari_for_images_and_the_classic_preset_for_vectors() -> None:
+    import gymnasium as gym
+
+    from replaystore.trainer.args import fill_presets
+
+    atari, vectors = Args(), Args()
+    fill_presets(atari, gym.spaces.Box(0, 255, (84, 84), np.uint8))
+    fill_presets(vectors, gym.spaces.Box(-1, 1, (4,), np.float32))
+    assert (atari.buffer_size, atari.learning_starts, atari.train_frequency, atari.target_network_frequency,
+            atari.batch_size, atari.learning_rate, atari.n_step, atari.end_e) == (1_000_000, 80_000, 4, 1000, 32, 1e-4, 1, 0.01)
+    assert (vectors.learning_starts, vectors.train_frequency, vectors.target_network_frequency, vectors.batch_size,
+            vectors.learning_rate, vectors.n_step, vectors.end_e) == (1_000, 2, 500, 128, 2.5e-4, 3, 0.02)
+    given = Args(batch_size=64, her_n_sampled_goal=4)  # what is given stays; hindsight takes 1-step returns
+    fill_presets(given, gym.spaces.Dict({"observation": gym.spaces.Box(-1, 1, (4,))}))
+    assert (given.batch_size, given.n_step, given.learning_starts) == (64, 1, 1_000)
 
 
 def test_help_states_real_defaults() -> None:
@@ -228,6 +239,7 @@ def test_help_states_real_defaults() -> None:
     assert "frames per observation (default: 4 for images, 1 for vectors) --" in text
     assert "(default: the backend's, 8 on TensorFlow and PyTorch, 32 on JAX)" in text
     assert "--total-timesteps TOTAL_TIMESTEPS environment steps of the whole run (default: 10_000_000)" in text
+    assert "steps of acting before learning (default: 80_000 for images, 1_000 for vectors)" in text
     assert "(default: --progress)" in text
 
 
@@ -247,9 +259,10 @@ def test_parsing_tells_given_flags_from_defaults_without_argparse_internals(tmp_
 
 
 def test_learning_starts_not_below_total_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """CartPole's preset learns from step 1,000 (Atari's from 80,000): a run of 1,000 steps would not learn."""
     assert main(["--env-id", "CartPole-v1", "--total-timesteps", "1000", "--run-dir", str(tmp_path / "run")]) == 1
     err = capsys.readouterr().err
-    assert "--learning-starts 80,000 is not below --total-timesteps 1,000" in err and err.count("\n") == 1
+    assert "--learning-starts 1,000 is not below --total-timesteps 1,000" in err and err.count("\n") == 1
     assert not (tmp_path / "run").exists()
 
 

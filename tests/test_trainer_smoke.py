@@ -149,7 +149,7 @@ def test_sigkill_then_resume_continues_from_the_checkpoint(tmp_path: Path) -> No
     _, state3 = checkpoint.load(run)
     assert state3["global_step"] == s + 300
     assert state3["train_steps"] + state3["due_steps"] == state["train_steps"] + state["due_steps"] + 150
-    assert state3["epsilon"] == pytest.approx(linear_schedule(1.0, 0.01, 0.1 * (s + 300), s + 299))
+    assert state3["epsilon"] == pytest.approx(linear_schedule(1.0, 0.02, 0.1 * (s + 300), s + 299))
     with ReplayStore.open(run / "replay.zarr") as store:
         assert store.added >= committed + 300
         np.testing.assert_array_equal(store.ring.action[:committed], actions)
@@ -239,7 +239,7 @@ def test_what_a_newcomer_meets_resume_records_its_steps_and_output_is_plain(tmp_
     for noise in ("cuInit", "absl::InitializeLog", "cuda drivers", "cpu_feature_guard", "oneDNN"):
         assert noise not in first.stderr, first.stderr[-3000:]
     lines = [x for x in first.stdout.splitlines() if x.startswith("train ")]
-    assert re.fullmatch(r"train 300/300  \d+ SPS  score [\d.]+  eps 0\.010  replay 300  loss [\d.]+  Q -?[\d.]+",
+    assert re.fullmatch(r"train 300/300  \d+ SPS  score [\d.]+  eps 0\.020  replay 300  loss [\d.]+  Q -?[\d.]+",
                         lines[-1]), first.stdout  # the whole line, however wide, and one at the end
     more = train("--resume", str(run), "--total-timesteps", "400")
     assert more.returncode == 0, more.stderr[-3000:]

@@ -76,6 +76,7 @@ def child(args: argparse.Namespace) -> dict:
         from replaystore.trainer.state import RunState
 
         config = DQNConfig(batch_size=BATCH, steps_per_call=k, sample_threads=args.threads, seed=0, learning_starts=0)
+        config.fill(images=True)  # (the rest: cleanrl's Atari settings)
         stack_shape = (4, *store.observation_space.shape)
         agent = make_learner(nature_cnn(stack_shape, int(store.action_space.n)),
                              keras.optimizers.Adam(1e-4, global_clipnorm=MAX_GRAD_NORM), stack_shape=stack_shape,

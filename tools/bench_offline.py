@@ -93,7 +93,7 @@ def learn(args: argparse.Namespace) -> dict:
             for seed in range(args.seeds):
                 keras.utils.set_random_seed(seed)
                 agent = DQN(mlp((1, 4), 2, hidden_sizes=(64, 64)), path, batch_size=64, train_frequency=1,
-                            target_network_frequency=500, learning_rate=1e-3, cql_alpha=alpha, seed=seed + 1,
+                            target_network_frequency=500, learning_rate=1e-3, n_step=1, cql_alpha=alpha, seed=seed + 1,
                             sample_threads=1)
                 t0 = time.perf_counter()
                 agent.fit_offline(args.steps)

@@ -45,9 +45,9 @@ def child(run: dict) -> None:
     import keras
 
     code = readme_block()
-    seeded = code.replace("learning_rate=2.5e-4)", f"learning_rate=2.5e-4, seed={run['seed']})")
+    seeded = code.replace("buffer_size=50_000)", f"buffer_size=50_000, seed={run['seed']})")
     if seeded == code:
-        raise SystemExit("the README's DQN(...) call no longer ends in learning_rate=2.5e-4): update this tool")
+        raise SystemExit("the README's DQN(...) call no longer ends in buffer_size=50_000): update this tool")
     if run["steps"] != 100_000:
         seeded = seeded.replace("total_timesteps=100_000", f"total_timesteps={run['steps']}")
     keras.utils.set_random_seed(run["seed"])

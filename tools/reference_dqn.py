@@ -3,11 +3,13 @@ hyperparameters (hyperparams/dqn.yml) on CartPole-v1, Acrobot-v1 and MountainCar
 each in its own process, the same env-step budget (the zoo's ``n_timesteps``), and each final agent
 scored over ``--episodes`` greedy games. Ours runs ``replaystore.trainer.DQN`` with the same
 hyperparameters, mapped onto its names (``ours``, below), and the same network (``sb3_network``).
-Goal: our median >= SB3's on each env.
-docs/benchmarks.md, "DQN beside Stable-Baselines3", has the table.
+Goal: our median >= SB3's on each env. The lib ``defaults`` is ours as a user meets it: the
+README's model (256x256, Keras' initialization) and no hyperparameter given but the seed, so the
+classic-control preset (config.PRESETS) and a 1M-step store, on the same budget.
+docs/benchmarks.md, "DQN beside Stable-Baselines3", has the tables.
 
     python tools/reference_dqn.py --out tools/out/reference_dqn.jsonl [--envs CartPole-v1,Acrobot-v1,MountainCar-v0]
-        [--seeds 1,2,3,4,5] [--libs replaystore,sb3] [--backend jax] [--jobs 2] [--scale 1.0]
+        [--seeds 1,2,3,4,5] [--libs replaystore,sb3[,defaults]] [--backend jax] [--jobs 2] [--scale 1.0]
 
 ``--scale`` multiplies every budget (0.05 for a rehearsal). ``--backend`` is the Keras backend ours
 runs on (JAX by default: the same learning as TensorFlow's, in about half the time here).
@@ -45,7 +47,7 @@ def ours(zoo: dict[str, Any]) -> dict[str, Any]:
     acting (``replay_ratio=0``), a block of ``gradient_steps`` gradient steps (``steps_per_call``;
     -1 is ``train_freq``) every ``train_freq`` env steps, as SB3 takes them after each rollout; the
     same target period in gradient steps, exploration schedule, batch, buffer and learning rate
-    (Adam, gradient norm clipped at 10, Huber loss: SB3's defaults and ours). (Our default learner,
+    (Adam, gradient norm clipped at 10, Huber loss: SB3's defaults and ours), 1-step returns. (Our default learner,
     on its own thread at the same replay ratio, interleaves its steps with acting instead: on
     CartPole with these settings it ended at 500 on 2 of 5 seeds, on SB3's schedule 3 of 5;
     docs/benchmarks.md.)
@@ -61,7 +63,7 @@ def ours(zoo: dict[str, Any]) -> dict[str, Any]:
             "gamma": zoo["gamma"], "target_network_frequency": max(zoo["target_update_interval"], zoo["train_freq"]),
             "train_frequency": max(1, round(zoo["train_freq"] / per_call)),
             "exploration_fraction": zoo["exploration_fraction"], "end_e": zoo["exploration_final_eps"],
-            "replay_ratio": 0, "steps_per_call": per_call}
+            "replay_ratio": 0, "steps_per_call": per_call, "n_step": 1}
 
 
 def sb3_network(n_inputs: int, n_actions: int) -> Any:
@@ -80,6 +82,15 @@ def sb3_network(n_inputs: int, n_actions: int) -> Any:
 
     return keras.Sequential([keras.Input((1, n_inputs)), keras.layers.Flatten(), dense(256, n_inputs, "relu"),
                              dense(256, 256, "relu"), dense(n_actions, 256)])
+
+
+def readme_network(n_inputs: int, n_actions: int) -> Any:
+    """The README's Q-network: 256x256 ReLU with Keras' initialization, on stacks of one frame."""
+    import keras
+
+    return keras.Sequential([keras.Input((1, n_inputs)), keras.layers.Flatten(),
+                             keras.layers.Dense(256, activation="relu"), keras.layers.Dense(256, activation="relu"),
+                             keras.layers.Dense(n_actions)])
 
 
 def child(run: dict[str, Any]) -> None:
@@ -109,10 +120,14 @@ def child(run: dict[str, Any]) -> None:
 
         keras.utils.set_random_seed(run["seed"])
         env = gym.make(run["env"])
-        model = sb3_network(int(env.observation_space.shape[0]), int(env.action_space.n))
-        settings = ours(zoo)
-        agent = DQN(model, Path(tempfile.mkdtemp(prefix="reference-")) / "replay.zarr", seed=run["seed"],
-                    buffer_size=settings.pop("buffer_size"), **settings)
+        n_inputs, n_actions = int(env.observation_space.shape[0]), int(env.action_space.n)
+        where = Path(tempfile.mkdtemp(prefix="reference-")) / "replay.zarr"
+        if run["lib"] == "defaults":
+            agent = DQN(readme_network(n_inputs, n_actions), where, seed=run["seed"])
+        else:
+            settings = ours(zoo)
+            agent = DQN(sb3_network(n_inputs, n_actions), where, seed=run["seed"],
+                        buffer_size=settings.pop("buffer_size"), **settings)
         agent.fit(env, steps)
         returns = agent.evaluate(gym.make(run["env"]), episodes=run["episodes"], seed=10_000 + run["seed"])
         agent.close()
@@ -131,7 +146,7 @@ def main() -> int:
         child(json.loads(args.child))
         return 0
     runs = [{"env": e, "lib": lib, "seed": int(s), "scale": args.scale, "episodes": args.episodes,
-             **({"backend": args.backend} if lib == "replaystore" else {})}
+             **({"backend": args.backend} if lib != "sb3" else {})}
             for e in args.envs.split(",") for s in args.seeds.split(",") for lib in args.libs.split(",")]
     rows = seeds.run_all(Path(__file__), runs, args.out, args.jobs,
                          env=lambda run: {"TF_CPP_MIN_LOG_LEVEL": "3", "OMP_NUM_THREADS": "1",

@@ -52,6 +52,7 @@ def main() -> int:
 
     stack = (4, 84, 84)
     config = DQNConfig(batch_size=32, learning_starts=0, sample_threads=args.threads)
+    config.fill(images=True)  # (the rest: cleanrl's Atari settings)
     learner = make_learner(nature_cnn(stack, 4), keras.optimizers.Adam(1e-4, global_clipnorm=MAX_GRAD_NORM),
                            stack_shape=stack, dtype=np.uint8, target_every=config.target_every(), tau=1.0)
     learner.act_batch(np.zeros((args.envs, *stack), np.uint8))

@@ -34,7 +34,7 @@ from replaystore import ReplayStore
 from . import persist
 from .acting import acting_on
 from .callbacks import Hooks, keeping_best, kept_best
-from .config import TrainerError, check_count, check_run_arguments, config_from
+from .config import PRESETS, TrainerError, check_count, check_run_arguments, config_from
 from .envs import env_spaces
 from .evaluation import Played, play
 from .feeding import Learning
@@ -50,8 +50,9 @@ from .stores import AgentStore, check_dataset, check_for_network, check_not_data
 
 class DQN:
     """Deep Q-learning (Mnih et al. 2015, double-DQN targets, Huber loss) of ``model`` with ``store``
-    as its replay memory. Hyperparameters keep cleanrl's names (``DQNConfig``); ``optimizer``
-    defaults to Adam at ``learning_rate`` with a global gradient norm clipped at 10."""
+    as its replay memory. Hyperparameters keep cleanrl's names (``DQNConfig``; those not given take
+    their preset's values, for image frames or not, when ``fit`` first sees the observations);
+    ``optimizer`` defaults to Adam at ``learning_rate`` with a global gradient norm clipped at 10."""
 
     def __init__(self, model: keras.Model, store: ReplayStore | str | Path, *,
                  optimizer: keras.optimizers.Optimizer | None = None, buffer_size: int = 1_000_000,
@@ -65,8 +66,10 @@ class DQN:
         ``checkpoint_dir`` and ``save`` check before they write (``check_reloads``)."""
         self.config = config_from(hyperparameters)
         self.model = model
-        self.optimizer = (optimizer or getattr(model, "optimizer", None)
-                          or keras.optimizers.Adam(learning_rate=self.config.learning_rate, global_clipnorm=MAX_GRAD_NORM))
+        given = optimizer or getattr(model, "optimizer", None)
+        rate = self.config.learning_rate or PRESETS["vectors"]["learning_rate"]  # (set again once the frames are known)
+        self.optimizer = given or keras.optimizers.Adam(learning_rate=rate, global_clipnorm=MAX_GRAD_NORM)
+        self.preset_rate = given is None and self.config.learning_rate is None
         if getattr(model, "optimizer", None) is not self.optimizer:
             model.optimizer = self.optimizer  # what compile() sets; callbacks read it (TensorBoard's learning rate)
         self.replay = AgentStore(store, buffer_size=buffer_size, frame_stack=frame_stack, cache_bytes=cache_bytes,
@@ -103,7 +106,12 @@ class DQN:
         return self._build(observation_space, action_space)
 
     def build_for(self, stacks: StackSpec, n_actions: int) -> None:
-        """Make the learner for these stacks and actions (a saved agent's: ``agent.json``)."""
+        """Make the learner for these stacks and actions (a saved agent's: ``agent.json``); the
+        hyperparameters not given take their preset's values for these frames."""
+        if not self.config.filled:
+            self.config.fill(stacks.images)
+            if self.preset_rate:
+                self.optimizer.learning_rate = self.config.learning_rate
         if self.config.her_n_sampled_goal:
             check_goals(stacks)
         check_model(self.model, stacks, n_actions)

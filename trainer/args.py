@@ -4,9 +4,10 @@ run's ``args.json`` (``save``, ``load``). The parser, and which flags a new run,
 ``--evaluate`` take, are cmdline.py's.
 
 The hyperparameters among the flags are ``DQNConfig``'s (config.py); ``config(args)`` makes one.
-Defaults are for a real Atari run on a GPU machine (cleanrl's dqn_atari.py: 10M steps, a 1M buffer,
-learning from step 80k). Short CPU runs pass smaller numbers; CartPole settings are in
-tools/learning_curve.py.
+The run's length and buffer default to a real Atari run on a GPU machine (cleanrl's dqn_atari.py:
+10M steps, a 1M buffer); the hyperparameters not given take their preset's values (config.PRESETS)
+once the env's observations are known (``fill_presets``): cleanrl's for image frames (learning from
+step 80k), the classic-control ones for anything else.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 
 from replaystore.storage.readfile import read_text
 
-from .config import DQNConfig, TrainerError
+from .config import FROM_PRESET, PRESETS, DQNConfig, TrainerError, image_frames, preset
 from .envs import atari_settings, is_atari
 
 
@@ -37,20 +38,20 @@ class Args:
     init_from: str = dataclasses.field(default="", metadata={"help": "start a new run from the online and target weights of an earlier one (its RUN_DIR, online or --offline, or a directory DQN.save wrote), with a fresh optimizer and counters: pretrain with --offline, then fine-tune online"})
     lease_ttl: float = dataclasses.field(default=30.0, metadata={"help": "with --store URL: seconds a writer's lease on its streams lasts unrenewed; a crashed writer's streams are taken over after that"})
     seed: int = dataclasses.field(default=1, metadata={"help": "seeds the network, the environment and exploration"})
-    learning_rate: float = dataclasses.field(default=1e-4, metadata={"help": "Adam's learning rate"})
+    learning_rate: float = dataclasses.field(default=FROM_PRESET, metadata={"help": "Adam's learning rate"})
     buffer_size: int = dataclasses.field(default=1_000_000, metadata={"help": "replay store capacity in steps (on disk)"})
     num_envs: int = dataclasses.field(default=1, metadata={"help": "environments stepped together, each writing its own stream of the store (ALE ids: ale-py's AtariVectorEnv)"})
     overlap_envs: str = dataclasses.field(default="auto", metadata={"help": "ALE ids with --num-envs >= 2: on steps the envs as two halves in turn, one half's envs stepping while the other half's moves are written and its next actions picked (the forward pass); off steps them all at once; auto is on where Keras computes on a GPU"})
     gamma: float = dataclasses.field(default=0.99, metadata={"help": "discount factor"})
     tau: float = dataclasses.field(default=1.0, metadata={"help": "target update rate (1.0 = hard copy)"})
-    target_network_frequency: int = dataclasses.field(default=1000, metadata={"help": "steps between target updates"})
-    batch_size: int = dataclasses.field(default=32, metadata={"help": "transitions per gradient step"})
+    target_network_frequency: int = dataclasses.field(default=FROM_PRESET, metadata={"help": "steps between target updates"})
+    batch_size: int = dataclasses.field(default=FROM_PRESET, metadata={"help": "transitions per gradient step"})
     start_e: float = dataclasses.field(default=1.0, metadata={"help": "epsilon at the start"})
-    end_e: float = dataclasses.field(default=0.01, metadata={"help": "epsilon after the schedule"})
+    end_e: float = dataclasses.field(default=FROM_PRESET, metadata={"help": "epsilon after the schedule"})
     exploration_fraction: float = dataclasses.field(default=0.10, metadata={"help": "fraction of total_timesteps over which epsilon falls"})
-    learning_starts: int = dataclasses.field(default=80_000, metadata={"help": "steps of acting before learning"})
-    train_frequency: int = dataclasses.field(default=4, metadata={"help": "steps between gradient steps"})
-    n_step: int = dataclasses.field(default=1, metadata={"help": "n-step returns (sampled by the store)"})
+    learning_starts: int = dataclasses.field(default=FROM_PRESET, metadata={"help": "steps of acting before learning"})
+    train_frequency: int = dataclasses.field(default=FROM_PRESET, metadata={"help": "steps between gradient steps"})
+    n_step: int = dataclasses.field(default=FROM_PRESET, metadata={"help": "n-step returns (sampled by the store)"})
     prioritized: bool = dataclasses.field(default=False, metadata={"help": "prioritized replay (proportional)"})
     alpha: float = dataclasses.field(default=0.6, metadata={"help": "priority exponent (with --prioritized)"})
     beta: float = dataclasses.field(default=0.4, metadata={"help": "importance-weight exponent (with --prioritized)"})
@@ -72,7 +73,7 @@ class Args:
     sample_threads: int = dataclasses.field(default=2, metadata={"help": "threads that sample batches ahead of the learner"})
     replay_ratio: str = dataclasses.field(default="auto", metadata={
         "help": "sampled per inserted transitions, held by running the learner on its own thread beside acting; "
-                "auto: batch-size / train-frequency (8 with the defaults: the data reuse of lockstep DQN); "
+                "auto: batch-size / train-frequency (8 for images, 64 for vectors with the defaults: the data reuse of lockstep DQN); "
                 "0: lockstep (acting stops for a gradient step every --train-frequency env steps)"})
     steps_per_call: int = dataclasses.field(default=0, metadata={
         "help": "gradient steps per compiled call, on one block of that many batches (default: the backend's, "
@@ -105,16 +106,13 @@ def check(args: Args) -> None:
         settings = config(args)
     except TrainerError as exc:
         raise TrainerError(as_flags(str(exc))) from None
-    if args.buffer_size < max(args.batch_size, 2):
-        raise TrainerError(f"--buffer-size {args.buffer_size} is smaller than --batch-size {args.batch_size}; "
-                           "the replay store must hold at least one batch (DQN usually keeps 10^5-10^6 steps)")
     if args.overlap_envs not in OVERLAP:
         raise TrainerError(f"--overlap-envs is {args.overlap_envs!r}; it must be one of {', '.join(OVERLAP)}")
     if not 0 <= args.actors <= 256:
         raise TrainerError(f"--actors is {args.actors}; it must be between 0 and 256")
     if not 0 <= args.actor_restarts <= 1000:
         raise TrainerError(f"--actor-restarts is {args.actor_restarts}; it must be between 0 and 1000")
-    if args.actors and settings.ratio() <= 0:
+    if args.actors and settings.replay_ratio != "auto" and settings.ratio() <= 0:
         raise TrainerError("--actors needs the decoupled learner: give --replay-ratio auto or a number > 0, not 0")
     streams = num_streams(args)
     if args.buffer_size % streams:
@@ -122,14 +120,31 @@ def check(args: Args) -> None:
         over = f"--num-envs {args.num_envs}" + (f" x --actors {args.actors}" if args.actors else "")
         raise TrainerError(f"--buffer-size {args.buffer_size} does not split evenly over {over} "
                            f"(each env writes its own stream); use {lower} or {lower + streams}")
-    if args.n_step >= args.buffer_size // streams:
-        raise TrainerError(f"--n-step {args.n_step} must be smaller than --buffer-size {args.buffer_size}")
+    check_sizes(args)
     if args.dueling and args.model:
         raise TrainerError(f"--dueling asks for the default Q-network's dueling head, but --model {args.model} builds "
                            "the network: leave out --dueling, or end your model with replaystore.trainer.Dueling(n_actions)")
     hidden_sizes(args)
     extras(args)
     env_kwargs(args)
+
+
+def check_sizes(args: Args) -> None:
+    """Refuse a buffer smaller than a batch or an n-step return (once those have their values)."""
+    if args.batch_size is not None and args.buffer_size < max(args.batch_size, 2):
+        raise TrainerError(f"--buffer-size {args.buffer_size} is smaller than --batch-size {args.batch_size}; "
+                           "the replay store must hold at least one batch (DQN usually keeps 10^5-10^6 steps)")
+    if args.n_step is not None and args.n_step >= args.buffer_size // num_streams(args):
+        raise TrainerError(f"--n-step {args.n_step} must be smaller than --buffer-size {args.buffer_size}")
+
+
+def fill_presets(args: Args, observation_space: Any) -> None:
+    """Give the hyperparameters not given their preset's values for these observations (image
+    frames or not), as ``DQN`` does, so that args.json, the actors and a resume hold them."""
+    for name, value in preset(image_frames(observation_space), hindsight=bool(args.her_n_sampled_goal)).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    check_sizes(args)
 
 
 def check_playing(args: Args) -> None:
@@ -329,6 +344,8 @@ def load(run_dir: Path) -> Args:
             if kind == "str" and isinstance(value, int | float) and not isinstance(value, bool):
                 saved[name] = value = str(value)  # (--replay-ratio was a number in releases before "auto")
             wanted = {"bool": (bool,), "int": (int,), "float": (int, float), "str": (str,)}.get(str(kind), ())
+            if value is None and name in PRESETS["images"]:
+                continue  # (left to the observations' preset: filled in when the run sees them)
             if kind is not None and (not isinstance(value, wanted) or (kind != "bool" and isinstance(value, bool))):
                 raise TypeError(f"{name} is {value!r}, not {'a' if kind != 'int' else 'an'} {kind}")
         return Args(**{k: v for k, v in saved.items() if k in fields})

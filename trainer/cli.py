@@ -72,6 +72,7 @@ def train(args: Args, *, resuming: bool) -> int:
 def _train(args: Args, env: Any, *, resuming: bool) -> int:
     if not args.frame_stack:
         args.frame_stack = default_frame_stack(env.observation_space)
+    arguments.fill_presets(args, env.observation_space)
     settings = arguments.config(args)
     run_dir = Path(args.run_dir)
     saved = _saved(run_dir) if resuming else None
@@ -150,11 +151,12 @@ def _fit(args: Args, settings: Any, env: Any, store: ReplayStore, saved: Any, st
 def train_offline(args: Args, *, resuming: bool) -> int:
     """``--offline STORE``: learn from an existing store, read-only, for ``--gradient-steps`` (offline.py),
     with the run directory, checkpoints, signals, evaluations and reports of an online run."""
-    settings = arguments.config(args)
     run_dir = Path(args.run_dir)
     saved = _saved(run_dir) if resuming else None
     store = open_to_read(args.offline, cache_bytes=args.cache_mb * 2**20, options={})
     try:
+        arguments.fill_presets(args, store.observation_space)
+        settings = arguments.config(args)
         with evaluation_env(args, vector=True) as eval_env, _goal_env(args, eval_env) as goal_env:
             # (an unusable --env-id fails here, before anything is written)
             spaces = None if eval_env is None else env_spaces(eval_env)

@@ -16,7 +16,7 @@ from typing import Any
 from replaystore.storage.where import is_url, normalized
 
 from .args import Args, check, check_code_given, check_playing, env_kwargs, load
-from .config import TrainerError
+from .config import PRESETS, TrainerError, described
 
 #: Flags that ``--resume`` accepts: how long to go on and how to report, not what is learned.
 RESUMABLE = ("total_timesteps", "gradient_steps", "checkpoint_frequency", "eval_frequency", "eval_episodes", "progress", "sample_threads",
@@ -39,7 +39,9 @@ def _help(field: dataclasses.Field[Any]) -> str:
     if field.name in UNSTATED or "default" in text:
         return text
     default = field.default
-    if isinstance(default, bool):
+    if default is None and field.name in PRESETS["images"]:
+        shown = described(field.name)
+    elif isinstance(default, bool):
         shown = f"--{field.name.replace('_', '-')}" if default else f"--no-{field.name.replace('_', '-')}"
     elif isinstance(default, int) and not isinstance(default, bool) and abs(default) >= 10_000:
         shown = f"{default:_}"

@@ -24,22 +24,55 @@ MAX_SAMPLE_THREADS = 64
 MAX_STEPS_PER_CALL = 4096
 #: Where a hindsight goal comes from (replaystore.HindsightSampler's strategies).
 HER_STRATEGIES = ("future", "final", "episode")
+#: The hyperparameters a run takes from its observations when they are not given (left None): image
+#: frames (2-D or 3-D) get cleanrl's dqn_atari.py settings, anything else (vectors, a Discrete, Dicts
+#: and Tuples) the settings measured on classic control (docs/benchmarks.md, "The defaults").
+PRESETS: dict[str, dict[str, int | float]] = {
+    "images": {"batch_size": 32, "learning_starts": 80_000, "train_frequency": 4, "target_network_frequency": 1000,
+               "learning_rate": 1e-4, "end_e": 0.01, "n_step": 1},
+    "vectors": {"batch_size": 128, "learning_starts": 1_000, "train_frequency": 2, "target_network_frequency": 500,
+                "learning_rate": 2.5e-4, "end_e": 0.02, "n_step": 3},
+}
+#: The default of a hyperparameter ``PRESETS`` gives: None until the agent sees the observations.
+FROM_PRESET: Any = None
+
+
+def image_frames(observation_space: Any) -> bool:
+    """Whether a space's observations are image frames (2-D or 3-D; a Dict's or a Tuple's are not)."""
+    shape = getattr(observation_space, "shape", None)  # (a Dict's is None)
+    return shape is not None and len(shape) >= 2
+
+
+def preset(images: bool, *, hindsight: bool = False) -> dict[str, int | float]:
+    """The values ``PRESETS`` gives, for image frames or not; hindsight relabelling takes 1-step
+    transitions (its relabelled reward is one move's)."""
+    values = dict(PRESETS["images" if images else "vectors"])
+    if hindsight:
+        values["n_step"] = 1
+    return values
+
+
+def described(name: str) -> str:
+    """A preset hyperparameter's defaults in words, for help texts."""
+    return f"{PRESETS['images'][name]:_} for images, {PRESETS['vectors'][name]:_} for vectors"
 
 
 @dataclasses.dataclass
 class DQNConfig:
-    """What DQN learns with (``DQN(model, store, **these)``); the defaults are cleanrl's dqn_atari.py."""
+    """What DQN learns with (``DQN(model, store, **these)``). Those left None take ``PRESETS``'
+    values when the agent first sees the observations (``fill``): cleanrl's dqn_atari.py settings for
+    image frames, the classic-control ones for anything else."""
 
     gamma: float = 0.99  # discount factor
-    n_step: int = 1  # n-step returns (sampled by the store)
-    batch_size: int = 32  # transitions per gradient step
-    learning_starts: int = 80_000  # env steps of acting before the first gradient step
-    train_frequency: int = 4  # env steps per gradient step
-    target_network_frequency: int = 1000  # env steps between target updates
+    n_step: int = FROM_PRESET  # n-step returns (sampled by the store); images 1, vectors 3
+    batch_size: int = FROM_PRESET  # transitions per gradient step; images 32, vectors 128
+    learning_starts: int = FROM_PRESET  # env steps of acting before the first gradient step; images 80k, vectors 1k
+    train_frequency: int = FROM_PRESET  # env steps per gradient step; images 4, vectors 2
+    target_network_frequency: int = FROM_PRESET  # env steps between target updates; images 1000, vectors 500
     tau: float = 1.0  # target update rate (1.0: a hard copy)
-    learning_rate: float = 1e-4  # Adam's, when no optimizer is given
+    learning_rate: float = FROM_PRESET  # Adam's, when no optimizer is given; images 1e-4, vectors 2.5e-4
     start_e: float = 1.0  # epsilon at the start
-    end_e: float = 0.01  # epsilon after the schedule
+    end_e: float = FROM_PRESET  # epsilon after the schedule; images 0.01, vectors 0.02
     exploration_fraction: float = 0.10  # fraction of total_timesteps over which epsilon falls
     prioritized: bool = False  # proportional prioritized replay
     alpha: float = 0.6  # priority exponent
@@ -54,10 +87,25 @@ class DQNConfig:
     her_n_sampled_goal: int = 0  # hindsight relabelled transitions per real one (a goal env's Dict store); 0: no HER
     her_strategy: str = "future"  # where a relabelled goal comes from: future, final or episode
 
+    def fill(self, images: bool) -> None:
+        """Give the hyperparameters left None their preset's values (image frames or not), and check."""
+        for name, value in preset(images, hindsight=bool(self.her_n_sampled_goal)).items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
+        self.check()
+
+    @property
+    def filled(self) -> bool:
+        """Whether every hyperparameter has its value (none left to the observations)."""
+        return all(getattr(self, name) is not None for name in PRESETS["images"])
+
     def check(self) -> None:
-        """Refuse values no run can use, naming the keyword and its range."""
+        """Refuse values no run can use, naming the keyword and its range (those left None are
+        checked once ``fill`` gives them their values)."""
         for name in ("n_step", "batch_size", "train_frequency", "target_network_frequency", "sample_threads"):
             value = getattr(self, name)
+            if value is None and name in PRESETS["images"]:
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise TrainerError(f"{name} is {value!r}; it must be a positive integer")
         if self.steps_per_call > MAX_STEPS_PER_CALL:
@@ -70,19 +118,26 @@ class DQNConfig:
                                "thread and a decode process each: one or two per core)")
         for name in ("learning_starts", "steps_per_call"):
             value = getattr(self, name)
+            if value is None and name in PRESETS["images"]:
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise TrainerError(f"{name} is {value!r}; it must be an integer >= 0")
         for name in ("gamma", "tau", "start_e", "end_e", "exploration_fraction", "alpha", "beta"):
             value = getattr(self, name)
+            if value is None and name in PRESETS["images"]:
+                continue
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
                 raise TrainerError(f"{name} is {value!r}; it must be a number in [0, 1]")
-        if isinstance(self.learning_rate, bool) or not isinstance(self.learning_rate, int | float) or not self.learning_rate > 0:
+        if self.learning_rate is not None and (isinstance(self.learning_rate, bool)
+                                               or not isinstance(self.learning_rate, int | float)
+                                               or not self.learning_rate > 0):
             raise TrainerError(f"learning_rate is {self.learning_rate!r}; it must be > 0")
         if (isinstance(self.cql_alpha, bool) or not isinstance(self.cql_alpha, int | float)
                 or not 0.0 <= self.cql_alpha < math.inf):
             raise TrainerError(f"cql_alpha is {self.cql_alpha!r}; it must be a finite number >= 0 (0: no "
                                "conservative term; 1.0 is CQL's usual weight for offline learning)")
-        self.ratio()
+        if self.replay_ratio != "auto" or self.filled:
+            self.ratio()
         self.check_her()
 
     def check_her(self) -> None:
@@ -93,7 +148,7 @@ class DQNConfig:
                                "to 1000 (4 is HER's usual k: 80% of each batch relabelled)")
         if strategy not in HER_STRATEGIES:
             raise TrainerError(f"her_strategy is {strategy!r}; it must be one of {', '.join(HER_STRATEGIES)}")
-        if k and self.n_step != 1:
+        if k and self.n_step not in (1, None):
             raise TrainerError(f"n_step is {self.n_step} with her_n_sampled_goal {k}; hindsight relabelling samples "
                                "1-step transitions (a relabelled reward is one move's): use n_step=1")
         if k and self.prioritized:

@@ -22,7 +22,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from .config import TrainerError
+from .config import TrainerError, image_frames
 from .stacks import StackSpec, tree_map
 
 #: The observation spaces the trainer stacks: a Box's frames, or the ints of the others.
@@ -247,8 +247,7 @@ def vector_frames(obs: Any) -> Any:
 
 def default_frame_stack(observation_space: Any) -> int:
     """4 for images (2-D or 3-D frames), 1 for vectors, a Discrete's int and a Dict's entries."""
-    shape = getattr(observation_space, "shape", None)  # (a Dict's is None)
-    return 4 if shape is not None and len(shape) >= 2 else 1
+    return 4 if image_frames(observation_space) else 1
 
 
 class FrameStacker:

@@ -139,6 +139,7 @@ def load_run(run_dir: str | Path, *, store: ReplayStore | str | Path | None = No
         except StoreNotFoundError:
             space, action_space, frames = _env_spaces(args, location)
         network = arguments.q_network(args, space, frames, int(action_space.n), builder=builder)
+    arguments.fill_presets(args, space)  # (a run's args.json holds them; one written before they did, not)
     optimizer = keras.optimizers.Adam(learning_rate=args.learning_rate, global_clipnorm=MAX_GRAD_NORM)
     agent = DQN(network, location, optimizer=optimizer, buffer_size=args.buffer_size, frame_stack=args.frame_stack or None,
                 **options, **dataclasses.asdict(arguments.config(args)))

@@ -89,6 +89,12 @@ class StackSpec:
     def dtype(self) -> np.dtype:
         return self.entries[0][2]
 
+    @property
+    def images(self) -> bool:
+        """Whether the frames are images (2-D or 3-D; a Dict's or a Tuple's are not): what picks
+        the hyperparameters' preset (config.PRESETS) and the default frame stack."""
+        return not self.keyed and len(self.entries[0][1]) >= 2
+
     def describe(self) -> str:
         """``(4, 84, 84) uint8``, or ``{observation: (1, 6) int8, desired_goal: (1, 6) int8}``, or a
         nested one's structure (``((1,) int64, (1,) int64)`` for a Tuple)."""
