@@ -184,7 +184,7 @@ import keras
 from keras import layers
 from replaystore.trainer import DQN, Dueling
 
-kind, out = sys.argv[1], sys.argv[2]
+kinds, out = sys.argv[1].split(","), sys.argv[2]
 
 
 @keras.saving.register_keras_serializable(package="tests")
@@ -206,26 +206,29 @@ class TwoHeads(keras.Model):
         return {**super().get_config(), "n_actions": self.n_actions}
 
 
-keras.utils.set_random_seed(0)
-if kind == "functional":
-    inputs = keras.Input((1, 4))
-    x = layers.Flatten()(layers.Rescaling(0.5)(inputs))
-    model = keras.Model(inputs, Dueling(2)(layers.Dense(32, activation="relu")(x)))
-else:
-    model = TwoHeads(2)
-agent = DQN(model, os.path.join(out, "replay.zarr"), buffer_size=2000, learning_starts=100, batch_size=16,
-            train_frequency=2, target_network_frequency=50, sample_threads=1, steps_per_call=4)
-history = agent.fit(gym.make("CartPole-v1"), 400, eval_env=gym.make("CartPole-v1"), eval_frequency=200,
-                    eval_episodes=1, checkpoint_dir=os.path.join(out, "agent"))
-assert np.isfinite(history.history["loss"][-1]) and history.history["replay_ratio"][-1] > 0, history.history
-stacks = np.random.default_rng(0).normal(size=(8, 1, 4)).astype(np.float32)
-q = agent.learner.q_values(stacks)
-agent.close()
-loaded = DQN.load(os.path.join(out, "agent"))
-np.testing.assert_allclose(loaded.learner.q_values(stacks), q, rtol=1e-5, atol=1e-6)
-loaded.fit(gym.make("CartPole-v1"), 500)
-assert loaded.state.global_step == 500 and loaded.train_steps > 150
-print("ok", keras.backend.backend(), kind, loaded.train_steps)
+for kind in kinds:
+    keras.utils.set_random_seed(0)
+    if kind == "functional":
+        inputs = keras.Input((1, 4))
+        x = layers.Flatten()(layers.Rescaling(0.5)(inputs))
+        model = keras.Model(inputs, Dueling(2)(layers.Dense(32, activation="relu")(x)))
+    else:
+        model = TwoHeads(2)
+    where = os.path.join(out, kind)
+    agent = DQN(model, os.path.join(where, "replay.zarr"), buffer_size=2000, learning_starts=100, batch_size=16,
+                train_frequency=2, target_network_frequency=50, sample_threads=1, steps_per_call=4)
+    history = agent.fit(gym.make("CartPole-v1"), 400, eval_env=gym.make("CartPole-v1"), eval_frequency=200,
+                        eval_episodes=1, checkpoint_dir=os.path.join(where, "agent"))
+    assert np.isfinite(history.history["loss"][-1]) and history.history["replay_ratio"][-1] > 0, history.history
+    stacks = np.random.default_rng(0).normal(size=(8, 1, 4)).astype(np.float32)
+    q = agent.learner.q_values(stacks)
+    agent.close()
+    loaded = DQN.load(os.path.join(where, "agent"))
+    np.testing.assert_allclose(loaded.learner.q_values(stacks), q, rtol=1e-5, atol=1e-6)
+    loaded.fit(gym.make("CartPole-v1"), 500)
+    assert loaded.state.global_step == 500 and loaded.train_steps > 150
+    loaded.close()
+    print("ok", keras.backend.backend(), kind, loaded.train_steps)
 """
 
 
@@ -236,12 +239,15 @@ def _python(code: str, *argv: str, backend: str = "tensorflow", timeout: float =
     return done.stdout
 
 
-@pytest.mark.parametrize("backend", ["tensorflow", "jax", pytest.param("torch", marks=pytest.mark.slow)])  # (torch ~20 s)
-@pytest.mark.parametrize("kind", ["functional", "subclassed"])
-def test_dueling_functional_and_subclassed_models_fit_save_and_load(tmp_path: Path, backend: str, kind: str) -> None:
+# (JAX ~18 s, PyTorch ~20 s: the default run fits, saves and loads user models on JAX in test_trainer_dict.py)
+@pytest.mark.parametrize("backend", ["tensorflow", pytest.param("jax", marks=pytest.mark.slow),
+                                     pytest.param("torch", marks=pytest.mark.slow)])
+def test_dueling_functional_and_subclassed_models_fit_save_and_load(tmp_path: Path, backend: str) -> None:
+    """Both kinds in one process per backend (one import of the backend, ~5 s, instead of two)."""
     if backend != "tensorflow":
         pytest.importorskip(backend)
-    assert f"ok {backend} {kind}" in _python(MODELS, kind, str(tmp_path), backend=backend)
+    out = _python(MODELS, "functional,subclassed", str(tmp_path), backend=backend)
+    assert f"ok {backend} functional" in out and f"ok {backend} subclassed" in out
 
 
 KILLED = """

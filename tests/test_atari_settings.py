@@ -103,6 +103,7 @@ def test_defaults_are_v5s() -> None:
     assert ATARI_SETTINGS["noop_max"] == 30
 
 
+@pytest.mark.slow  # ~14 s: an ALE run; the default run checks what the kwargs make of the env (above)
 def test_a_run_plays_the_game_its_env_kwargs_make(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A Pong run on 2 envs with all 18 actions and games cut at 400 frames (100 moves): the
     Q-network has 18 outputs, the store holds moves of the full set, every whole episode is 100

@@ -78,7 +78,7 @@ def kill_rounds(tmp_path: Path, rounds: int, seed: int) -> None:
 
 
 def test_sigkill_at_random_moments(tmp_path: Path) -> None:
-    kill_rounds(tmp_path, rounds=24, seed=1)
+    kill_rounds(tmp_path, rounds=12, seed=1)  # (100 in the slow run's test below)
 
 
 @pytest.mark.slow

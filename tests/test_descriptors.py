@@ -19,7 +19,7 @@ from replaystore.errors import TooManyOpenFilesError
 
 def test_stores_dropped_without_close_give_their_descriptors_back(tmp_path: Path) -> None:
     path = tmp_path / "r.zarr"
-    store = make_store(path, capacity=128, shard_len=32, chunk_len=4)  # 4 shard files: 8,000 if they leaked
+    store = make_store(path, capacity=128, shard_len=32, chunk_len=4)  # 4 shard files: 2,400 if they leaked
     fill(store, 250)
     store.close()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -27,19 +27,21 @@ def test_stores_dropped_without_close_give_their_descriptors_back(tmp_path: Path
     try:
         gc.collect()
         start = open_fds()
-        for _ in range(2000):
+        for _ in range(600):  # (past the limit of 1,024 if each leaked two of its four shard files)
             s = ReplayStore.open(path)
             s.sample(4)
             del s  # never closed
         gc.collect()
-        assert open_fds() == start
+        # (none of the stores' stays open; one the process held before may have closed meanwhile:
+        # run alone, this file sometimes ends a descriptor short of its start)
+        assert open_fds() <= start
         writer = ReplayStore.open(path, mode="a")  # a writer dropped without close: flushed, lock released
         for i in range(250, 255):
             add_one(writer, i, 7)
         added = writer.added
         del writer
         gc.collect()
-        assert open_fds() == start
+        assert open_fds() <= start
         with ReplayStore.open(path, mode="a") as again:  # the lock is free again
             assert again.committed.added == added
     finally:

@@ -126,6 +126,7 @@ def test_sb3_dqn_learns_frozen_lake_with_the_store(tmp_path) -> None:
     assert _wins(lambda obs: int(model.predict(obs, deterministic=True)[0])) >= 9
 
 
+@pytest.mark.slow  # ~11 s of learning; the default run keeps the other tests of Discrete observations here
 def test_the_keras_dqn_learns_frozen_lake_from_such_a_store(tmp_path) -> None:
     keras = pytest.importorskip("keras")
     from replaystore.trainer import DQN

@@ -75,6 +75,7 @@ print(json.dumps({"steps": again.train_steps, "returns": again.evaluate(gym.make
 """
 
 
+@pytest.mark.slow  # ~13 s; CQL learns on TensorFlow in the default run (test_cql_learns_from_a_fixed_store_and_leaves_it_as_it_was)
 def test_cql_learns_on_jax_too(dataset: tuple[Path, float], tmp_path: Path) -> None:
     pytest.importorskip("jax")
     path, _ = dataset

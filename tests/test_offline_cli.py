@@ -54,6 +54,7 @@ def scalars(run: Path) -> dict[str, list[float]]:
     return tags
 
 
+@pytest.mark.slow  # ~9 s of learning; the default run learns offline through the API (test_offline.py) and resumes --offline
 def test_cql_learns_offline_from_the_command_line(dataset: tuple[Path, float], tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     path, data_return = dataset
@@ -114,12 +115,39 @@ def _resume(run: Path, *argv: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, env=env, check=False, timeout=300)
 
 
-def test_a_stopped_or_killed_offline_run_resumes_from_its_checkpoint(dataset: tuple[Path, float],
-                                                                     tmp_path: Path) -> None:
+def _resumes(run: Path, start: int, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--resume`` goes on from gradient step ``start`` to 320 more; a plain one then has nothing to do."""
+    done = _resume(run, "--gradient-steps", str(start + 320))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"resuming {run} at gradient step {start:,}" in done.stdout
+    assert f"done: {start + 320:,} gradient steps" in done.stdout
+    assert int(checkpoint.load(run)[1]["train_steps"]) == start + 320
+    capsys.readouterr()
+    assert main(["--resume", str(run)]) == 0  # (in this process: nothing to learn, only to say so)
+    assert "nothing to do: the run already took its" in capsys.readouterr().out
+    assert int(checkpoint.load(run)[1]["train_steps"]) == start + 320
+
+
+def test_a_killed_offline_run_resumes_from_its_checkpoint(dataset: tuple[Path, float], tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
     path, _ = dataset
     before = snapshot(path)
-    stopped, killed = tmp_path / "stopped", tmp_path / "killed"
+    killed = tmp_path / "killed"
+    proc = _start(path, killed, "--checkpoint-frequency", "256")
+    at = _learned(killed, proc, 512)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    at = max(at, int(checkpoint.load(killed)[1]["train_steps"]))  # (a later one may have landed)
+    _resumes(killed, at, capsys)
+    assert snapshot(path) == before
 
+
+@pytest.mark.slow  # ~25 s; the default run stops online runs with SIGTERM (test_trainer_smoke.py, test_ratio.py)
+def test_a_stopped_offline_run_resumes_from_its_checkpoint(dataset: tuple[Path, float], tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    path, _ = dataset
+    before = snapshot(path)
+    stopped = tmp_path / "stopped"
     proc = _start(path, stopped, "--checkpoint-frequency", "100000")
     _learned(stopped, proc, 0)  # the first checkpoint: the networks exist and learning is under way
     time.sleep(2.0)
@@ -129,22 +157,7 @@ def test_a_stopped_or_killed_offline_run_resumes_from_its_checkpoint(dataset: tu
     steps = int(checkpoint.load(stopped)[1]["train_steps"])
     assert steps > 0 and f"stopped by SIGTERM at gradient step {steps:,}: checkpoint saved" in out
     assert f"replaystore-train --resume {stopped}" in out
-
-    proc = _start(path, killed, "--checkpoint-frequency", "256")
-    at = _learned(killed, proc, 512)
-    proc.send_signal(signal.SIGKILL)
-    proc.communicate(timeout=60)
-    at = max(at, int(checkpoint.load(killed)[1]["train_steps"]))  # (a later one may have landed)
-
-    for run, start in ((stopped, steps), (killed, at)):
-        done = _resume(run, "--gradient-steps", str(start + 320))
-        assert done.returncode == 0, done.stderr[-3000:]
-        assert f"resuming {run} at gradient step {start:,}" in done.stdout
-        assert f"done: {start + 320:,} gradient steps" in done.stdout
-        assert int(checkpoint.load(run)[1]["train_steps"]) == start + 320
-    again = _resume(killed)
-    assert again.returncode == 0 and "nothing to do: the run already took its" in again.stdout
-    assert int(checkpoint.load(killed)[1]["train_steps"]) == at + 320
+    _resumes(stopped, steps, capsys)
     assert snapshot(path) == before
 
 

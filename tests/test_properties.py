@@ -183,7 +183,7 @@ class StoreVersusModel(RuleBasedStateMachine):
 
 
 StoreVersusModel.TestCase.settings = settings(
-    max_examples=60, stateful_step_count=60, deadline=None,
+    max_examples=40, stateful_step_count=60, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 test_store_matches_model = StoreVersusModel.TestCase

@@ -267,7 +267,7 @@ class StreamsVersusModel(RuleBasedStateMachine):
 
 
 StreamsVersusModel.TestCase.settings = settings(
-    max_examples=40, stateful_step_count=50, deadline=None,
+    max_examples=30, stateful_step_count=50, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 test_streams_match_model = StreamsVersusModel.TestCase

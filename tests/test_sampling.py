@@ -350,7 +350,7 @@ def test_frames_read_while_the_writer_fills_its_shard(store_path: Path, mirrored
     rng = np.random.default_rng(3)
 
     def check(s: ReplayStore) -> None:
-        check_batch(s, 64, rng)
+        check_batch(s, 32, rng)
 
     fill_truth(store, 70)
     for i in range(400):  # ~3 wraps

@@ -44,6 +44,7 @@ def _successes(agent: object, games: int) -> float:
     return float(np.mean(np.array(returns) > -8))  # (a game that ends before its 8th move reached its goal)
 
 
+@pytest.mark.slow  # ~28 s of learning; the default run relabels and learns a goal through the API (test_trainer_nested.py)
 def test_the_command_line_learns_bit_flipping_with_hindsight_resumes_and_learns_offline(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "bits"

@@ -139,6 +139,8 @@ def _train(*argv: str, backend: str, timeout: float = 300) -> subprocess.Complet
                           timeout=timeout, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "KERAS_BACKEND": backend})
 
 
+@pytest.mark.slow  # ~37 s: three runs; the default run resumes a decoupled run on the other backend
+# (test_ratio.py) and a Dict run from JAX on TensorFlow (test_trainer_dict.py)
 def test_jax_cartpole_run_then_resume_on_tensorflow_and_back(tmp_path: Path) -> None:
     run = tmp_path / "run"
     done = _train(*CARTPOLE, "--total-timesteps", "1200", "--run-dir", str(run), "--steps-per-call", "8",
@@ -225,6 +227,7 @@ def test_steps_per_call_is_checked(tmp_path: Path) -> None:
 
 
 
+@pytest.mark.slow  # ~13 s; the default run holds the ratio on TensorFlow (test_ratio.py)
 def test_jax_decoupled_run_holds_the_ratio(tmp_path: Path) -> None:
     run = tmp_path / "run"
     done = _train(*CARTPOLE, "--total-timesteps", "1000", "--run-dir", str(run), "--steps-per-call", "4",

@@ -93,6 +93,7 @@ def test_the_agents_stacks_are_the_stores(tmp_path: Path, env: gym.Env) -> None:
     store.close()
 
 
+@pytest.mark.slow  # ~15 s of learning; the default run checks nested stacks against the store (test_the_agents_stacks_are_the_stores)
 def test_a_nested_goal_is_relabelled_and_learned_saved_loaded_and_acted_on(tmp_path: Path) -> None:
     """8-bit flipping with goals nested a level down, on two envs: learned with HER, not without."""
     def flips(k: int) -> tuple[DQN, float]:

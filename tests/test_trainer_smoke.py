@@ -39,6 +39,18 @@ def _train(*argv: str, timeout: float = 240) -> subprocess.CompletedProcess[str]
                           timeout=timeout, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
 
 
+def _train_here(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """A run in this process (its TensorFlow loaded once; runs that are signalled or killed start
+    the command line instead): its standard output, after checking it ended well."""
+    from replaystore.trainer.cli import main
+
+    capsys.readouterr()
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    assert code == 0, err[-3000:]
+    return out
+
+
 def _scalars(run_dir: Path) -> dict[str, list[float]]:
     import tensorflow as tf
 
@@ -52,9 +64,8 @@ def _scalars(run_dir: Path) -> dict[str, list[float]]:
 
 def test_cartpole_run_writes_store_checkpoint_logs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "run"
-    done = _train(*CARTPOLE, "--total-timesteps", "1200", "--run-dir", str(run), "--eval-episodes", "2")
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "done: 1,200 steps" in done.stdout and "eval at step 1,200" in done.stdout
+    out = _train_here(capsys, *CARTPOLE, "--total-timesteps", "1200", "--run-dir", str(run), "--eval-episodes", "2")
+    assert "done: 1,200 steps" in out and "eval at step 1,200" in out
     assert {p.name for p in run.iterdir()} == {"args.json", "replay.zarr", "checkpoint.npz", "tb", "evals.jsonl",
                                                "scalars.jsonl", "best.npz"}
     _, state = checkpoint.load(run)
@@ -82,6 +93,7 @@ def test_cartpole_run_writes_store_checkpoint_logs(tmp_path: Path, capsys: pytes
     assert "1,000 steps in" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # ~15 s; the default run trains the Nature CNN on Atari in test_num_envs_runs_on_atari_vector_env_and_resumes
 def test_atari_run_learns_from_the_store(tmp_path: Path) -> None:
     run = tmp_path / "breakout"
     done = _train("--env-id", "ALE/Breakout-v5", "--total-timesteps", "500", "--buffer-size", "1000",
@@ -118,7 +130,8 @@ def _wait_for_checkpoint(run: Path, proc: subprocess.Popen, step: int) -> dict:
     raise AssertionError(f"no checkpoint at step {step} within 180 s")
 
 
-def test_sigkill_then_resume_continues_from_the_checkpoint(tmp_path: Path) -> None:
+def test_sigkill_then_resume_continues_from_the_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The killed run is a process of its own; the resumes run in this one."""
     run = tmp_path / "run"
     proc = _start(run, "--checkpoint-frequency", "300")
     _wait_for_checkpoint(run, proc, 900)
@@ -134,9 +147,7 @@ def test_sigkill_then_resume_continues_from_the_checkpoint(tmp_path: Path) -> No
         actions = store.ring.action[:committed].copy()
 
     # Resuming with nothing left to do: the checkpoint written back is the one loaded.
-    same = _train("--resume", str(run), "--total-timesteps", str(s))
-    assert same.returncode == 0, same.stderr[-3000:]
-    assert f"resuming {run} at step {s:,}" in same.stdout
+    assert f"resuming {run} at step {s:,}" in _train_here(capsys, "--resume", str(run), "--total-timesteps", str(s))
     again, state2 = checkpoint.load(run)
     for part in ("online", "target", "optimizer"):
         for a, b in zip(arrays[part], again[part], strict=True):
@@ -144,8 +155,7 @@ def test_sigkill_then_resume_continues_from_the_checkpoint(tmp_path: Path) -> No
     assert state2["global_step"] == s and state2["episodes"] == state["episodes"]
 
     # Resuming for 300 more steps: step, epsilon, gradient steps and the store carry on.
-    more = _train("--resume", str(run), "--total-timesteps", str(s + 300))
-    assert more.returncode == 0, more.stderr[-3000:]
+    _train_here(capsys, "--resume", str(run), "--total-timesteps", str(s + 300))
     _, state3 = checkpoint.load(run)
     assert state3["global_step"] == s + 300
     assert state3["train_steps"] + state3["due_steps"] == state["train_steps"] + state["due_steps"] + 150
@@ -171,28 +181,25 @@ def test_sigterm_saves_a_checkpoint_and_flushes(tmp_path: Path) -> None:
     assert json.loads((run / "args.json").read_text())["env_id"] == "CartPole-v1"
 
 
-def test_resume_before_the_first_checkpoint_starts_over_and_keeps_the_store(tmp_path: Path) -> None:
+def test_resume_before_the_first_checkpoint_starts_over_and_keeps_the_store(tmp_path: Path,
+                                                                           capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "run"
-    first = _train(*CARTPOLE, "--total-timesteps", "300", "--run-dir", str(run))
-    assert first.returncode == 0, first.stderr[-3000:]
+    _train_here(capsys, *CARTPOLE, "--total-timesteps", "300", "--run-dir", str(run))
     (run / checkpoint.CHECKPOINT).unlink()  # as if killed while TensorFlow was still loading
     with ReplayStore.open(run / "replay.zarr") as store:
         before = store.added
-    again = _train("--resume", str(run), "--total-timesteps", "300")
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert f"resuming {run} at step 0" in again.stdout
+    assert f"resuming {run} at step 0" in _train_here(capsys, "--resume", str(run), "--total-timesteps", "300")
     _, state = checkpoint.load(run)
     assert state["global_step"] == 300
     with ReplayStore.open(run / "replay.zarr") as store:
         assert store.added >= before + 300
 
 
-def test_prioritized_n_step_run_with_the_progress_bar(tmp_path: Path) -> None:
+def test_prioritized_n_step_run_with_the_progress_bar(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "run"
     argv = [a for a in CARTPOLE if a != "--no-progress"]
-    done = _train(*argv, "--total-timesteps", "700", "--prioritized", "--n-step", "3", "--run-dir", str(run))
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "done: 700 steps" in done.stdout and "train" in done.stdout  # rich's bar, rendered once off a terminal
+    out = _train_here(capsys, *argv, "--total-timesteps", "700", "--prioritized", "--n-step", "3", "--run-dir", str(run))
+    assert "done: 700 steps" in out and "train" in out  # rich's bar, rendered once off a terminal
     with ReplayStore.open(run / "replay.zarr") as store:
         live = np.flatnonzero(store.ring.valid)
         priorities = store.priorities(live)
@@ -200,7 +207,7 @@ def test_prioritized_n_step_run_with_the_progress_bar(tmp_path: Path) -> None:
         assert np.unique(priorities).size > 10 and priorities.min() < 1.0
 
 
-def test_num_envs_runs_on_atari_vector_env_and_resumes(tmp_path: Path) -> None:
+def test_num_envs_runs_on_atari_vector_env_and_resumes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """--num-envs 3 on a real ALE game: ale-py's AtariVectorEnv in two halves stepped in turn
     (--overlap-envs on), one stream per env, the replay ratio of one env (a gradient step per
     train_frequency env steps), and --resume."""
@@ -208,22 +215,21 @@ def test_num_envs_runs_on_atari_vector_env_and_resumes(tmp_path: Path) -> None:
     flags = ["--env-id", "ALE/Breakout-v5", "--num-envs", "3", "--overlap-envs", "on", "--buffer-size", "3000", "--batch-size", "8",
              "--learning-starts", "300", "--train-frequency", "4", "--no-progress", "--sample-threads", "1",
              "--checkpoint-frequency", "300", "--replay-ratio", "0", "--run-dir", str(run)]
-    done = _train(*flags, "--total-timesteps", "600")
-    assert done.returncode == 0, done.stderr[-3000:]
+    _train_here(capsys, *flags, "--total-timesteps", "600")
     _, state = checkpoint.load(run)
     steps = state["global_step"]
     assert 600 <= steps < 603 and _gradient_steps(run) == steps // 4 - 300 // 4 and state["episodes"] >= 0
     with ReplayStore.open(run / "replay.zarr") as store:
         assert store.num_streams == 3 and len(store) == steps
         assert all(r.n_valid > 150 for r in store.rings.streams)
-    again = _train("--resume", str(run), "--total-timesteps", "800")
-    assert again.returncode == 0, again.stderr[-3000:]
+    _train_here(capsys, "--resume", str(run), "--total-timesteps", "800")
     with ReplayStore.open(run / "replay.zarr") as store:
         assert len(store) >= 800 and store.committed.added >= 800
     assert cli_main(["verify", str(run / "replay.zarr"), "--quiet"]) == 0
 
 
-def test_what_a_newcomer_meets_resume_records_its_steps_and_output_is_plain(tmp_path: Path) -> None:
+def test_what_a_newcomer_meets_resume_records_its_steps_and_output_is_plain(tmp_path: Path,
+                                                                            capsys: pytest.CaptureFixture[str]) -> None:
     """Without a terminal: plain log lines, not cut; no TensorFlow start-up noise (the user's
     TF_CPP_MIN_LOG_LEVEL unset); --resume --total-timesteps N is recorded, so a later plain --resume
     goes on to N and then says there is nothing to do, leaving the store and the checkpoint alone."""
@@ -241,17 +247,14 @@ def test_what_a_newcomer_meets_resume_records_its_steps_and_output_is_plain(tmp_
     lines = [x for x in first.stdout.splitlines() if x.startswith("train ")]
     assert re.fullmatch(r"train 300/300  \d+ SPS  score [\d.]+  eps 0\.020  replay 300  loss [\d.]+  Q -?[\d.]+",
                         lines[-1]), first.stdout  # the whole line, however wide, and one at the end
-    more = train("--resume", str(run), "--total-timesteps", "400")
-    assert more.returncode == 0, more.stderr[-3000:]
+    _train_here(capsys, "--resume", str(run), "--total-timesteps", "400")  # (the resumes in this process)
     assert json.loads((run / "args.json").read_text())["total_timesteps"] == 400
     _, state = checkpoint.load(run)
     assert state["global_step"] == 400
     with ReplayStore.open(run / "replay.zarr") as store:
         added, ends = store.added, store.ring.is_last[: store.added].copy()
     events = sorted(p.name for p in (run / "tb").iterdir())
-    again = train("--resume", str(run))
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "nothing to do: the run already took its 400 steps" in again.stdout
+    assert "nothing to do: the run already took its 400 steps" in _train_here(capsys, "--resume", str(run))
     _, state2 = checkpoint.load(run)
     assert state2 == state and sorted(p.name for p in (run / "tb").iterdir()) == events
     with ReplayStore.open(run / "replay.zarr") as store:  # no episode closed, nothing added
