@@ -162,7 +162,7 @@ def test_the_command_line_learns_blackjack(tmp_path: Path, capsys: pytest.Captur
     assert main(["--env-id", "Blackjack-v1", "--total-timesteps", "10000", "--buffer-size", "10000",
                  "--learning-starts", "1000", "--batch-size", "64", "--train-frequency", "1",
                  "--target-network-frequency", "500", "--learning-rate", "0.001", "--exploration-fraction", "0.6",
-                 "--end-e", "0.05", "--gamma", "1.0", "--hidden-sizes", "64,64", "--eval-episodes", "2000",
+                 "--end-e", "0.05", "--gamma", "1.0", "--n-step", "1", "--hidden-sizes", "64,64", "--eval-episodes", "2000",
                  "--no-progress", "--sample-threads", "1", "--replay-ratio", "0", "--run-dir", str(run)]) == 0
     out = capsys.readouterr().out
     mean = json.loads((run / "evals.jsonl").read_text().splitlines()[-1])["mean_return"]
