@@ -86,24 +86,20 @@ class DQN:
         self.holds = "last"  # which weights the model holds: the run's last, or its best evaluation's (persist.py)
         self.frames = RecentFrames()  # the last frames of the envs act() is given raw observations of
         if self.store is not None:
-            self._build(self.store.observation_space, self.store.action_space)
+            self.build(self.store.observation_space, self.store.action_space)
 
     # The store and the learner ------------------------------------------------------------------
 
-    def _build(self, observation_space: Any, action_space: Any) -> Learner:
-        """Check the model against the stacks and actions, and make the learner (once)."""
+    def build(self, observation_space: Any, action_space: Any) -> Learner:
+        """Check the model against the stacks and actions, and make the learner (once): for the
+        store's stacks when it is open, else for these spaces (an env's) and the agent's frame
+        stack (``load_run`` of a run directory without its store)."""
         if self.learner is None:
             self.replay.check_learnable(observation_space, action_space)
             stack = self.store.frame_stack if self.store is not None else self.replay.default_stack(observation_space)
             self.build_for(StackSpec.of_space(observation_space, stack), int(action_space.n))
         assert self.learner is not None
         return self.learner
-
-    def build(self, observation_space: Any, action_space: Any) -> Learner:
-        """Make the learner now (once), for the store's stacks when it is open, else for these
-        spaces (an env's) and the agent's frame stack: ``load_run`` of a run directory without its
-        store."""
-        return self._build(observation_space, action_space)
 
     def build_for(self, stacks: StackSpec, n_actions: int) -> None:
         """Make the learner for these stacks and actions (a saved agent's: ``agent.json``); the
@@ -192,18 +188,15 @@ class DQN:
 
         Every ``eval_frequency`` env steps (and at the end) ``eval_env`` plays ``eval_episodes``
         games and an epoch ends (callbacks.py). With ``checkpoint_dir`` the agent is saved there
-        (``save``) every ``checkpoint_frequency`` env steps and at the end, also when a callback
-        stops the run (``model.stop_training = True``) or it is interrupted (Ctrl-C), so that
-        ``DQN.load`` resumes it after a crash with every transition the store committed. With
-        ``her_n_sampled_goal`` (a goal env) the batches are relabelled with ``compute_reward``, by
-        default the env's (hindsight.py). ``source``, ``should_stop`` and ``checkpoint_writer`` are for
-        ``replaystore-train`` (Ray actors, signals, its run directory).
+        every ``checkpoint_frequency`` env steps, at the end, on a callback's stop and on Ctrl-C, so
+        ``DQN.load`` resumes it after a crash with every transition committed. ``compute_reward``
+        relabels a goal env's batches (``her_n_sampled_goal``; by default the env's). ``source``,
+        ``should_stop`` and ``checkpoint_writer`` are ``replaystore-train``'s.
 
-        What the agent is left with: the weights of the run's last step, as Keras leaves a model;
-        with ``restore_best_weights`` (and ``eval_env``) those of its best evaluation, as
-        ``EarlyStopping(restore_best_weights=True)`` does for a model (its checkpoint keeps the last
-        ones, to go on from). Either way ``agent.best`` holds the best evaluation's weights and
-        result, and ``checkpoint_dir`` gets them as ``best.npz`` (``DQN.load(dir, best=True)``)."""
+        What the agent is left with: the last step's weights, as Keras leaves a model; with
+        ``restore_best_weights`` (and ``eval_env``) its best evaluation's, as ``EarlyStopping(
+        restore_best_weights=True)`` does (the checkpoint keeps the last, to go on from). Either way
+        ``agent.best`` and ``checkpoint_dir``'s ``best.npz`` hold the best (``DQN.load(dir, best=True)``)."""
         check_count("total_timesteps", total_timesteps, least=1)
         check_run_arguments(eval_env, eval_frequency, eval_episodes, checkpoint_frequency, verbose)
         if checkpoint_dir is not None and checkpoint_writer is not None:
@@ -220,7 +213,7 @@ class DQN:
         try:
             if source is None:  # an existing store is checked against the env before the model is
                 self.replay.for_append(*spaces, streams, create=False)
-            learner = self._build(*spaces)
+            learner = self.build(*spaces)
             if checkpoint_dir is not None:  # (save writes the model; refused now, not after a crash)
                 persist.check_reloads_once(self)
             reward = choose_reward(config, compute_reward, env)
@@ -307,7 +300,7 @@ class DQN:
         config = self.config
         try:
             self.replay.check_stacks(store)
-            learner = self._build(store.observation_space, store.action_space)
+            learner = self.build(store.observation_space, store.action_space)
             if checkpoint_dir is not None:
                 persist.check_reloads_once(self)
             spaces = None if eval_env is None else env_spaces(eval_env)
