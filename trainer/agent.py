@@ -60,10 +60,9 @@ class DQN:
                  storage_options: dict[str, Any] | None = None, custom_objects: dict[str, Any] | None = None,
                  safe_mode: bool = True, **hyperparameters: Any) -> None:
         """``store``: a ``ReplayStore`` open for appending, or the path or URL of one to open (or, on
-        the first ``fit``, to create with ``buffer_size`` steps and ``frame_stack`` frames a stack:
-        4 for image frames, 1 for vectors, when not given). ``custom_objects`` and ``safe_mode``:
-        how the model's saved file is read back (``DQN.load`` takes the same), which ``fit`` with
-        ``checkpoint_dir`` and ``save`` check before they write (``check_reloads``)."""
+        the first ``fit``, to create with ``buffer_size`` steps and ``frame_stack`` frames a stack: 4
+        for image frames, 1 for vectors, when not given). ``custom_objects``, ``safe_mode``: how the
+        saved model is read back (as ``DQN.load``), checked before ``fit`` or ``save`` writes it."""
         self.config = config_from(hyperparameters)
         self.model = model
         given = optimizer or getattr(model, "optimizer", None)
