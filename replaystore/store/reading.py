@@ -266,16 +266,38 @@ class Reading:
         shaped ``(batches_per_block, batch_size, ...)``, ready for a compiled call that runs a
         block's gradient steps (``lax.scan``); ``index`` stays a numpy array (it is for
         ``update_priorities``). Host memory is not reused before its copy is done.
-        Other arguments as for ``blocks``. Returns a ``feed.jaxfeed.DeviceBlocks``; ``close()`` (or
+        Other arguments as for ``blocks``. Returns a ``feed.devicefeed.Feeder``; ``close()`` (or
         ``with``) stops it. Needs JAX (``pip install 'replaystore[jax]'``).
         """
-        from replaystore.feed.jaxfeed import DeviceBlocks
+        from replaystore.feed.jaxfeed import device_blocks
 
         self._check_open()
         names = ("n_step", "gamma", "prioritized", "alpha", "beta", "sequence_length")
         sampler = self._chosen(kwargs.pop("sampler", None), **{name: kwargs.pop(name) for name in names if name in kwargs})
-        return DeviceBlocks(self, sampler, batch_size, device=device, depth=depth, batches_per_block=batches_per_block,
-                            **kwargs)
+        return device_blocks(self, sampler, batch_size, device=device, depth=depth,
+                             batches_per_block=batches_per_block, **kwargs)
+
+    def torch_blocks(self, batch_size: int, *, batches_per_block: int = 8, device: Any = None,
+                     pin_memory: bool | None = None, depth: int = 2, **kwargs: Any) -> Any:
+        """``blocks`` as torch tensors for a PyTorch learner, moved ahead by a feeder thread: on a CUDA
+        ``device`` (the default where there is one) through pinned memory, on the CPU without a copy.
+        Each item is a dict of ``torch.Tensor`` shaped ``(batches_per_block, batch_size, ...)``
+        (``block["obs"][i]`` is batch ``i``); ``index`` stays a numpy array. Other arguments as for
+        ``blocks``. Returns a ``feed.devicefeed.Feeder``; ``close()`` (or ``with``) stops it. Needs
+        torch (``pip install 'replaystore[torch]'``), never TensorFlow.
+
+        Example:
+            >>> with ReplayStore.open("/tmp/doc.zarr").torch_blocks(8, batches_per_block=4, seed=0) as it:  # doctest: +SKIP
+            ...     next(it)["obs"].shape
+            torch.Size([4, 8, 2, 4])
+        """
+        from replaystore.feed.torchfeed import torch_blocks
+
+        self._check_open()
+        names = ("n_step", "gamma", "prioritized", "alpha", "beta", "sequence_length")
+        sampler = self._chosen(kwargs.pop("sampler", None), **{name: kwargs.pop(name) for name in names if name in kwargs})
+        return torch_blocks(self, sampler, batch_size, device=device, pin_memory=pin_memory, depth=depth,
+                            batches_per_block=batches_per_block, **kwargs)
 
     def update_priorities(self, index: Any, priority: Any) -> None:
         """Set the priorities of the transitions at ``index`` (``batch.index``) to ``priority``.

@@ -1,0 +1,480 @@
+"""The numpy side of ``ReplayStoreStorage`` (storage.py): TorchRL's transitions, addressed by TorchRL's
+indices, kept in a replay store with each frame stored once. No torch here; the storage class
+converts TensorDicts to and from the flat dicts of numpy leaves this module takes and gives.
+
+**Where each leaf goes.** A transition is a flat dict of nested keys (tuples) to arrays, batch first,
+as a collector writes it:
+
+- ``observation_key`` and ``("next", *observation_key)``: the frames. The store keeps the newest frame
+  of each stack once (a ``CatFrames`` stack on the first or last axis, padded at reset with the first
+  frame, is found from the data as for SB3's stacks, integrations/stacking.py) and rebuilds both
+  stacks at read time; observations that are not stacks are stored whole.
+- ``"action"``: the store's action, as a ``Box`` of its exact shape and dtype (one-hot or index, as the
+  collector wrote it).
+- every other leaf (``("next", "reward")``, the done flags, ``("collector", "traj_ids")``,
+  ``"step_count"``, a policy's ``"action_value"``...): one of the store's *extras* named
+  ``td.<key>.<key>`` (format/extras.py), exactly its shape and dtype. The store's own reward,
+  ``terminated`` and ``truncated`` are filled from ``("next", "reward")`` and the done flags too, so
+  the store samples, inspects and trains offline like any other.
+- two extras of this module's own: ``rb.index``, the TorchRL index each transition was written at, and
+  ``rb.seq``, the order it was written in. A reopened store rebuilds TorchRL's index -> transition map
+  from them (the newest transition written at each index), so the store on disk is the whole state.
+
+**Streams.** A collector's batch of ``n`` envs flattened to ``[n * T]`` holds ``n`` runs of consecutive
+transitions. Each transition goes to a stream of the store: the stream whose last next observation it
+continues (equal bytes), or, if it starts an episode, a stream whose episode ended (the one with the
+fewest steps). A stack that neither continues a stream nor starts an episode cannot be rebuilt from
+frames and is refused (more envs than ``streams``: pass ``streams``).
+
+**Indices.** ``positions[i]`` is the store position (rings.py) of the transition TorchRL wrote at
+index ``i``, -1 for none. The store keeps ``2 * max_size`` steps split among the streams: each
+transition is one step and each episode's last observation one more, so the transitions TorchRL can
+still return are never overwritten while the streams fill evenly (envs stepped together); a read of
+one the store has overwritten all the same is a ``SampleError`` that says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+import numpy as np
+
+from replaystore.errors import ConfigError, InvalidTransitionError, SampleError, StoreNotFoundError
+from replaystore.format.extras import MAX_STEP_BYTES, NAME
+from replaystore.integrations.stacking import StackLayout, choose
+from replaystore.sampling.assemble import Batch, prepare
+from replaystore.sampling.pending import Pending
+from replaystore.sampling.samplers import UniformSampler
+from replaystore.storage.reader import FrameReader
+from replaystore.storage.rings import SHIFT, Rings
+from replaystore.storage.where import normalized
+from replaystore.store import ReplayStore
+
+log = logging.getLogger("replaystore.integrations.torchrl")
+
+Key = tuple[str, ...]
+Leaves = dict[Key, np.ndarray]
+
+#: the extras' name prefix of TensorDict leaves, and this module's own two extras
+LEAF = "td."
+INDEX, SEQ = "rb.index", "rb.seq"
+ACTION: Key = ("action",)
+_PART = re.compile(r"[A-Za-z0-9_\-]+")
+
+
+def leaf_name(key: Key) -> str:
+    """The extra that keeps leaf ``key``: ``td.next.reward``; ``ConfigError`` for a key no name can hold."""
+    name = LEAF + ".".join(key)
+    if not all(_PART.fullmatch(part) for part in key) or not NAME.fullmatch(name):
+        raise ConfigError(f"the key {key!r} cannot be kept in a replay store (its parts must be letters, digits, _ "
+                          f"and -, {NAME.pattern[-8:-1]} characters in all with the 'td.' prefix); exclude it "
+                          "before extend (td.exclude(...)) or rename it")
+    return name
+
+
+def leaf_key(name: str) -> Key:
+    return tuple(name[len(LEAF):].split("."))
+
+
+class Records:
+    """TorchRL's indices over a replay store (see the module docstring). ``write`` and ``read`` take
+    and give flat dicts of numpy leaves; the store is made at the first ``write`` (or opened, if
+    ``path`` holds one and ``overwrite`` is false)."""
+
+    def __init__(self, path: Any, max_size: int, *, frame_stack: Any = "auto", stack_axis: Any = None,
+                 padding: Any = None, observation_key: Any = "observation", streams: Any = None,
+                 cache_bytes: int | None = None, overwrite: bool = False,
+                 storage_options: dict[str, Any] | None = None) -> None:
+        if path is None or str(path) == "":
+            raise ConfigError("ReplayStoreStorage needs a path: ReplayStoreStorage('runs/rb.zarr', max_size=...)")
+        if isinstance(max_size, bool) or not isinstance(max_size, (int, np.integer)) or max_size < 1:
+            raise ConfigError(f"max_size is {max_size!r}; it must be a positive int (transitions kept)")
+        if streams is not None and (isinstance(streams, bool) or not isinstance(streams, (int, np.integer))
+                                    or not 1 <= streams <= min(int(max_size), 4096)):
+            raise ConfigError(f"streams is {streams!r}; pass the number of envs your collector steps (an int from 1 "
+                              f"to {min(int(max_size), 4096)}), or leave it out to count them in the first batch")
+        self.obs_key: Key = (observation_key,) if isinstance(observation_key, str) else tuple(observation_key)
+        if not self.obs_key or not all(isinstance(p, str) for p in self.obs_key) or self.obs_key[0] == "next":
+            raise ConfigError(f"observation_key is {observation_key!r}; pass the key of the observations, such as "
+                              "'observation' or 'pixels' (its ('next', ...) twin is found from it)")
+        self.next_key: Key = ("next", *self.obs_key)
+        self.path, self.max_size, self.streams_arg = path, int(max_size), streams
+        self.options = {"frame_stack": frame_stack, "stack_axis": stack_axis, "padding": padding}
+        self.cache_bytes, self.storage_options = cache_bytes, storage_options
+        self.positions = np.full(self.max_size, -1, dtype=np.int64)
+        self.length = 0  # TorchRL's len: writes counted, at most max_size
+        self.seq = 0  # transitions written so far (the next one's rb.seq)
+        self.store: ReplayStore | None = None
+        self.layout: StackLayout | None = None
+        self.keys: list[Key] = []  # the leaves kept as extras, in the order the first batch gave them
+        self._state: list[_Stream] = []
+        self.overwrite = bool(overwrite)
+        if not self.overwrite:
+            self._reopen()
+
+    # ---------------------------------------------------------------------------------------------
+    # The store
+
+    def _reopen(self) -> None:
+        try:
+            store = ReplayStore.open(self.path, mode="a", cache_bytes=self.cache_bytes,
+                                     storage_options=self.storage_options)
+        except StoreNotFoundError:
+            return
+        try:
+            names = [e.name for e in store.schema.extras]
+            if INDEX not in names or SEQ not in names:
+                raise ConfigError(f"the store at {store.path} was not written by ReplayStoreStorage (it has no "
+                                  f"{INDEX} and {SEQ} extras); use a new path, or overwrite=True to replace it")
+            self.layout = self._stored_layout(store)
+            self.keys = [leaf_key(n) for n in names if n.startswith(LEAF)]
+            store.end_episode()  # the collector's envs were reset: no episode goes on
+            self.store = store
+            self._rebuild()
+        except BaseException:
+            store.close()
+            self.store = None
+            raise
+        self._state = [_Stream() for _ in range(store.schema.num_streams)]
+        log.info("continuing replay store %s: %d transitions at TorchRL's indices", store.path, self.length)
+
+    def _stored_layout(self, store: ReplayStore) -> StackLayout:
+        """The stacks of a store made here: its frames, ``frame_stack`` deep on the axis ``stack_axis``
+        names, or else the one where a frame is narrower (a channel: CatFrames' ``dim=-3``)."""
+        frame, k = tuple(store.schema.observation.shape), store.frame_stack
+        if k == 1:
+            return StackLayout(frame)
+        axis = self.options["stack_axis"]
+        if axis is None:
+            axis = 0 if frame[0] <= frame[-1] else -1
+        axis = axis % len(frame)
+        shape = list(frame)
+        shape[axis] *= k
+        return StackLayout(tuple(shape), k, axis, store.schema.frame_padding)
+
+    def _rebuild(self, before: int | None = None) -> None:
+        """TorchRL's index -> position map from the live transitions' ``rb.index`` and ``rb.seq``
+        (those written before ``before`` only, when given)."""
+        store = self.store
+        assert store is not None
+        rings = store.rings
+        slots = np.flatnonzero(rings.valid)
+        index = rings.extras["extras/" + INDEX][slots]
+        seq = rings.extras["extras/" + SEQ][slots]
+        self.seq = int(seq.max()) + 1 if seq.size else 0
+        keep = (index >= 0) & (index < self.max_size) & (seq < (self.seq if before is None else before))
+        order = np.argsort(seq, kind="stable")  # the newest write at an index wins: assign oldest first
+        order = order[keep[order]]
+        self.positions[:] = -1
+        self.positions[index[order]] = rings.positions_of_slots(slots[order])
+        self.length = int((self.positions >= 0).sum())
+
+    def restore(self, state: Any) -> None:
+        """Back to a ``state_dict``'s state (storage.py's ``loads``): the same store, its indices as
+        they were then."""
+        fields = {"store": str, "max_size": int, "length": int, "seq": int}
+        if not isinstance(state, dict) or any(not isinstance(state.get(k), t) for k, t in fields.items()):
+            raise ConfigError(f"the state is {str(state)[:200]!r}; a ReplayStoreStorage's state holds "
+                              f"{', '.join(fields)} (its state_dict())")
+        if state["max_size"] != self.max_size:
+            raise ConfigError(f"the checkpoint is of a storage of max_size {state['max_size']}, this one's is "
+                              f"{self.max_size}; make the storage with the same max_size")
+        if self.store is None:
+            self._reopen()
+        mine = str(self.store.path) if self.store is not None else str(self.path)
+        if normalized(state["store"]) != normalized(mine):
+            raise ConfigError(f"the checkpoint is of the store at {state['store']}, this storage's is {mine}; make "
+                              "the storage with that path (the store on disk holds the transitions)")
+        if self.store is None:
+            raise ConfigError(f"the checkpoint's store {state['store']} holds nothing: it is gone, or was never "
+                              "written")
+        self._rebuild(before=state["seq"])
+
+    def _create(self, leaves: Leaves, starts: np.ndarray) -> None:
+        """Make the store from the first batch: its leaves, and the rows that start an episode."""
+        obs = leaves[self.obs_key]
+        n = int(self.streams_arg or _count_envs(leaves[self.obs_key], leaves[self.next_key], _done(leaves)))
+        self.layout = choose(obs.shape[1:], obs[starts], **self.options)
+        if self.layout.frame_stack == 1 and obs.ndim >= 3:
+            log.info("the observations %s are not CatFrames stacks (or their first rows do not start episodes): "
+                     "stored whole", obs.shape[1:])
+        self.keys = [key for key in leaves if key not in (self.obs_key, self.next_key, ACTION)]
+        extras: dict[str, Any] = {INDEX: "int64", SEQ: "int64"}
+        for key in self.keys:
+            value = leaves[key]
+            extras[leaf_name(key)] = (value.shape[1:], value.dtype.name)
+        step = 16 + sum(leaves[key][0].nbytes for key in self.keys)
+        if step > MAX_STEP_BYTES:
+            big = max(self.keys, key=lambda k: leaves[k][0].nbytes)
+            raise ConfigError(f"the transitions' keys other than the observations and the action take {step} bytes a "
+                              f"step, more than the {MAX_STEP_BYTES} a store keeps beside each frame (the largest: "
+                              f"{big!r}); exclude it before extend (td.exclude(...)) or, if it is the frames, pass "
+                              f"observation_key={big if len(big) > 1 else big[0]!r}")
+        frame_space = self.layout.frame_space(_box(obs))
+        capacity = max(2, -(-2 * self.max_size // n)) * n
+        self.store = ReplayStore.create(
+            self.path, capacity, frame_space, _box(leaves[ACTION]), self.layout.frame_stack, num_streams=n,
+            frame_padding=self.layout.padding if self.layout.frame_stack > 1 else "reset",
+            overwrite=self.overwrite, cache_bytes=self.cache_bytes, storage_options=self.storage_options,
+            extras=extras)
+        self._state = [_Stream() for _ in range(n)]
+        log.info("created replay store %s: %d streams of %d steps, %s", self.store.path, n, capacity // n,
+                 self.layout.describe())
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+
+    def flush(self) -> None:
+        if self.store is not None:
+            self.store.flush()
+
+    # ---------------------------------------------------------------------------------------------
+    # Writing
+
+    def write(self, index: np.ndarray, leaves: Leaves, *, count: bool = True) -> None:
+        """Keep the transitions ``leaves`` (each ``(B, ...)``) at TorchRL's ``index`` (``(B,)``).
+        ``count``: whether they add to ``length`` (TorchRL's ``set_cursor``)."""
+        index = np.asarray(index, dtype=np.int64).reshape(-1)
+        self._check(index, leaves)
+        rows = len(index)
+        done = _done(leaves)
+        if self.store is None:  # (the first row, and each row after an episode's end, starts an episode)
+            self._create(leaves, np.flatnonzero(np.concatenate([[True], done[:-1]])))
+        store, layout = self.store, self.layout
+        assert store is not None and layout is not None
+        obs, nxt = leaves[self.obs_key], leaves[self.next_key]
+        padded = layout.padded(obs) if layout.frame_stack > 1 else np.ones(rows, dtype=bool)
+        shifted = layout.shifted(obs, nxt) if layout.frame_stack > 1 else np.ones(rows, dtype=bool)
+        bad = np.flatnonzero(~shifted)
+        if bad.size:
+            raise InvalidTransitionError(
+                f"row {bad[0]}'s next observation is not its observation moved on by one frame ({layout.describe()}), "
+                "so the store could not rebuild it; nothing was written. Pass frame_stack=1 to store whole "
+                "observations")
+        chained = _continues(obs, nxt)
+        assigned, ends = self._assign(obs, nxt, done, padded, chained)
+        terminated, truncated = _flags(leaves, done)
+        reward = _reward(leaves)
+        seqs = np.arange(self.seq, self.seq + rows, dtype=np.int64)
+        extras = {INDEX: index, SEQ: seqs, **{leaf_name(k): leaves[k] for k in self.keys}}
+        frames_obs, frames_next = layout.newest(obs), layout.newest(nxt)
+        where = np.empty(rows, dtype=np.int64)
+        # rounds: the r-th transition of each stream in this batch, added together
+        order = np.argsort(assigned, kind="stable")
+        rank = np.empty(rows, dtype=np.int64)
+        counts = np.bincount(assigned, minlength=len(self._state))
+        firsts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        rank[order] = np.arange(rows) - firsts[assigned[order]]
+        for r in range(int(rank.max()) + 1 if rows else 0):
+            at = np.flatnonzero(rank == r)
+            streams = assigned[at].tolist()
+            ending = [s for s, i in zip(streams, at.tolist()) if ends[i]]
+            if ending:
+                store.end_episode(streams=ending)
+            store.add_batch(frames_obs[at], leaves[ACTION][at], reward[at], frames_next[at], terminated[at],
+                            truncated[at], autoreset_mode="disabled",
+                            extras={name: value[at] for name, value in extras.items()}, streams=streams)
+            heads = np.array([store.rings.streams[s].added for s in streams], dtype=np.int64)
+            where[at] = (np.asarray(streams, dtype=np.int64) << SHIFT if store.rings.num_streams > 1 else 0) | (heads - 2)
+        self.positions[index] = where
+        self.seq += rows
+        if count:
+            self.length = min(self.length + rows, self.max_size)
+
+    def _check(self, index: np.ndarray, leaves: Leaves) -> None:
+        for key in (self.obs_key, self.next_key, ACTION):
+            if key not in leaves:
+                held = ", ".join(repr(k if len(k) > 1 else k[0]) for k in leaves)
+                raise ConfigError(f"the transitions have no {key if len(key) > 1 else key[0]!r} key (they hold {held}); "
+                                  "ReplayStoreStorage keeps a collector's transitions: pass observation_key= for "
+                                  "observations kept under another key")
+        if ("next", "done") not in leaves and ("next", "terminated") not in leaves:
+            raise ConfigError("the transitions have neither ('next', 'done') nor ('next', 'terminated'): the store "
+                              "needs to know where episodes end")
+        rows = len(index)
+        for key, value in leaves.items():
+            if value.shape[:1] != (rows,):
+                raise InvalidTransitionError(f"{key!r} has shape {value.shape}, not {rows} rows: extend takes a batch "
+                                             "of transitions with one batch dimension (collector output [envs, time]: "
+                                             "reshape(-1) first)")
+        if index.size and (index.min() < 0 or index.max() >= self.max_size):
+            raise ConfigError(f"index {int(index.min())}..{int(index.max())} is outside 0..{self.max_size - 1}")
+        if self.store is not None:
+            kept = set(self.keys) | {self.obs_key, self.next_key, ACTION}
+            if set(leaves) != kept:
+                more, less = sorted(set(leaves) - kept), sorted(kept - set(leaves))
+                raise ConfigError(f"these transitions' keys differ from the store's: {'new ' + str(more) if more else ''}"
+                                  f"{' and ' if more and less else ''}{'missing ' + str(less) if less else ''}; "
+                                  "extend with the same keys each time (select or exclude them), or use a new path")
+
+    def _assign(self, obs: np.ndarray, nxt: np.ndarray, done: np.ndarray, padded: np.ndarray,
+                chained: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each row's stream, and whether its stream's episode must be ended first (see the module
+        docstring); the streams' states move on to the end of the batch."""
+        state = self._state
+        rows = len(obs)
+        assigned = np.empty(rows, dtype=np.int64)
+        ends = np.zeros(rows, dtype=bool)
+        for i in range(rows):
+            s = -1
+            if i and chained[i] and state[assigned[i - 1]].open:
+                s = int(assigned[i - 1])  # continues the row before (the same env's run)
+            if s < 0:
+                s = next((k for k, st in enumerate(state) if st.open and _same_bytes(obs[i], st.last)), -1)
+            if s < 0:
+                if not padded[i]:
+                    raise InvalidTransitionError(
+                        f"row {i}'s observation neither continues an episode the store holds nor starts a new one "
+                        f"({self.layout.describe() if self.layout else ''}), so the store could not rebuild it from "
+                        f"frames; nothing was written. Pass streams= the number of envs your collector steps (the "
+                        f"store has {len(state)}), or frame_stack=1 to store whole observations")
+                free = [k for k, st in enumerate(state) if not st.open]
+                if free:
+                    s = min(free, key=lambda k: state[k].steps)
+                else:  # none free: end the episode of the stream written least lately
+                    s = min(range(len(state)), key=lambda k: state[k].when)
+                    ends[i] = True
+            assigned[i] = s
+            st = state[s]
+            st.open, st.last, st.steps, st.when = not done[i], nxt[i], st.steps + 1, self.seq + i
+        for k in set(assigned.tolist()):  # (the batch's memory may be the collector's, reused)
+            last = state[k].last
+            state[k].last = None if last is None else last.copy()
+        return assigned, ends
+
+    # ---------------------------------------------------------------------------------------------
+    # Reading
+
+    def read(self, index: np.ndarray) -> Leaves:
+        """The transitions at TorchRL's ``index`` (any shape; the leaves have it as their batch shape)."""
+        store, layout = self.store, self.layout
+        if store is None or layout is None:
+            raise SampleError("this ReplayStoreStorage holds nothing yet: extend it first")
+        index = np.asarray(index, dtype=np.int64)
+        flat = index.reshape(-1)
+        if flat.size and (flat.min() < 0 or flat.max() >= self.max_size):
+            raise SampleError(f"index {int(flat.min())}..{int(flat.max())} is outside 0..{self.max_size - 1}")
+        at = self.positions[flat]
+        if (at < 0).any():
+            raise SampleError(f"index {int(flat[at < 0][0])} holds no transition (the storage holds {self.length})")
+        batch = store.sample(max(flat.size, 1), sampler=_At(at)) if flat.size else None
+        lead = index.shape
+        out: Leaves = {}
+        if batch is None:
+            return out
+        out[self.obs_key] = layout.rebuild(batch.obs).reshape(*lead, *layout.obs_shape)
+        out[ACTION] = batch.action.reshape(*lead, *batch.action.shape[1:])
+        out[self.next_key] = layout.rebuild(batch.next_obs).reshape(*lead, *layout.obs_shape)
+        for key in self.keys:
+            value = batch.extras[leaf_name(key)]
+            out[key] = value.reshape(*lead, *value.shape[1:])
+        return out
+
+
+class _Stream:
+    """Where a stream stands for ``_assign``: its episode open or not, its last next observation, its
+    steps and the ``rb.seq`` it was last written at."""
+
+    __slots__ = ("open", "last", "steps", "when")
+
+    def __init__(self) -> None:
+        self.open = False
+        self.last: np.ndarray | None = None
+        self.steps = 0
+        self.when = -1
+
+
+class _At(UniformSampler):
+    """The transitions at given store positions (TorchRL's indices mapped), read as a uniform batch."""
+
+    def __init__(self, positions: np.ndarray) -> None:
+        super().__init__()
+        self.positions = positions
+
+    def plan(self, rings: Rings, reader: FrameReader, batch_size: int, rng: np.random.Generator, *,
+             batches: int = 1, out: list[np.ndarray] | None = None) -> Pending:
+        at = self.positions
+        slots = rings.slots(at)
+        stream = at >> SHIFT if rings.num_streams > 1 else np.zeros_like(at)
+        lo = np.array([ring.lo for ring in rings.streams], dtype=np.int64)[stream]
+        gone = ~rings.valid[slots] | ((at & ((1 << SHIFT) - 1)) < lo)
+        if gone.any():
+            raise SampleError("a transition TorchRL still indexes was overwritten in the store (a stream filled "
+                              "faster than the others); pass streams= the number of envs your collector steps")
+        return prepare(rings, reader, at, n_step=1, result=Batch)
+
+
+def _box(values: np.ndarray) -> Any:
+    """The gymnasium Box of one row of ``values``, over its dtype's whole range."""
+    import gymnasium as gym
+
+    dtype = values.dtype
+    if dtype.kind == "f":
+        low, high = -np.inf, np.inf
+    elif dtype.kind == "b":
+        low, high = 0, 1
+    else:
+        low, high = np.iinfo(dtype).min, np.iinfo(dtype).max
+    return gym.spaces.Box(low=low, high=high, shape=values.shape[1:], dtype=dtype)
+
+
+def _done(leaves: Leaves) -> np.ndarray:
+    rows = len(leaves[ACTION])
+    for key in (("next", "done"), ("next", "terminated")):
+        if key in leaves:
+            flags = leaves[key].reshape(rows, -1)
+            done = flags.any(axis=1)
+            if ("next", "truncated") in leaves:
+                done |= leaves[("next", "truncated")].reshape(rows, -1).any(axis=1)
+            return done.astype(bool)
+    raise AssertionError("checked before")
+
+
+def _flags(leaves: Leaves, done: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    rows = len(done)
+    truncated = (leaves[("next", "truncated")].reshape(rows, -1).any(axis=1) if ("next", "truncated") in leaves
+                 else np.zeros(rows, dtype=bool))
+    if ("next", "terminated") in leaves:
+        terminated = leaves[("next", "terminated")].reshape(rows, -1).any(axis=1)
+    else:
+        terminated = done & ~truncated
+    # (an end that is neither, a done alone: truncated for the store, which then starts a new episode)
+    return terminated.astype(bool), ((truncated | done) & ~terminated).astype(bool)
+
+
+def _reward(leaves: Leaves) -> np.ndarray:
+    rows = len(leaves[ACTION])
+    reward = leaves.get(("next", "reward"))
+    if reward is None:
+        return np.zeros(rows, dtype=np.float32)
+    return reward.reshape(rows, -1).sum(axis=1).astype(np.float32)
+
+
+def _continues(obs: np.ndarray, nxt: np.ndarray) -> np.ndarray:
+    """Row ``i``'s observation has the bytes of row ``i - 1``'s next one (row 0: False). Bytes, not
+    values: a stack continued is rebuilt from the bytes stored before (-0.0 is not 0.0 here)."""
+    out = np.zeros(len(obs), dtype=bool)
+    if len(obs) > 1:
+        a = np.ascontiguousarray(obs[1:]).view(np.uint8).reshape(len(obs) - 1, -1)
+        b = np.ascontiguousarray(nxt[:-1]).view(np.uint8).reshape(len(obs) - 1, -1)
+        out[1:] = (a == b).all(axis=1)
+    return out
+
+
+def _count_envs(obs: np.ndarray, nxt: np.ndarray, done: np.ndarray) -> int:
+    """The envs a collector's first batch (``[envs * time]``, flattened) comes from: one run of
+    consecutive transitions each, broken where a row neither follows the row before nor starts
+    after an episode's end."""
+    chained = _continues(obs, nxt)
+    breaks = ~chained[1:] & ~done[:-1]
+    return int(breaks.sum()) + 1
+
+
+
+
+def _same_bytes(a: np.ndarray, b: np.ndarray | None) -> bool:
+    return b is not None and a.shape == b.shape and a.tobytes() == b.tobytes()
