@@ -61,6 +61,7 @@ Leaves = dict[Key, np.ndarray]
 LEAF = "td."
 INDEX, SEQ = "rb.index", "rb.seq"
 ACTION: Key = ("action",)
+INDEX_KEY: Key = ("index",)
 _PART = re.compile(r"[A-Za-z0-9_\-]+")
 
 
@@ -190,7 +191,16 @@ class Records:
         if self.store is None:
             raise ConfigError(f"the checkpoint's store {state['store']} holds nothing: it is gone, or was never "
                               "written")
+        kept = self.positions.copy(), self.length, self.seq
         self._rebuild(before=state["seq"])
+        lost = int((self.positions[:state["length"]] < 0).sum())
+        if lost:
+            self.positions, self.length, self.seq = kept
+            raise ConfigError(f"the store at {mine} has moved on since this checkpoint: {lost} of the "
+                              f"{state['length']} transitions it indexed were overwritten by later writes; load a "
+                              "newer checkpoint, or reopen the store without loads (ReplayStoreStorage(path, "
+                              "max_size=...) indexes every transition it holds)")
+        self.length = state["length"]
 
     def _create(self, leaves: Leaves, starts: np.ndarray) -> None:
         """Make the store from the first batch: its leaves, and the rows that start an episode."""
@@ -239,6 +249,12 @@ class Records:
         """Keep the transitions ``leaves`` (each ``(B, ...)``) at TorchRL's ``index`` (``(B,)``).
         ``count``: whether they add to ``length`` (TorchRL's ``set_cursor``)."""
         index = np.asarray(index, dtype=np.int64).reshape(-1)
+        if self.store is not None and (INDEX_KEY in leaves) != (INDEX_KEY in self.keys):
+            # TensorDictReplayBuffer writes each transition's index into the TensorDicts it extends
+            # with (after writing them), so a TensorDict may come with or without it: kept as it came first
+            leaves = {k: v for k, v in leaves.items() if k != INDEX_KEY}
+            if INDEX_KEY in self.keys:
+                leaves[INDEX_KEY] = index
         self._check(index, leaves)
         rows = len(index)
         done = _done(leaves)
