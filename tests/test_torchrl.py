@@ -18,8 +18,17 @@ pytest.importorskip("torchrl")
 from tensordict import TensorDict  # noqa: E402
 from torchrl.collectors import Collector  # noqa: E402
 from torchrl.data import LazyMemmapStorage, TensorDictReplayBuffer  # noqa: E402
-from torchrl.data.replay_buffers.samplers import PrioritizedSampler, RandomSampler  # noqa: E402
-from torchrl.envs import CatFrames, Compose, GymEnv, GymWrapper, SerialEnv, StepCounter, TransformedEnv, UnsqueezeTransform  # noqa: E402
+from torchrl.data.replay_buffers.samplers import PrioritizedSampler  # noqa: E402
+from torchrl.envs import (  # noqa: E402
+    CatFrames,
+    Compose,
+    GymEnv,
+    GymWrapper,
+    SerialEnv,
+    StepCounter,
+    TransformedEnv,
+    UnsqueezeTransform,
+)
 
 from replaystore import ReplayStore  # noqa: E402
 from replaystore.errors import ConfigError, InvalidTransitionError  # noqa: E402

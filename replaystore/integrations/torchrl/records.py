@@ -20,11 +20,9 @@ as a collector writes it:
   ``rb.seq``, the order it was written in. A reopened store rebuilds TorchRL's index -> transition map
   from them (the newest transition written at each index), so the store on disk is the whole state.
 
-**Streams.** A collector's batch of ``n`` envs flattened to ``[n * T]`` holds ``n`` runs of consecutive
-transitions. Each transition goes to a stream of the store: the stream whose last next observation it
-continues (equal bytes), or, if it starts an episode, a stream whose episode ended (the one with the
-fewest steps). A stack that neither continues a stream nor starts an episode cannot be rebuilt from
-frames and is refused (more envs than ``streams``: pass ``streams``).
+**Streams.** Each env's run of transitions goes to a stream of the store (streams.py's ``Chains``):
+the stream it continues, or a free one when it starts an episode (``streams``: their number,
+counted in the first batch when not given). Leaves and their extras' names: leaves.py.
 
 **Indices.** ``positions[i]`` is the store position (rings.py) of the transition TorchRL wrote at
 index ``i``, -1 for none. The store keeps ``2 * max_size`` steps split among the streams: each
@@ -36,14 +34,26 @@ one the store has overwritten all the same is a ``SampleError`` that says so.
 from __future__ import annotations
 
 import logging
-import re
 from typing import Any
 
 import numpy as np
 
 from replaystore.errors import ConfigError, InvalidTransitionError, SampleError, StoreNotFoundError
-from replaystore.format.extras import MAX_STEP_BYTES, NAME
+from replaystore.format.extras import MAX_STEP_BYTES
 from replaystore.integrations.stacking import StackLayout, choose
+from replaystore.integrations.torchrl.leaves import (
+    ACTION,
+    LEAF,
+    Key,
+    Leaves,
+    box,
+    done_of,
+    flags,
+    leaf_key,
+    leaf_name,
+    reward_of,
+)
+from replaystore.integrations.torchrl.streams import Chains, continues, count_envs
 from replaystore.sampling.assemble import Batch, prepare
 from replaystore.sampling.pending import Pending
 from replaystore.sampling.samplers import UniformSampler
@@ -54,29 +64,10 @@ from replaystore.store import ReplayStore
 
 log = logging.getLogger("replaystore.integrations.torchrl")
 
-Key = tuple[str, ...]
-Leaves = dict[Key, np.ndarray]
-
-#: the extras' name prefix of TensorDict leaves, and this module's own two extras
-LEAF = "td."
+#: this module's own two extras: TorchRL's index of each transition, and the order it was written in
 INDEX, SEQ = "rb.index", "rb.seq"
-ACTION: Key = ("action",)
+#: the key TensorDictReplayBuffer writes each transition's index under (after writing it)
 INDEX_KEY: Key = ("index",)
-_PART = re.compile(r"[A-Za-z0-9_\-]+")
-
-
-def leaf_name(key: Key) -> str:
-    """The extra that keeps leaf ``key``: ``td.next.reward``; ``ConfigError`` for a key no name can hold."""
-    name = LEAF + ".".join(key)
-    if not all(_PART.fullmatch(part) for part in key) or not NAME.fullmatch(name):
-        raise ConfigError(f"the key {key!r} cannot be kept in a replay store (its parts must be letters, digits, _ "
-                          f"and -, {NAME.pattern[-8:-1]} characters in all with the 'td.' prefix); exclude it "
-                          "before extend (td.exclude(...)) or rename it")
-    return name
-
-
-def leaf_key(name: str) -> Key:
-    return tuple(name[len(LEAF):].split("."))
 
 
 class Records:
@@ -110,7 +101,7 @@ class Records:
         self.store: ReplayStore | None = None
         self.layout: StackLayout | None = None
         self.keys: list[Key] = []  # the leaves kept as extras, in the order the first batch gave them
-        self._state: list[_Stream] = []
+        self.chains = Chains(0)
         self.overwrite = bool(overwrite)
         if not self.overwrite:
             self._reopen()
@@ -138,7 +129,7 @@ class Records:
             store.close()
             self.store = None
             raise
-        self._state = [_Stream() for _ in range(store.schema.num_streams)]
+        self.chains = Chains(store.schema.num_streams, self.layout.describe())
         log.info("continuing replay store %s: %d transitions at TorchRL's indices", store.path, self.length)
 
     def _stored_layout(self, store: ReplayStore) -> StackLayout:
@@ -205,7 +196,7 @@ class Records:
     def _create(self, leaves: Leaves, starts: np.ndarray) -> None:
         """Make the store from the first batch: its leaves, and the rows that start an episode."""
         obs = leaves[self.obs_key]
-        n = int(self.streams_arg or _count_envs(leaves[self.obs_key], leaves[self.next_key], _done(leaves)))
+        n = int(self.streams_arg or count_envs(leaves[self.obs_key], leaves[self.next_key], done_of(leaves)))
         self.layout = choose(obs.shape[1:], obs[starts], **self.options)
         if self.layout.frame_stack == 1 and obs.ndim >= 3:
             log.info("the observations %s are not CatFrames stacks (or their first rows do not start episodes): "
@@ -222,14 +213,14 @@ class Records:
                               f"step, more than the {MAX_STEP_BYTES} a store keeps beside each frame (the largest: "
                               f"{big!r}); exclude it before extend (td.exclude(...)) or, if it is the frames, pass "
                               f"observation_key={big if len(big) > 1 else big[0]!r}")
-        frame_space = self.layout.frame_space(_box(obs))
+        frame_space = self.layout.frame_space(box(obs))
         capacity = max(2, -(-2 * self.max_size // n)) * n
         self.store = ReplayStore.create(
-            self.path, capacity, frame_space, _box(leaves[ACTION]), self.layout.frame_stack, num_streams=n,
+            self.path, capacity, frame_space, box(leaves[ACTION]), self.layout.frame_stack, num_streams=n,
             frame_padding=self.layout.padding if self.layout.frame_stack > 1 else "reset",
             overwrite=self.overwrite, cache_bytes=self.cache_bytes, storage_options=self.storage_options,
             extras=extras)
-        self._state = [_Stream() for _ in range(n)]
+        self.chains = Chains(n, self.layout.describe())
         log.info("created replay store %s: %d streams of %d steps, %s", self.store.path, n, capacity // n,
                  self.layout.describe())
 
@@ -257,7 +248,7 @@ class Records:
                 leaves[INDEX_KEY] = index
         self._check(index, leaves)
         rows = len(index)
-        done = _done(leaves)
+        done = done_of(leaves)
         if self.store is None:  # (the first row, and each row after an episode's end, starts an episode)
             self._create(leaves, np.flatnonzero(np.concatenate([[True], done[:-1]])))
         store, layout = self.store, self.layout
@@ -271,10 +262,10 @@ class Records:
                 f"row {bad[0]}'s next observation is not its observation moved on by one frame ({layout.describe()}), "
                 "so the store could not rebuild it; nothing was written. Pass frame_stack=1 to store whole "
                 "observations")
-        chained = _continues(obs, nxt)
-        assigned, ends = self._assign(obs, nxt, done, padded, chained)
-        terminated, truncated = _flags(leaves, done)
-        reward = _reward(leaves)
+        chained = continues(obs, nxt)
+        assigned, ends = self.chains.assign(obs, nxt, done, padded, chained, self.seq)
+        terminated, truncated = flags(leaves, done)
+        reward = reward_of(leaves)
         seqs = np.arange(self.seq, self.seq + rows, dtype=np.int64)
         extras = {INDEX: index, SEQ: seqs, **{leaf_name(k): leaves[k] for k in self.keys}}
         frames_obs, frames_next = layout.newest(obs), layout.newest(nxt)
@@ -282,7 +273,7 @@ class Records:
         # rounds: the r-th transition of each stream in this batch, added together
         order = np.argsort(assigned, kind="stable")
         rank = np.empty(rows, dtype=np.int64)
-        counts = np.bincount(assigned, minlength=len(self._state))
+        counts = np.bincount(assigned, minlength=len(self.chains.streams))
         firsts = np.concatenate([[0], np.cumsum(counts)[:-1]])
         rank[order] = np.arange(rows) - firsts[assigned[order]]
         for r in range(int(rank.max()) + 1 if rows else 0):
@@ -327,41 +318,6 @@ class Records:
                                   f"{' and ' if more and less else ''}{'missing ' + str(less) if less else ''}; "
                                   "extend with the same keys each time (select or exclude them), or use a new path")
 
-    def _assign(self, obs: np.ndarray, nxt: np.ndarray, done: np.ndarray, padded: np.ndarray,
-                chained: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Each row's stream, and whether its stream's episode must be ended first (see the module
-        docstring); the streams' states move on to the end of the batch."""
-        state = self._state
-        rows = len(obs)
-        assigned = np.empty(rows, dtype=np.int64)
-        ends = np.zeros(rows, dtype=bool)
-        for i in range(rows):
-            s = -1
-            if i and chained[i] and state[assigned[i - 1]].open:
-                s = int(assigned[i - 1])  # continues the row before (the same env's run)
-            if s < 0:
-                s = next((k for k, st in enumerate(state) if st.open and _same_bytes(obs[i], st.last)), -1)
-            if s < 0:
-                if not padded[i]:
-                    raise InvalidTransitionError(
-                        f"row {i}'s observation neither continues an episode the store holds nor starts a new one "
-                        f"({self.layout.describe() if self.layout else ''}), so the store could not rebuild it from "
-                        f"frames; nothing was written. Pass streams= the number of envs your collector steps (the "
-                        f"store has {len(state)}), or frame_stack=1 to store whole observations")
-                free = [k for k, st in enumerate(state) if not st.open]
-                if free:
-                    s = min(free, key=lambda k: state[k].steps)
-                else:  # none free: end the episode of the stream written least lately
-                    s = min(range(len(state)), key=lambda k: state[k].when)
-                    ends[i] = True
-            assigned[i] = s
-            st = state[s]
-            st.open, st.last, st.steps, st.when = not done[i], nxt[i], st.steps + 1, self.seq + i
-        for k in set(assigned.tolist()):  # (the batch's memory may be the collector's, reused)
-            last = state[k].last
-            state[k].last = None if last is None else last.copy()
-        return assigned, ends
-
     # ---------------------------------------------------------------------------------------------
     # Reading
 
@@ -391,19 +347,6 @@ class Records:
         return out
 
 
-class _Stream:
-    """Where a stream stands for ``_assign``: its episode open or not, its last next observation, its
-    steps and the ``rb.seq`` it was last written at."""
-
-    __slots__ = ("open", "last", "steps", "when")
-
-    def __init__(self) -> None:
-        self.open = False
-        self.last: np.ndarray | None = None
-        self.steps = 0
-        self.when = -1
-
-
 class _At(UniformSampler):
     """The transitions at given store positions (TorchRL's indices mapped), read as a uniform batch."""
 
@@ -424,73 +367,3 @@ class _At(UniformSampler):
         return prepare(rings, reader, at, n_step=1, result=Batch)
 
 
-def _box(values: np.ndarray) -> Any:
-    """The gymnasium Box of one row of ``values``, over its dtype's whole range."""
-    import gymnasium as gym
-
-    dtype = values.dtype
-    if dtype.kind == "f":
-        low, high = -np.inf, np.inf
-    elif dtype.kind == "b":
-        low, high = 0, 1
-    else:
-        low, high = np.iinfo(dtype).min, np.iinfo(dtype).max
-    return gym.spaces.Box(low=low, high=high, shape=values.shape[1:], dtype=dtype)
-
-
-def _done(leaves: Leaves) -> np.ndarray:
-    rows = len(leaves[ACTION])
-    for key in (("next", "done"), ("next", "terminated")):
-        if key in leaves:
-            flags = leaves[key].reshape(rows, -1)
-            done = flags.any(axis=1)
-            if ("next", "truncated") in leaves:
-                done |= leaves[("next", "truncated")].reshape(rows, -1).any(axis=1)
-            return done.astype(bool)
-    raise AssertionError("checked before")
-
-
-def _flags(leaves: Leaves, done: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    rows = len(done)
-    truncated = (leaves[("next", "truncated")].reshape(rows, -1).any(axis=1) if ("next", "truncated") in leaves
-                 else np.zeros(rows, dtype=bool))
-    if ("next", "terminated") in leaves:
-        terminated = leaves[("next", "terminated")].reshape(rows, -1).any(axis=1)
-    else:
-        terminated = done & ~truncated
-    # (an end that is neither, a done alone: truncated for the store, which then starts a new episode)
-    return terminated.astype(bool), ((truncated | done) & ~terminated).astype(bool)
-
-
-def _reward(leaves: Leaves) -> np.ndarray:
-    rows = len(leaves[ACTION])
-    reward = leaves.get(("next", "reward"))
-    if reward is None:
-        return np.zeros(rows, dtype=np.float32)
-    return reward.reshape(rows, -1).sum(axis=1).astype(np.float32)
-
-
-def _continues(obs: np.ndarray, nxt: np.ndarray) -> np.ndarray:
-    """Row ``i``'s observation has the bytes of row ``i - 1``'s next one (row 0: False). Bytes, not
-    values: a stack continued is rebuilt from the bytes stored before (-0.0 is not 0.0 here)."""
-    out = np.zeros(len(obs), dtype=bool)
-    if len(obs) > 1:
-        a = np.ascontiguousarray(obs[1:]).view(np.uint8).reshape(len(obs) - 1, -1)
-        b = np.ascontiguousarray(nxt[:-1]).view(np.uint8).reshape(len(obs) - 1, -1)
-        out[1:] = (a == b).all(axis=1)
-    return out
-
-
-def _count_envs(obs: np.ndarray, nxt: np.ndarray, done: np.ndarray) -> int:
-    """The envs a collector's first batch (``[envs * time]``, flattened) comes from: one run of
-    consecutive transitions each, broken where a row neither follows the row before nor starts
-    after an episode's end."""
-    chained = _continues(obs, nxt)
-    breaks = ~chained[1:] & ~done[:-1]
-    return int(breaks.sum()) + 1
-
-
-
-
-def _same_bytes(a: np.ndarray, b: np.ndarray | None) -> bool:
-    return b is not None and a.shape == b.shape and a.tobytes() == b.tobytes()
