@@ -18,7 +18,7 @@ pytest.importorskip("torchrl")
 from tensordict import TensorDict  # noqa: E402
 from torchrl.collectors import Collector  # noqa: E402
 from torchrl.data import LazyMemmapStorage, TensorDictReplayBuffer  # noqa: E402
-from torchrl.data.replay_buffers.samplers import PrioritizedSampler  # noqa: E402
+from torchrl.data.replay_buffers.samplers import PrioritizedSampler, SliceSampler  # noqa: E402
 from torchrl.envs import (  # noqa: E402
     CatFrames,
     Compose,
@@ -85,9 +85,14 @@ def cartpole() -> list[Any]:
     return cartpole_batches()
 
 
-def both(tmp_path: Path, max_size: int, **rb: Any) -> tuple[Any, Any]:
-    memmap = TensorDictReplayBuffer(storage=LazyMemmapStorage(max_size, scratch_dir=tmp_path / "memmap"), **rb)
-    ours = TensorDictReplayBuffer(storage=ReplayStoreStorage(tmp_path / "rb.zarr", max_size=max_size), **rb)
+def both(tmp_path: Path, max_size: int, *, sampler: Any = None, **rb: Any) -> tuple[Any, Any]:
+    """A replay buffer on LazyMemmapStorage and one on ReplayStoreStorage, each with its own
+    ``sampler()`` when given."""
+    def made() -> dict[str, Any]:
+        return {**rb, **({"sampler": sampler()} if sampler is not None else {})}
+
+    memmap = TensorDictReplayBuffer(storage=LazyMemmapStorage(max_size, scratch_dir=tmp_path / "memmap"), **made())
+    ours = TensorDictReplayBuffer(storage=ReplayStoreStorage(tmp_path / "rb.zarr", max_size=max_size), **made())
     return memmap, ours
 
 
@@ -127,10 +132,7 @@ def test_prioritized_sampling_and_rb_dumps_loads(tmp_path: Path, cartpole: list[
     def prioritized() -> Any:
         return PrioritizedSampler(250, alpha=0.7, beta=0.5)
 
-    memmap = TensorDictReplayBuffer(storage=LazyMemmapStorage(250, scratch_dir=tmp_path / "memmap"),
-                                    sampler=prioritized(), batch_size=16)
-    ours = TensorDictReplayBuffer(storage=ReplayStoreStorage(tmp_path / "rb.zarr", max_size=250),
-                                  sampler=prioritized(), batch_size=16)
+    memmap, ours = both(tmp_path, 250, sampler=prioritized, batch_size=16)
     for data in cartpole:
         memmap.extend(data.clone())
         ours.extend(data.clone())
@@ -154,6 +156,21 @@ def test_prioritized_sampling_and_rb_dumps_loads(tmp_path: Path, cartpole: list[
     seed(11)
     assert_same(a, again.sample())
     assert_same(memmap[:], again[:])
+
+
+@pytest.mark.parametrize("where", [{"traj_key": ("collector", "traj_ids")}, {"end_key": ("next", "done")}])
+def test_slice_sampler_windows_equal_lazy_memmaps(tmp_path: Path, cartpole: list[Any], where: dict[str, Any]) -> None:
+    """SliceSampler finds the trajectories from the collector's ids or the done flags (it reads the
+    whole storage to do so: every transition decoded, see docs/torchrl.md)."""
+    memmap, ours = both(tmp_path, 250, sampler=lambda: SliceSampler(slice_len=8, **where), batch_size=32)
+    for data in cartpole:
+        memmap.extend(data.clone())
+        ours.extend(data.clone())
+    for step in range(3):
+        seed(step)
+        a = memmap.sample()
+        seed(step)
+        assert_same(a, ours.sample())
 
 
 def test_reopening_the_store_resumes_and_loads_goes_back_to_dumps(tmp_path: Path, cartpole: list[Any]) -> None:

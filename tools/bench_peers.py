@@ -1,5 +1,6 @@
-"""Peers side by side on the same real Atari frames: TorchRL's LazyMemmapStorage, cpprb, SB3's
-ReplayBuffer and replaystore, each holding 500k transitions of 4-stacked 84x84 Breakout frames.
+"""Peers side by side on the same real Atari frames: TorchRL's LazyMemmapStorage and
+CompressedListStorage, TorchRL's buffer on ReplayStoreStorage, cpprb, SB3's ReplayBuffer and
+replaystore, each holding 500k transitions of 4-stacked 84x84 Breakout frames.
 
     python tools/bench_peers.py [--transitions 500000] [--rounds 2] [--json tools/out/peers.json]
 
@@ -12,6 +13,11 @@ filled the way its users fill it, from the same transitions, in its own process:
   tensordict per transition with ``pixels`` (4, 84, 84) and ``("next", "pixels")``, both stacked, so
   56 KB per transition (~28 GB for 500k, more than this machine's RAM); ``extend`` per 16
   transitions (a collector's batch); the memmap files in a scratch directory on the local disk.
+- ``torchrl-compressed``: the same, on TorchRL's ``CompressedListStorage`` (in RAM, each transition's
+  tensordict compressed on ``extend``).
+- ``torchrl-replaystore``: the same, on ``ReplayStoreStorage`` (integrations/torchrl): TorchRL's
+  buffer and sampler over a replay store that keeps each frame once; the gap to ``replaystore``'s
+  ``sample(32)`` is TorchRL's own layer (its sampler, the TensorDicts).
 - ``cpprb``: ``ReplayBuffer`` with ``next_of="obs"`` and ``stack_compress="obs"`` (channels-last
   stacks, as its docs show for Atari), ``add`` per step, ``on_episode_end`` after each episode; in RAM.
 - ``sb3``: ``ReplayBuffer(optimize_memory_usage=True)`` with channels-last stacks (VecFrameStack's),
@@ -59,7 +65,7 @@ from atari_frames import OUT  # noqa: E402
 from peer_contenders import MAKERS, Store, Transitions, frames_source, rate  # noqa: E402
 
 CONTENDERS = tuple(MAKERS)
-ON_DISK = ("torchrl", "replaystore")
+ON_DISK = ("torchrl", "torchrl-replaystore", "replaystore")
 
 
 # -------------------------------------------------------------------------------------------------

@@ -170,6 +170,47 @@ class TorchRL(Contender):
         return self.rb.sample()
 
 
+class TorchRLCompressed(TorchRL):
+    """TorchRL's in-RAM ``CompressedListStorage`` (each transition's TensorDict compressed), filled as
+    ``torchrl`` is."""
+
+    name = "torchrl-compressed"
+
+    def finish(self):
+        pass
+
+    def reopen(self, fresh: bool = False):
+        if not fresh:
+            raise TypeError("CompressedListStorage keeps its buffer in RAM: there is nothing on disk to reopen")
+        from torchrl.data import CompressedListStorage, TensorDictReplayBuffer
+
+        self.storage = CompressedListStorage(self.n)
+        self.rb = TensorDictReplayBuffer(storage=self.storage, batch_size=32)
+
+
+class TorchRLStore(TorchRL):
+    """TorchRL's ``TensorDictReplayBuffer`` on ``ReplayStoreStorage`` (a replay store, each frame once),
+    filled as ``torchrl`` is: TorchRL's own layer over the store's sampling."""
+
+    name = "torchrl-replaystore"
+
+    def load(self):
+        super().load()
+        import replaystore.integrations.torchrl.storage  # noqa: F401
+
+    def finish(self):
+        self.storage.close()
+
+    def reopen(self, fresh: bool = False):
+        from torchrl.data import TensorDictReplayBuffer
+
+        from replaystore.integrations.torchrl import ReplayStoreStorage
+
+        self.storage = ReplayStoreStorage(self.where / "rb.zarr", max_size=self.n, observation_key="pixels",
+                                          streams=1, overwrite=fresh)
+        self.rb = TensorDictReplayBuffer(storage=self.storage, batch_size=32)
+
+
 class Cpprb(Contender):
     name = "cpprb"
 
@@ -270,7 +311,9 @@ class Store(Contender):
             return rate(lambda: next(feed).release(), batches, self.per_block, warmup=warmup)
 
 
-MAKERS: dict[str, type[Contender]] = {"torchrl": TorchRL, "cpprb": Cpprb, "sb3": SB3, "replaystore": Store}
+MAKERS: dict[str, type[Contender]] = {"torchrl": TorchRL, "torchrl-compressed": TorchRLCompressed,
+                                      "torchrl-replaystore": TorchRLStore, "cpprb": Cpprb, "sb3": SB3,
+                                      "replaystore": Store}
 
 
 def rate(take: Callable[[], object], batches: int, per_call: int = 1, *, warmup: int = 0) -> float:

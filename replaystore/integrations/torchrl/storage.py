@@ -188,8 +188,10 @@ def _define(torch: Any, TensorDict: Any, is_tensor_collection: Any, StorageCheck
 
 
 def _index(index: Any, size: int, *, stop: int | None = None) -> np.ndarray:
-    """TorchRL's index (an int, a slice, a range, a list, a tensor or array of ints, or a bool mask)
-    as an int64 array."""
+    """TorchRL's index (an int, a slice, a range, a list, a tensor or array of ints, a bool mask, or a
+    tuple of one of those: a sampler's index per storage dimension, here one) as an int64 array."""
+    if isinstance(index, tuple) and len(index) == 1:
+        index = index[0]
     if isinstance(index, slice):
         return np.arange(*index.indices(size if stop is None else stop), dtype=np.int64)
     if isinstance(index, range):
