@@ -231,6 +231,10 @@ def test_bad_input_is_refused_in_one_line_and_leaves_the_store_as_it_was(tmp_pat
         storage.set(torch.arange(2), cartpole[1][:6].reshape(2, 3))
     with pytest.raises(ConfigError, match="not a ReplayStoreStorage checkpoint"):
         storage.loads(tmp_path)
+    from torchrl.data.replay_buffers.checkpointers import FlatStorageCheckpointer
+
+    with pytest.raises(ConfigError, match="its own checkpointer"):
+        storage.checkpointer = FlatStorageCheckpointer()
     assert_same(before, rb[:])
     assert storage.store.added == added
     with pytest.raises(ConfigError, match="max_size"):

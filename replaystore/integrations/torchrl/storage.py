@@ -99,6 +99,20 @@ def _define(torch: Any, TensorDict: Any, is_tensor_collection: Any, StorageCheck
             self.initialized = self.records.store is not None
 
         @property
+        def checkpointer(self) -> Any:
+            return self._checkpointer
+
+        @checkpointer.setter
+        def checkpointer(self, value: Any) -> None:
+            if value is None:
+                value = Checkpointer()
+            if not isinstance(value, Checkpointer):
+                raise ConfigError(f"ReplayStoreStorage checkpoints with its own checkpointer, not "
+                                  f"{type(value).__name__}: the store on disk holds the transitions, and "
+                                  "rb.dumps(dir) records where it is; leave checkpointer out")
+            self._checkpointer = value
+
+        @property
         def store(self) -> Any:
             """The ``ReplayStore`` underneath (None until the first transitions are written)."""
             return self.records.store
