@@ -6,7 +6,7 @@ it keeps nothing in a TensorDict: ``set`` hands the collector's TensorDicts to `
 leaves and ``get`` builds a TensorDict from the transitions the store returns, on ``device``.
 
 Checkpoints: the store on disk is the storage's whole state, so ``dumps(path)`` (and a replay
-buffer's ``rb.dumps``, and TorchRL's checkpointers, which call it) flushes the store and writes one
+buffer's ``rb.dumps``, which calls it) flushes the store and writes one
 small JSON file, ``replaystore.json``: the store's path and how many transitions were written;
 ``loads`` reopens that store and takes back TorchRL's indices as they were at ``dumps`` (transitions
 written after it stay in the store unindexed, and are overwritten in time).
