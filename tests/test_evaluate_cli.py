@@ -64,6 +64,7 @@ def test_a_running_run_is_evaluated_and_nothing_is_written_into_it(tmp_path: Pat
     assert _listing(run) == before
 
 
+@pytest.mark.slow  # ~25 s: a trainer run, then its first game encoded twice (the default run keeps the other --evaluate tests)
 def test_the_first_game_is_recorded_as_mp4_and_gif(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A Pong run, evaluated on games cut at 400 frames (100 moves): the videos hold the screen after
     the reset and after each move of the first game, Atari's 210x160 in colour, at 15 frames a second."""

@@ -134,6 +134,7 @@ def test_sigkill_resume_with_buffer(tmp_path):
     assert sample.observations.shape == (32, 4)
 
 
+@pytest.mark.slow  # ~20 s: a child process importing SB3, then the buffer, with TensorFlow installed
 def test_sb3_imported_before_the_buffer_with_tensorflow_installed(tmp_path):
     """SB3 imported first loads TensorFlow (through tensorboard, where it is installed); torch then
     loading triton at the first Adam step would abort the process (both bundle LLVM). The buffer
