@@ -221,6 +221,8 @@ def test_bad_input_is_refused_in_one_line_and_leaves_the_store_as_it_was(tmp_pat
     storage = ReplayStoreStorage(path, max_size=100)
     with pytest.raises(ConfigError, match="observation_key"):
         storage.set(torch.arange(60), cartpole[0].exclude("observation"))
+    with pytest.raises(ConfigError, match="cannot be kept"):
+        storage.set(torch.arange(60), cartpole[0].clone().set("a key", torch.zeros(60)))
     assert not path.exists()
     rb = TensorDictReplayBuffer(storage=storage, batch_size=4)
     rb.extend(cartpole[0].clone())

@@ -25,7 +25,7 @@ def leaf_name(key: Key) -> str:
     name = LEAF + ".".join(key)
     if not all(_PART.fullmatch(part) for part in key) or not NAME.fullmatch(name):
         raise ConfigError(f"the key {key!r} cannot be kept in a replay store (its parts must be letters, digits, _ "
-                          f"and -, {NAME.pattern[-8:-1]} characters in all with the 'td.' prefix); exclude it "
+                          "and -, at most 64 characters in all with the 'td.' prefix and the dots); exclude it "
                           "before extend (td.exclude(...)) or rename it")
     return name
 
