@@ -96,6 +96,23 @@ def both(tmp_path: Path, max_size: int, *, sampler: Any = None, **rb: Any) -> tu
     return memmap, ours
 
 
+def fill(batches: list[Any], *buffers: Any) -> None:
+    """Each batch into each buffer (a copy each: TensorDictReplayBuffer writes ``index`` into it)."""
+    for data in batches:
+        for rb in buffers:
+            rb.extend(data.clone())
+
+
+def sampled_alike(a: Any, b: Any, n: int) -> tuple[Any, Any]:
+    """A batch from each buffer with the same seeds, asserted the same."""
+    seed(n)
+    x = a.sample()
+    seed(n)
+    y = b.sample()
+    assert_same(x, y)
+    return x, y
+
+
 def test_a_collectors_transitions_come_back_as_lazy_memmap_gives_them(tmp_path: Path, cartpole: list[Any]) -> None:
     memmap, ours = both(tmp_path, 250, batch_size=16)
     for data in cartpole:  # 600 transitions of 3 envs into 250 places: the buffer wraps
@@ -103,10 +120,7 @@ def test_a_collectors_transitions_come_back_as_lazy_memmap_gives_them(tmp_path: 
     assert len(memmap) == len(ours) == 250
     assert_same(memmap[:], ours[:])
     for _ in range(3):  # the same draws from both (TorchRL's RandomSampler)
-        seed(7)
-        a = memmap.sample()
-        seed(7)
-        assert_same(a, ours.sample())
+        sampled_alike(memmap, ours, 7)
     store = ours.storage.store
     assert store.schema.num_streams == 3  # one stream per env, counted in the first batch
     assert {e.name for e in store.schema.extras} >= {"td.next.reward", "td.collector.traj_ids", "rb.index"}
@@ -114,9 +128,7 @@ def test_a_collectors_transitions_come_back_as_lazy_memmap_gives_them(tmp_path: 
 
 def test_catframes_stacks_are_stored_a_frame_a_step_and_rebuilt_exactly(tmp_path: Path) -> None:
     memmap, ours = both(tmp_path, 300, batch_size=8)
-    for data in pong_batches():
-        memmap.extend(data.clone())
-        ours.extend(data.clone())
+    fill(pong_batches(), memmap, ours)
     assert_same(memmap[:], ours[:])
     store = ours.storage.store
     assert store.frame_stack == 4 and store.schema.observation.shape == (1, 84, 84)
@@ -133,15 +145,9 @@ def test_prioritized_sampling_and_rb_dumps_loads(tmp_path: Path, cartpole: list[
         return PrioritizedSampler(250, alpha=0.7, beta=0.5)
 
     memmap, ours = both(tmp_path, 250, sampler=prioritized, batch_size=16)
-    for data in cartpole:
-        memmap.extend(data.clone())
-        ours.extend(data.clone())
+    fill(cartpole, memmap, ours)
     for step in range(3):
-        seed(step)
-        a = memmap.sample()
-        seed(step)
-        b = ours.sample()
-        assert_same(a, b)
+        a, b = sampled_alike(memmap, ours, step)
         priority = a["next", "observation"].abs().sum(-1) + 0.1
         memmap.update_priority(a["index"], priority)
         ours.update_priority(b["index"], priority)
@@ -151,10 +157,7 @@ def test_prioritized_sampling_and_rb_dumps_loads(tmp_path: Path, cartpole: list[
     again = TensorDictReplayBuffer(storage=ReplayStoreStorage(tmp_path / "rb.zarr", max_size=250),
                                    sampler=prioritized(), batch_size=16)
     again.loads(tmp_path / "checkpoint")
-    seed(11)
-    a = memmap.sample()
-    seed(11)
-    assert_same(a, again.sample())
+    sampled_alike(memmap, again, 11)
     assert_same(memmap[:], again[:])
 
 
@@ -163,14 +166,9 @@ def test_slice_sampler_windows_equal_lazy_memmaps(tmp_path: Path, cartpole: list
     """SliceSampler finds the trajectories from the collector's ids or the done flags (it reads the
     whole storage to do so: every transition decoded, see docs/torchrl.md)."""
     memmap, ours = both(tmp_path, 250, sampler=lambda: SliceSampler(slice_len=8, **where), batch_size=32)
-    for data in cartpole:
-        memmap.extend(data.clone())
-        ours.extend(data.clone())
+    fill(cartpole, memmap, ours)
     for step in range(3):
-        seed(step)
-        a = memmap.sample()
-        seed(step)
-        assert_same(a, ours.sample())
+        sampled_alike(memmap, ours, step)
 
 
 def test_reopening_the_store_resumes_and_loads_goes_back_to_dumps(tmp_path: Path, cartpole: list[Any]) -> None:

@@ -333,7 +333,7 @@ class Records:
         at = self.positions[flat]
         if (at < 0).any():
             raise SampleError(f"index {int(flat[at < 0][0])} holds no transition (the storage holds {self.length})")
-        batch = store.sample(max(flat.size, 1), sampler=_At(at)) if flat.size else None
+        batch = store.sample(flat.size, sampler=_At(at)) if flat.size else None
         lead = index.shape
         out: Leaves = {}
         if batch is None:

@@ -181,7 +181,7 @@ def _define(torch: Any, TensorDict: Any, is_tensor_collection: Any, StorageCheck
                 ok = (idx >= 0) & (idx < len(self))
                 ok[ok] = self.records.positions[idx[ok]] >= 0
                 return torch.as_tensor(ok, device=item.device)
-            raise NotImplementedError(f"type {type(item)} is not supported yet.")
+            raise TypeError(f"contains takes an int or a tensor of ints, not {type(item).__name__}")
 
         def close(self) -> None:
             """Commit what was written and close the store (it is also closed at exit)."""
