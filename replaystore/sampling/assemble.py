@@ -5,7 +5,10 @@ at the start of an episode by repeating its first frame: what gymnasium's
 ``FrameStackObservation(env, frame_stack, padding_type="reset")`` showed the agent. ``next_obs[i]`` is
 the stack at the step ``m`` moves later (``m = n_step``, or fewer if the episode ended first).
 ``reward`` is ``sum_j gamma**j * r[t+j]`` over those moves and ``discount`` is ``gamma**m``, or 0 when
-the last move terminated (a truncation bootstraps from the stored last observation).
+the last move terminated (a truncation bootstraps from the stored last observation). The sum is
+Dopamine's, bit for bit (its DQN Replay Dataset imports as a store: integrations/dopamine): each
+``gamma**j`` computed in float64 and rounded to float32, each product rounded to float32, the
+products summed in float64 and the sum rounded to float32.
 Every frame a batch needs is fetched once, through one ``FrameReader`` plan. ``prepare`` reads the
 ring (call it under the store's lock); ``Pending.finish`` decodes the frames (no lock needed).
 ``prepare(..., batches=K)`` prepares K batches at once (the prefetcher's blocks): the ring is read
@@ -76,12 +79,12 @@ def prepare(ring: Rings, reader: FrameReader, positions: np.ndarray, *, n_step: 
         j = np.arange(n_step, dtype=np.int64)
         within = j[None, :] < m[:, None]
         steps = ring.slots(positions[:, None] + np.minimum(j[None, :], m[:, None] - 1))
-        disc = np.float32(gamma) ** j.astype(np.float32)
+        disc = (float(gamma) ** j.astype(np.float64)).astype(np.float32)  # (as Dopamine's buffer: see below)
         reward = (ring.reward[steps] * disc[None, :] * within).sum(axis=1, dtype=np.float64).astype(np.float32)
         last_slots = ring.slots(positions + m - 1)
     terminated = ring.terminated[last_slots].copy()
     truncated = ring.truncated[last_slots].copy()
-    discount = np.where(terminated, np.float32(0.0), np.float32(gamma) ** m.astype(np.float32)).astype(np.float32)
+    discount = np.where(terminated, 0.0, float(gamma) ** m.astype(np.float64)).astype(np.float32)
 
     # (batches, 2, n, k): per batch, one plan whose two rows are ``obs`` and ``next_obs`` (without an
     # ``out``, one contiguous output split without a copy)

@@ -80,7 +80,7 @@ def npz_arrays(path: str | Path, *, budget: int, what: str = "a checkpoint") -> 
         declared = {}
         for member in archive.namelist():
             with archive.open(member) as f:
-                shape, dtype = _header(f)
+                shape, _, dtype = npy_header(f)
             if dtype.hasobject:
                 raise CorruptStoreError(f"{path}: {member} holds Python objects; {what} holds numbers only")
             declared[member] = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
@@ -93,13 +93,14 @@ def npz_arrays(path: str | Path, *, budget: int, what: str = "a checkpoint") -> 
                 yield member.removesuffix(".npy"), np.lib.format.read_array(f, allow_pickle=False)
 
 
-def _header(f: Any) -> tuple[tuple[int, ...], np.dtype]:
-    """An ``.npy`` stream's declared shape and dtype (ValueError when it is not one)."""
+def npy_header(f: Any) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """An ``.npy`` stream's declared shape, Fortran order and dtype, read by numpy's header parser (a
+    literal of at most 10,000 bytes, never code); ValueError when it is not one."""
     version = np.lib.format.read_magic(f)
     if version == (1, 0):
-        shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
     elif version == (2, 0):
-        shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+        shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
     else:
         raise ValueError(f"an .npy version {version} header")
-    return tuple(int(d) for d in shape), np.dtype(dtype)
+    return tuple(int(d) for d in shape), bool(fortran), np.dtype(dtype)
