@@ -43,13 +43,14 @@ class DopamineBuffer:
         self.invalid_range = np.array([(c - self.horizon + i) % self.capacity
                                        for i in range(self.stack + self.horizon)])
 
-    def save(self, folder: Path, number: int) -> None:
+    def save(self, folder: Path, number: int, *, level: int = 9) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         members = {"$store$_observation": self.observation, "$store$_action": self.action,
                    "$store$_reward": self.reward, "$store$_terminal": self.terminal, "add_count": self.add_count,
                    "invalid_range": self.invalid_range}
         for name, array in members.items():
-            with open(folder / f"{name}_ckpt.{number}.gz", "wb") as f, gzip.GzipFile(fileobj=f, mode="wb") as out:
+            with (open(folder / f"{name}_ckpt.{number}.gz", "wb") as f,
+                  gzip.GzipFile(fileobj=f, mode="wb", compresslevel=level) as out):
                 np.save(out, array, allow_pickle=False)
 
     # ---- what the buffer samples ----------------------------------------------------------------

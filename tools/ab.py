@@ -16,10 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from harness import median, save  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -67,13 +69,13 @@ def main() -> None:
     print("|---|---|---|---|")
     summary = {}
     for key in keys:
-        a = statistics.median(r[key] for r in results["old"])
-        b = statistics.median(r[key] for r in results["new"])
+        a = median(r[key] for r in results["old"])
+        b = median(r[key] for r in results["new"])
         summary[key] = {"old": a, "new": b, "ratio": b / a if a else None}
         ratio = f"{b / a:.3f}" if a else "-"
         print(f"| {key:60s} | {a:,.4g} | {b:,.4g} | {ratio} |")
-    (HERE / "out" / "ab.json").write_text(json.dumps({"old": args.old, "command": command, "rounds": args.rounds,
-                                                        "summary": summary, "runs": results}, indent=2))
+    save(HERE / "out" / "ab.json", {"old": args.old, "command": command, "rounds": args.rounds, "summary": summary,
+                                    "runs": results})
     sys.stdout.flush()
 
 

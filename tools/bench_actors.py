@@ -22,6 +22,7 @@ import multiprocessing as mp
 import os
 import platform
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -31,6 +32,9 @@ import gymnasium as gym
 import numpy as np
 
 from replaystore import ReplayStore
+
+sys.path.insert(0, str(Path(__file__).parent))
+from harness import median  # noqa: E402
 
 
 def make_envs(n: int):
@@ -150,8 +154,8 @@ def main() -> None:
           "(r) + sampling at ratio 8 | (b)/(a) | (c)/(a) | (p)/(a) | (r)/(a) | batches/s in (c) / (p) / (r) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for n in ns:
-        a, b, c, q, r8 = (float(np.median([x[0] for x in results[(n, m)]])) for m in "abcpr")
-        bc, bp, br = (float(np.median([x[1] for x in results[(n, m)]])) for m in "cpr")
+        a, b, c, q, r8 = ((median([x[0] for x in results[(n, m)]])) for m in "abcpr")
+        bc, bp, br = ((median([x[1] for x in results[(n, m)]])) for m in "cpr")
         print(f"| {n} | {a:,.0f} | {b:,.0f} | {c:,.0f} | {q:,.0f} | {r8:,.0f} | {b / a:.2f} | {c / a:.2f} | {q / a:.2f} | "
               f"{r8 / a:.2f} | {bc:,.0f} / {bp:,.0f} / {br:,.0f} |")
 

@@ -14,13 +14,17 @@ per ``add``, and what each buffer holds (SB3: its arrays in RAM; the stores: byt
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+import harness  # noqa: E402
+from harness import median, order  # noqa: E402
 
 BATCH = 256
 EPISODE = 50
@@ -121,14 +125,14 @@ def main() -> None:
                 rate(buffer, 100)  # warm: the caches filled
             times: dict[str, list[float]] = {name: [] for name in buffers}
             for r in range(args.rounds):
-                for name in (list(buffers) if r % 2 == 0 else list(buffers)[::-1]):
+                for name in order(list(buffers), r):
                     times[name].append(rate(buffers[name][0], args.calls))
-            base = float(np.median(times["SB3 DictReplayBuffer"]))
+            base = (median(times["SB3 DictReplayBuffer"]))
             print(f"\n{steps:,} transitions of FetchReach's shapes, sample({BATCH}), {args.rounds} rounds (median)",
                   flush=True)
             print(f"{'buffer':34s} {'ms per sample':>14s} {'x SB3':>7s} {'add us':>8s}  holds")
             for name, ts in times.items():
-                med = float(np.median(ts))
+                med = (median(ts))
                 held = holds(buffers[name][0])
                 print(f"{name:34s} {med:14.3f} {med / base:7.2f} {adds[name] / steps * 1e6:8.1f}  {held}")
                 results[f"{steps} {name}"] = {"ms_per_sample": ts, "median_ms": med, "x_sb3": med / base,
@@ -141,10 +145,7 @@ def main() -> None:
 
 def save(path: str | None, results: dict) -> None:
     """The results as JSON at ``path`` (None: nowhere), with the batch size, Python and the time."""
-    if path:
-        with open(path, "w") as f:
-            json.dump({"batch": BATCH, "results": results, "python": sys.version.split()[0],
-                       "when": time.strftime("%Y-%m-%d %H:%M")}, f, indent=1)
+    harness.save(Path(path) if path else None, {"batch": BATCH, "results": results})
 
 
 if __name__ == "__main__":

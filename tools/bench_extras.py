@@ -13,16 +13,17 @@ thread, after a warm-up; RAM is the store's per-step scalars (``memory_estimate`
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from atari_frames import record  # noqa: E402
+from harness import median, save  # noqa: E402
 
 CASES = {
     "no extras": None,
@@ -89,12 +90,12 @@ def main() -> None:
                 store.sample(32, rng=rng)
             sample_s[name].append((time.perf_counter() - t0) / 300)
     rows = []
-    base_add, base_sample = add_s["no extras"] / args.steps, float(np.median(sample_s["no extras"]))
+    base_add, base_sample = add_s["no extras"] / args.steps, (median(sample_s["no extras"]))
     print(f"{args.steps:,} Breakout moves, 4-frame stacks; medians of {args.rounds} rounds")
     print(f"{'store':<20} {'us/add':>8} {'x':>6} {'ms/sample(32)':>14} {'x':>6} {'scalar RAM':>12}")
     for name, store in stores.items():
         per_add = add_s[name] / args.steps
-        per_sample = float(np.median(sample_s[name]))
+        per_sample = (median(sample_s[name]))
         ram = store.memory_estimate()["scalars"]
         rows.append({"store": name, "us_per_add": per_add * 1e6, "add_ratio": per_add / base_add,
                      "ms_per_sample": per_sample * 1e3, "sample_ratio": per_sample / base_sample,
@@ -102,9 +103,7 @@ def main() -> None:
         print(f"{name:<20} {per_add * 1e6:>8.1f} {per_add / base_add:>6.2f} {per_sample * 1e3:>14.3f} "
               f"{per_sample / base_sample:>6.2f} {ram / store.capacity:>9.0f} B/step")
         store.close()
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"steps": args.steps, "rounds": args.rounds, "rows": rows}, f, indent=2)
+    save(Path(args.json) if args.json else None, {"steps": args.steps, "rounds": args.rounds, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
 from bench_dict_obs import BATCH, fill, holds, rate, record, save, spaces  # noqa: E402
+from harness import median, order  # noqa: E402
 
 
 class Walk:
@@ -95,14 +96,14 @@ def sampling(args: argparse.Namespace, results: dict) -> None:
                 rate(buffer, 50)  # warm: the caches filled
             times: dict[str, list[float]] = {name: [] for name in contenders}
             for r in range(args.rounds):
-                for name in (list(contenders) if r % 2 == 0 else list(contenders)[::-1]):
+                for name in order(list(contenders), r):
                     times[name].append(rate(contenders[name], args.calls))
-            base = float(np.median(times["SB3 HerReplayBuffer"]))
+            base = (median(times["SB3 HerReplayBuffer"]))
             print(f"\n{steps:,} transitions of FetchReach's shapes, sample({BATCH}) with 80% relabelled (future), "
                   f"{args.rounds} rounds (median)", flush=True)
             print(f"{'buffer':34s} {'ms per sample':>14s} {'x SB3':>7s} {'add us':>8s}  holds")
             for name, ts in times.items():
-                med = float(np.median(ts))
+                med = (median(ts))
                 held = holds(contenders[name]) if name in adds else "(the store above)"
                 add = f"{adds[name] / steps * 1e6:8.1f}" if name in adds else f"{'':8s}"
                 print(f"{name:34s} {med:14.3f} {med / base:7.2f} {add}  {held}")
@@ -161,9 +162,9 @@ def lengths(args: argparse.Namespace, results: dict) -> None:
                 rate(c, 30)
             times: dict[str, list[float]] = {name: [] for name in contenders}
             for r in range(args.rounds):
-                for name in (list(contenders) if r % 2 == 0 else list(contenders)[::-1]):
+                for name in order(list(contenders), r):
                     times[name].append(rate(contenders[name], args.calls))
-            med = {name: float(np.median(ts)) for name, ts in times.items()}
+            med = {name: (median(ts)) for name, ts in times.items()}
             print(f"{length:16,d} {med['SB3 HER']:9.3f} {med['ours HER']:9.3f} {med['store HER']:10.3f} "
                   f"{med['store uniform']:14.3f}", flush=True)
             results[f"lengths {length}"] = {"ms_per_sample": times, "median_ms": med}

@@ -9,7 +9,6 @@ Run: python tools/bench_layout.py [--transitions 20000]. Writes tools/out/bench_
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import time
@@ -19,6 +18,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 from atari_frames import OUT, record, replay_into  # noqa: E402
+from harness import save  # noqa: E402
 
 from replaystore import CodecSpec, Layout, ReplayStore  # noqa: E402
 
@@ -83,7 +83,7 @@ def main() -> None:
         results.append({"codec": name, "chunk_len": chunk_len, "shard_len": shard_len, **r})
         print(f"{name:14s} {chunk_len:5d} {shard_len:5d} {r['ratio']:6.1f} {r['mb_per_1m_frames']:12.1f} "
               f"{r['write_transitions_per_s']:10.0f} {r['batches_per_s']:9.0f}")
-    (OUT / "bench_layout.json").write_text(json.dumps(results, indent=2))
+    save(OUT / "bench_layout.json", results)
     shutil.rmtree(OUT / "bench_layout.zarr", ignore_errors=True)
 
 

@@ -32,7 +32,6 @@ import json
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,6 +40,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 from atari_frames import OUT, record, replay_into  # noqa: E402
+from harness import child as run_child  # noqa: E402
+from harness import median, save  # noqa: E402
 
 STORE = OUT / "bench_learner.zarr"
 BATCH = 32
@@ -122,7 +123,7 @@ def child(args: argparse.Namespace) -> dict:
         fed.append(rate(fed_call, args.seconds))
     learning.close()
     store.close()
-    return {"backend": backend, "bound": float(np.median(bound)), "fed": float(np.median(fed)),
+    return {"backend": backend, "bound": (median(bound)), "fed": (median(fed)),
             "steps_per_call": per_call}
 
 
@@ -172,14 +173,10 @@ def main() -> None:
         for k in args.steps_per_call.split(","):
             cmd = [sys.executable, __file__, "--child", "--seconds", str(args.seconds), "--rounds", str(args.rounds),
                    "--steps-per-call", k, "--threads", str(args.threads)]
-            out = subprocess.run(cmd, capture_output=True, text=True, check=False,
-                                 env={**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3"})
-            if out.returncode != 0:
-                raise SystemExit(f"{backend} failed:\n{out.stderr[-3000:]}")
-            rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            rows.append(run_child(cmd[1:], env={"KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3"}))
             print(f"{backend}: {rows[-1]}", flush=True)
-    args.json.write_text(json.dumps({f"{r['backend']}/k{r['steps_per_call']}": {
-        "bound": r["bound"], "fed": r["fed"], "fed_over_bound": r["fed"] / r["bound"]} for r in rows}, indent=1) + "\n")
+    save(args.json, {f"{r['backend']}/k{r['steps_per_call']}": {
+        "bound": r["bound"], "fed": r["fed"], "fed_over_bound": r["fed"] / r["bound"]} for r in rows})
     print(f"\nmachine: {os.cpu_count()} cores, {platform.processor() or platform.machine()}; batch {BATCH}, "
           f"median of {args.rounds} rounds of {args.seconds:.0f} s")
     print("| backend | steps per call | bound: fixed batch, steps/s | fed by the store, steps/s | fed / bound |")

@@ -19,10 +19,8 @@ Needs tools/out/ space for the dataset (28 KB a step) and ``pip install 'replays
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 import warnings
@@ -32,6 +30,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 from atari_frames import OUT, record  # noqa: E402
+from harness import child as run_child  # noqa: E402
+from harness import median, save  # noqa: E402
 
 BATCH = 32
 DATASET = "bench/breakout-stacks-v0"
@@ -73,7 +73,8 @@ def make_dataset(steps: int) -> None:
 
 
 CHILD = r"""
-import json, sys, time
+import sys, time
+from harness import report
 from replaystore.integrations.minari import store_from_minari, minari_from_store
 what, a, b = sys.argv[1:4]
 t = time.perf_counter()
@@ -84,16 +85,12 @@ else:
     r = minari_from_store(a, b, stacks=what == "export-stacks")
     out = {"moves": r.moves, "episodes": r.episodes}
 out["seconds"] = time.perf_counter() - t
-# VmHWM, not ru_maxrss: Linux carries ru_maxrss over an exec from the process that forked it
-out["peak_rss_mb"] = int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) / 1024
-print(json.dumps(out))
+report(out)  # (with its peak RSS: VmHWM)
 """
 
 
 def child(*args: str) -> dict:
-    done = subprocess.run([sys.executable, "-c", CHILD, *args], capture_output=True, text=True, check=True,
-                          env=os.environ)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_child(args, code=CHILD)
 
 
 def du(path: Path) -> int:
@@ -166,7 +163,7 @@ def main() -> int:
                     else h5_rate(root / DATASET / "data", args.seconds, rng))
             rates[name].append(rate)
     result["sampling"] = rates
-    s, h = np.median(rates["store"]), np.median(rates["hdf5"])
+    s, h = median(rates["store"]), median(rates["hdf5"])
     print(f"sampling {BATCH} transitions, one thread, {args.rounds} rounds: store {s:,.0f} batches/s "
           f"({', '.join(f'{x:,.0f}' for x in rates['store'])}), HDF5 row reads {h:,.0f} "
           f"({', '.join(f'{x:,.0f}' for x in rates['hdf5'])}): {s / h:.1f}x; the dataset in RAM as arrays: "
@@ -179,7 +176,7 @@ def main() -> int:
               f"peak RSS {x['peak_rss_mb']:,.0f} MB, {x['bytes'] / 1e6:,.0f} MB of HDF5")
     shutil.rmtree(root / "back", ignore_errors=True)
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+        save(args.json, result)
     return 0
 
 

@@ -30,7 +30,6 @@ cores with the benchmark, as a local MinIO or SeaweedFS would.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import shutil
@@ -45,6 +44,7 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 from atari_frames import OUT, record, replay_into  # noqa: E402
+from harness import order, save  # noqa: E402
 
 BATCH = 32
 BUCKET = "bench"
@@ -229,7 +229,7 @@ def main() -> None:
         writes: dict[str, list[float]] = {}
         for r in range(0 if args.skip_writing else args.rounds):
             for n in (1, 2, 4):
-                for name in (("local", "s3") if r % 2 == 0 else ("s3", "local")):
+                for name in order(("local", "s3"), r):
                     where = str(root / f"w{n}.zarr") if name == "local" else f"s3://{BUCKET}/w{n}-{r}/replay.zarr"
                     per = writing(where, n, 1_000_000, args.seconds, args.writer_record)
                     writes.setdefault(f"{name} x{n}", []).append(per)
@@ -272,7 +272,7 @@ def main() -> None:
     for name, value in ratios.items():
         print(f"ratio {name:52s} {value:6.2f}")
     results["ratios"] = ratios
-    (OUT / "bench_object_store.json").write_text(json.dumps(results, indent=2))
+    save(OUT / "bench_object_store.json", results)
 
 
 if __name__ == "__main__":

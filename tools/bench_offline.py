@@ -29,7 +29,6 @@ network bounds both; the figure that differs is the RAM.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -37,6 +36,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from harness import child, save  # noqa: E402
 
 OUT = Path(__file__).parent / "out"
 DATASETS = {"random": 1.0, "noisy": 0.5, "expert": 0.1}
@@ -111,6 +113,7 @@ def learn(args: argparse.Namespace) -> dict:
 CHILD = r"""
 import json, os, sys, time
 import numpy as np
+from harness import report
 import keras
 from replaystore.trainer import nature_cnn
 
@@ -157,9 +160,7 @@ else:
         learner.train_block(block)
         times.append(time.perf_counter())
 rate = (len(times) - 1) * K / (times[-1] - times[0])
-peak = int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) / 1024
-print(json.dumps({"steps_per_s": rate, "peak_rss_mb": peak, "load_s": loaded_s,
-                  "total_s": time.perf_counter() - t_start}))
+report({"steps_per_s": rate, "load_s": loaded_s, "total_s": time.perf_counter() - t_start})
 """
 
 
@@ -179,11 +180,7 @@ def ram(args: argparse.Namespace) -> dict:
     results: dict = {"moves": args.atari_moves, "steps": args.atari_steps, "dataset_mb": dataset_mb,
                      "store_mb": store_mb}
     for how in ("store", "ram"):
-        done = subprocess.run([sys.executable, "-c", CHILD, how, str(store), str(args.atari_steps)], env=env,
-                              capture_output=True, text=True)
-        if done.returncode:
-            raise SystemExit(done.stderr[-3000:])
-        results[how] = json.loads(done.stdout.strip().splitlines()[-1])
+        results[how] = child([how, str(store), str(args.atari_steps)], code=CHILD, env=env)
     s, r = results["store"], results["ram"]
     print(f"\nBreakout, {args.atari_moves:,} moves of (4, 84, 84) stacks (Minari HDF5 {dataset_mb:,.0f} MB, "
           f"store {store_mb:,.1f} MB); Nature CNN + CQL on TensorFlow, {args.atari_steps} gradient steps")
@@ -211,8 +208,7 @@ def main() -> int:
         results["learn"] = learn(args)
     if args.part in ("ram", "all"):
         results["ram"] = ram(args)
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+    save(args.json, results)
     return 0
 
 

@@ -25,7 +25,6 @@ is built once; ``--reuse`` skips that).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -37,6 +36,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 from atari_frames import OUT, record, replay_into  # noqa: E402
+from harness import save  # noqa: E402
 
 STORE = OUT / "bench_out_of_core.zarr"
 BATCH = 32
@@ -258,7 +258,7 @@ def main() -> None:
     out = {"transitions": args.transitions, "frames_mb": frames_bytes / 2**20, "cache_mb": cache / 2**20,
            "write_transitions_per_s": write_rate, "runs": results, "adds_alone_per_s": adds_alone,
            "adds_while_sampling_per_s": adds_sampled, "processes_batches_per_s": procs, "ratios": ratios}
-    (OUT / "bench_out_of_core.json").write_text(json.dumps(out, indent=2))
+    save(OUT / "bench_out_of_core.json", out)
 
 
 if __name__ == "__main__":

@@ -37,8 +37,8 @@ is the env wrapper's work, not the buffer's. Measured per contender:
 - batches of 32 per second, cold: a fresh process drops the buffer's files from the page cache
   (``POSIX_FADV_DONTNEED`` on each, checked with ``fincore``), opens the buffer again and times its
   first ``--cold-batches`` batches (disk-backed contenders only);
-- peak RSS of each process (``ru_maxrss``), its RSS before the buffer existed, and RssAnon/RssFile
-  at the end (a memory map's resident pages count as file RSS: reclaimable, but counted).
+- peak RSS of each process (VmHWM, tools/harness.py), its RSS before the buffer existed, and
+  RssAnon/RssFile at the end (a memory map's resident pages count as file RSS: reclaimable, but counted).
 
 Each batch is materialised: obs and next obs stacks, action, reward, done, as the library returns
 them (numpy arrays or torch tensors). Rounds alternate the order of the contenders. The VM's
@@ -52,7 +52,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -62,6 +61,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from atari_frames import OUT  # noqa: E402
+from harness import child as run_child  # noqa: E402
+from harness import memory, order, report, save  # noqa: E402
 from peer_contenders import MAKERS, Store, Transitions, frames_source, rate  # noqa: E402
 
 CONTENDERS = tuple(MAKERS)
@@ -70,14 +71,6 @@ ON_DISK = ("torchrl", "torchrl-replaystore", "replaystore")
 
 # -------------------------------------------------------------------------------------------------
 # Measuring, in the child
-
-
-def memory() -> dict[str, float]:
-    out = {}
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(("VmRSS:", "RssAnon:", "RssFile:")):
-            out[line.split(":")[0]] = int(line.split()[1]) / 1024
-    return out
 
 
 def disk_bytes(where: Path) -> int:
@@ -110,8 +103,7 @@ def drop_cache(where: Path) -> dict[str, int]:
 
 
 def finish_memory(out: dict) -> dict:
-    out.update({f"end_{k}_mb": v for k, v in memory().items()})
-    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out.update({f"end_{k}_mb": v for k, v in memory().items() if k != "VmHWM"})
     return out
 
 
@@ -170,10 +162,7 @@ def read_ahead(where: Path) -> str:
 
 
 def child(args: list[str]) -> dict:
-    done = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"{args} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_child([__file__, *args])
 
 
 def table(results: list[dict]) -> str:
@@ -221,7 +210,7 @@ def main() -> None:
             res = fill(name, where, Path(args.child[3]), Path(args.child[4]), args.transitions, args.batches)
         else:
             res = cold(name, where, args.transitions, args.cold_batches)
-        print(json.dumps(res))
+        report(res)
         return
     raw, rows = frames_source(args.transitions)
     args.dir.mkdir(parents=True, exist_ok=True)
@@ -230,8 +219,7 @@ def main() -> None:
           flush=True)
     results = []
     for rnd in range(args.rounds):
-        order = args.only if rnd % 2 == 0 else args.only[::-1]
-        for name in order:
+        for name in order(args.only, rnd):
             where = Path(tempfile.mkdtemp(prefix=f"peers-{name}-", dir=args.dir))
             try:
                 common = [f"--transitions={args.transitions}", f"--batches={args.batches}",
@@ -249,9 +237,7 @@ def main() -> None:
     print()
     print(table(results))
     print(f"\nread-ahead: {ra}")
-    if args.json:
-        args.json.write_text(json.dumps({"transitions": args.transitions, "read_ahead": ra, "results": results,
-                                         "when": time.strftime("%Y-%m-%d %H:%M")}, indent=1))
+    save(args.json, {"transitions": args.transitions, "read_ahead": ra, "results": results})
 
 
 if __name__ == "__main__":

@@ -29,10 +29,8 @@ store when it exists, and with it the write rate).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,6 +39,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 from atari_frames import OUT, record, replay_into
+from harness import child, report, save
 from sampling_contenders import (
     STACK,
     STORE,
@@ -49,7 +48,6 @@ from sampling_contenders import (
     child_sequences,
     child_store,
     child_tfdata,
-    peak_rss_mb,
 )
 
 #: Pause after each round's ring runs (see ``main``).
@@ -89,10 +87,7 @@ def spawn(args: argparse.Namespace, kind: str, threads: int, *extra: str) -> dic
            "--transitions", str(args.transitions), "--record", str(args.record),
            "--deque-transitions", str(args.deque_transitions), "--batches-per-call", str(args.batches_per_call),
            *extra]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if out.returncode != 0:
-        raise SystemExit(f"{kind} x{threads} failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return child(cmd[1:])
 
 
 #: The quick mode's rows: (name, child kind, threads, extra arguments). Sequences of 16 and 64 moves
@@ -135,7 +130,7 @@ def quick(args: argparse.Namespace) -> None:
         print(f"ratio {name:52s} {value:6.2f}")
     out = {"replaystore": replaystore.__file__, "seconds": args.seconds, "rounds": args.rounds, "runs": runs,
            "ratios": ratios}
-    (OUT / "bench_sampling_quick.json").write_text(json.dumps(out, indent=2))
+    save(OUT / "bench_sampling_quick.json", out)
     print(f"\nwrote {OUT / 'bench_sampling_quick.json'}")
 
 
@@ -172,8 +167,7 @@ def main() -> None:
         else:
             result = child_tfdata(args.threads, args.seconds, args.batches_per_call, kind == "tfdata-bridge",
                                   kind == "tfdata-graph", False if kind == "tfdata-threads" else None)
-        result["peak_rss_mb"] = peak_rss_mb()
-        print(json.dumps(result))
+        report(result)
         return
 
     if args.quick:
@@ -294,7 +288,7 @@ def main() -> None:
     results["store_vs_ring_per_round"] = store_vs_ring
     print("store / ring within each round: " +
           "; ".join(f"{name} {' '.join(f'{v:.3f}' for v in values)}" for name, values in store_vs_ring.items()))
-    (OUT / "bench_sampling.json").write_text(json.dumps(results, indent=2))
+    save(OUT / "bench_sampling.json", results)
     print(f"\nwrote {OUT / 'bench_sampling.json'}")
 
 

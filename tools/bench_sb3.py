@@ -23,15 +23,17 @@ wall time of the whole run.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from harness import child, median, order, save  # noqa: E402
 
 CHILD = r"""
-import json, os, resource, sys, time, warnings
+import json, os, sys, time, warnings
+from harness import report
 from replaystore.integrations.sb3 import ReplayStoreBuffer  # first: loads triton before tensorflow (sb3.py)
 from stable_baselines3 import DQN
 from stable_baselines3.common.env_util import make_atari_env
@@ -67,9 +69,9 @@ if which != "sb3":
     rb.flush()
     for root, _, files in os.walk(path):
         disk += sum(os.path.getsize(os.path.join(root, f)) for f in files)
-print(json.dumps({"which": which, "buffer_size": buffer_size, "steps": model.num_timesteps, "updates": model._n_updates, "seconds": took,
-                  "env_sps": model.num_timesteps / took, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                  "held": held, "allocated_bytes": allocated, "disk_bytes": disk, "warning": warning}))
+report({"which": which, "buffer_size": buffer_size, "steps": model.num_timesteps, "updates": model._n_updates,
+        "seconds": took, "env_sps": model.num_timesteps / took, "held": held, "allocated_bytes": allocated,
+        "disk_bytes": disk, "warning": warning})
 """
 
 CARTPOLE = r"""
@@ -119,10 +121,7 @@ print(json.dumps({"which": which, "seed": seed, "curve": curve, "seconds": time.
 
 
 def run_child(code: str, args: list[str]) -> dict:
-    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"{args[0]} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return child(args, code=code)
 
 
 def main() -> None:
@@ -141,8 +140,7 @@ def main() -> None:
     failures: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
-            order = ["sb3", "replaystore"] if r % 2 == 0 else ["replaystore", "sb3"]
-            for which in order:
+            for which in order(["sb3", "replaystore"], r):
                 path = os.path.join(tmp, f"{which}-{r}.zarr")
                 if args.pendulum:
                     for seed in args.seeds:
@@ -174,16 +172,14 @@ def main() -> None:
         print(f"\nwall time replaystore / sb3: {took['replaystore'] / took['sb3']:.2f}")
     elif not args.cartpole:
         by = {w: [r for r in results if r["which"] == w] for w in ("sb3", "replaystore")}
-        sps = {w: sorted(r["env_sps"] for r in rs)[len(rs) // 2] for w, rs in by.items()}
+        sps = {w: median(r["env_sps"] for r in rs) for w, rs in by.items()}
         rss = {w: max(r["peak_rss_mb"] for r in rs) for w, rs in by.items()}
         per_step = 4 * 84 * 84  # SB3's optimize_memory_usage buffer: one 4-stack per step, touched as it fills
         print(f"\nenv steps/s replaystore / sb3: {sps['replaystore'] / sps['sb3']:.2f}")
         print(f"peak RSS at {args.steps:,} steps: sb3 {rss['sb3']:.0f} MB, replaystore {rss['replaystore']:.0f} MB")
         print(f"sb3's buffer at 1M steps: {1_000_000 * per_step / 1e9:.1f} GB of observations on top of the process "
               f"(warning: {by['sb3'][0]['warning']!r}; at 1M: {failures[0]['failed'] if failures else 'allocated'})")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"steps": args.steps, "results": results, "failures": failures, "when": time.strftime("%Y-%m-%d %H:%M")}, f, indent=1)
+    save(Path(args.json) if args.json else None, {"steps": args.steps, "results": results, "failures": failures})
 
 
 if __name__ == "__main__":

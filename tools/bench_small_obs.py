@@ -14,13 +14,16 @@ on each in interleaved rounds, one thread, after a warm-up that fills the caches
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from harness import median, order, save  # noqa: E402
 
 BATCH = 64
 
@@ -96,23 +99,20 @@ def main() -> None:
                 rate(buffer, 300)  # warm: the caches filled
             times: dict[str, list[float]] = {name: [] for name in buffers}
             for r in range(args.rounds):
-                for name in (list(buffers) if r % 2 == 0 else list(buffers)[::-1]):
+                for name in order(list(buffers), r):
                     times[name].append(rate(buffers[name], args.calls))
-            base = float(np.median(times["SB3 ReplayBuffer"]))
+            base = (median(times["SB3 ReplayBuffer"]))
             print(f"\n{steps:,} CartPole-v1 transitions, sample({BATCH}), {args.rounds} rounds (median)", flush=True)
             print(f"{'buffer':42s} {'ms per sample':>14s} {'x SB3':>7s} {'add us':>8s}")
             for name, ts in times.items():
-                med = float(np.median(ts))
+                med = (median(ts))
                 print(f"{name:42s} {med:14.3f} {med / base:7.2f} {adds[name] / steps * 1e6:8.1f}")
                 results[f"{steps} {name}"] = {"ms_per_sample": ts, "median_ms": med, "x_sb3": med / base,
                                               "us_per_add": adds[name] / steps * 1e6}
             for buffer in buffers.values():
                 if hasattr(buffer, "close"):
                     buffer.close()
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"batch": BATCH, "results": results, "python": sys.version.split()[0],
-                       "when": time.strftime("%Y-%m-%d %H:%M")}, f, indent=1)
+    save(Path(args.json) if args.json else None, {"batch": BATCH, "results": results})
 
 
 if __name__ == "__main__":

@@ -30,6 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).parent))
+from harness import save  # noqa: E402
+
 
 def run(backend: str, n: int, decoupled: bool, overlap: str, args: argparse.Namespace, root: Path) -> dict:
     run_dir = root / f"{backend}-{n}-{'d' if decoupled else 'l'}-{overlap}"
@@ -100,9 +103,8 @@ def main() -> None:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     if args.json:
-        args.json.write_text(json.dumps({"machine": f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}",
-                                         "steps": args.steps, "learning_starts": args.learning_starts,
-                                         "buffer_size": args.buffer_size, "rows": rows}, indent=1) + "\n")
+        save(args.json, {"steps": args.steps, "learning_starts": args.learning_starts,
+                         "buffer_size": args.buffer_size, "rows": rows})
     print(f"\nmachine: {os.cpu_count()} cores, {platform.processor() or platform.machine()}; Breakout, batch 32, "
           f"replay ratio 8, {args.steps:,} steps of learning after {args.learning_starts:,}")
     print("| backend | envs | loop | --overlap-envs | env steps/s | gradient steps/s | peak RSS MB |")

@@ -17,7 +17,6 @@ the same capacity needs, and writes JSON to tools/out/bench_train_memory.json. ~
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil
@@ -31,6 +30,8 @@ CAPACITY = 1_000_000
 FRAME_BYTES = 84 * 84
 LIMIT_MB = 3 * 1024
 OUT = Path(__file__).parent / "out"
+sys.path.insert(0, str(Path(__file__).parent))
+from harness import peak_rss_mb, save  # noqa: E402
 
 
 def fill(run_dir: Path, transitions: int) -> None:
@@ -53,7 +54,6 @@ def run(cmd: list[str]) -> tuple[float, str]:
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
     peak = 0.0
-    status = Path(f"/proc/{proc.pid}/status")
     lines: list[str] = []
 
     def echo() -> None:
@@ -65,9 +65,8 @@ def run(cmd: list[str]) -> tuple[float, str]:
     reader.start()
     while proc.poll() is None:
         try:
-            hwm = re.search(r"VmHWM:\s+(\d+) kB", status.read_text())
-            peak = max(peak, int(hwm.group(1)) / 1024 if hwm else 0.0)
-        except OSError:
+            peak = max(peak, peak_rss_mb(proc.pid))
+        except (OSError, KeyError):
             pass
         time.sleep(0.2)
     reader.join()
@@ -120,7 +119,7 @@ def main() -> int:
     print(f"\ntrainer with a full 1M store: {full_mb:,.0f} MB peak RSS, {verdict} the {LIMIT_MB:,} MB budget "
           f"({full_mb / ring_mb:.2f}x the frames-once ring's frames alone)")
     OUT.mkdir(exist_ok=True)
-    (OUT / "bench_train_memory.json").write_text(json.dumps(result, indent=2) + "\n")
+    save(OUT / "bench_train_memory.json", result)
     return 0 if full_mb <= LIMIT_MB else 1
 
 

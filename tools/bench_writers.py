@@ -21,20 +21,15 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).parent))
+from harness import child, memory, save  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
-
-
-def rss_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def one(streams: int, steps: int, capacity: int) -> dict[str, float]:
@@ -51,10 +46,10 @@ def one(streams: int, steps: int, capacity: int) -> dict[str, float]:
     n = len(frames)
     where = Path(tempfile.mkdtemp(prefix="bench_writers_"))
     try:
-        before = rss_mb()
+        before = memory()["VmRSS"]
         store = ReplayStore.create(where / "s.zarr", capacity, gym.spaces.Box(0, 255, (84, 84), np.uint8),
                                    gym.spaces.Discrete(4), 4, num_streams=streams)
-        created = rss_mb()
+        created = memory()["VmRSS"]
         offsets = np.arange(streams) * 997
         obs = frames[offsets % n]
         actions, rewards = np.zeros(streams, np.int64), np.zeros(streams, np.float32)
@@ -68,7 +63,7 @@ def one(streams: int, steps: int, capacity: int) -> dict[str, float]:
             worst = max(worst, time.perf_counter() - a)
             obs = nxt
         elapsed = time.perf_counter() - t0
-        filled = rss_mb()
+        filled = memory()["VmRSS"]
         a = time.perf_counter()
         store.flush()
         flush = time.perf_counter() - a
@@ -93,14 +88,11 @@ def main() -> int:
     results = {}
     print(f"{'streams':>7}  {'RSS created':>11}  {'RSS filled':>10}  {'agent steps/s':>13}  {'worst add':>9}  {'flush':>7}")
     for s in args.streams:
-        out = subprocess.run([sys.executable, __file__, "--one", str(s), "--steps", str(args.steps),
-                              "--capacity", str(args.capacity)],
-                             check=True, capture_output=True, text=True).stdout
-        r = results[str(s)] = json.loads(out.strip().splitlines()[-1])
+        r = results[str(s)] = child([__file__, "--one", str(s), "--steps", str(args.steps), "--capacity",
+                                     str(args.capacity)])
         print(f"{s:>7}  {r['rss_created_mb']:>8.0f} MB  {r['rss_filled_mb']:>7.0f} MB  {r['agent_steps_per_s']:>13,.0f}  "
               f"{r['worst_add_ms']:>6.0f} ms  {r['flush_ms']:>4.0f} ms", flush=True)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=1))
+    save(args.json, results)
     return 0
 
 

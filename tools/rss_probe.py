@@ -10,19 +10,13 @@ is the one tools/bench_learner.py builds; without it the feed stage is left out)
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
-
-def memory() -> dict[str, float]:
-    out = {}
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(("VmRSS:", "VmHWM:")):
-            out[line.split(":")[0]] = int(line.split()[1]) / 1024
-    return out
+sys.path.insert(0, str(Path(__file__).parent))
+from harness import memory, save  # noqa: E402
 
 
 def main() -> int:
@@ -76,7 +70,7 @@ def main() -> int:
         envs.step(np.zeros(args.envs, np.int64))
     note(f"{args.envs} Atari envs stepped")
     if args.json:
-        args.json.write_text(json.dumps(dict(stages), indent=1) + "\n")
+        save(args.json, dict(stages))
     return 0
 
 

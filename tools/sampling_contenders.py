@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import collections
 import random
-import resource
 import threading
 import time
 from pathlib import Path
@@ -27,14 +26,6 @@ def pss_mb(pid: int) -> float:
         if line.startswith("Pss:"):
             return int(line.split()[1]) / 1024
     return 0.0
-
-
-def peak_rss_mb() -> float:
-    """This process's peak RSS (VmHWM: ru_maxrss would carry over the parent's peak across exec)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 # -------------------------------------------------------------------------------------------------

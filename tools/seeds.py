@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -16,6 +15,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+from harness import median  # noqa: E402
 
 
 def parser(description: str) -> argparse.ArgumentParser:
@@ -72,7 +74,7 @@ def table(rows: list[dict[str, Any]], group: Sequence[str], *, goal: float | Non
         by_seed = {row["seed"]: row["score"] for row in members}
         scores = [by_seed[s] for s in seeds if s in by_seed]
         cells = [*map(str, name), *(f"{by_seed[s]:.1f}" if s in by_seed else "-" for s in seeds),
-                 f"{statistics.median(scores):.1f}" if scores else "-"]
+                 f"{median(scores):.1f}" if scores else "-"]
         if goal is not None:
             cells.append(f"{sum(score >= goal for score in scores)} of {len(scores)}")
         lines.append("| " + " | ".join(cells) + " |")

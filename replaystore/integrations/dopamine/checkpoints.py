@@ -110,21 +110,17 @@ def find(folder: str | Path) -> tuple[Path, list[int]]:
     return where, sorted(found)
 
 
+def added(folder: Path, number: int) -> int:
+    """Checkpoint ``number``'s ``add_count``: the rows its buffer had ever added."""
+    count = _whole(folder / f"add_count_ckpt.{number}.gz")
+    if count.size != 1 or count.dtype.kind not in "iu" or int(count.reshape(())) < 0:
+        raise CorruptStoreError(f"add_count_ckpt.{number}.gz in {folder} is {count!r}; it must be one count of rows "
+                                "added")
+    return int(count.reshape(()))
+
+
 def load(folder: Path, number: int) -> Checkpoint:
     """Checkpoint ``number`` of ``folder``: its counters, scalars and the observations' declared shape."""
-    def whole(member: str, rows: int | None = None) -> np.ndarray:
-        path = folder / f"{member}_ckpt.{number}.gz"
-        with _Opened(path) as (f, shape, dtype):
-            if rows is not None and shape != (rows,):
-                raise CorruptStoreError(f"{path} holds an array of shape {shape}; the checkpoint's ring holds "
-                                        f"{rows} rows, one value each: the checkpoint is damaged or mixes runs")
-            size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-            if size > 64 * 2**20 and rows is None:
-                raise CorruptStoreError(f"{path} declares {size:,} bytes; a counter is a few: it is not Dopamine's")
-            data = _exactly(f, size, path)
-            _at_end(f, path)
-        return np.frombuffer(data, dtype=dtype).reshape(shape)
-
     obs_path = folder / f"$store$_observation_ckpt.{number}.gz"
     with _Opened(obs_path) as (_, obs_shape, obs_dtype):
         pass
@@ -132,25 +128,34 @@ def load(folder: Path, number: int) -> Checkpoint:
         raise CorruptStoreError(f"{obs_path} holds an array of shape {obs_shape}; Dopamine's observations are "
                                 "(capacity, *frame shape)")
     cap = obs_shape[0]
-    add_count = whole("add_count")
-    invalid = whole("invalid_range")
-    if add_count.size != 1 or add_count.dtype.kind not in "iu" or int(add_count.reshape(())) < 0:
-        raise CorruptStoreError(f"add_count_ckpt.{number}.gz in {folder} is {add_count!r}; it must be one "
-                                "count of rows added")
-    count = int(add_count.reshape(()))
+    count = added(folder, number)
+    invalid = _whole(folder / f"invalid_range_ckpt.{number}.gz")
     stack, horizon = _stack_and_horizon(invalid, count, cap, f"invalid_range_ckpt.{number}.gz in {folder}")
-    action = whole("$store$_action", cap)
-    reward = whole("$store$_reward", cap)
-    terminal = whole("$store$_terminal", cap)
-    for name, values, kinds in (("action", action, "iu"), ("reward", reward, "f"), ("terminal", terminal, "iub")):
-        if values.dtype.kind not in kinds:
-            raise CorruptStoreError(f"$store$_{name}_ckpt.{number}.gz in {folder} holds {values.dtype} values; "
+    arrays = {name: _whole(folder / f"$store$_{name}_ckpt.{number}.gz", cap) for name in ("action", "reward", "terminal")}
+    for name, kinds in (("action", "iu"), ("reward", "f"), ("terminal", "iub")):
+        if arrays[name].dtype.kind not in kinds:
+            raise CorruptStoreError(f"$store$_{name}_ckpt.{number}.gz in {folder} holds {arrays[name].dtype} values; "
                                     "Dopamine's are numbers of another kind: it is not a Dopamine checkpoint")
+    terminal = arrays["terminal"]
     if ((terminal != 0) & (terminal != 1)).any():
         raise CorruptStoreError(f"$store$_terminal_ckpt.{number}.gz in {folder} holds values other than 0 and 1")
     return Checkpoint(folder=folder, number=number, add_count=count, capacity=cap, stack=stack, horizon=horizon,
-                      action=action, reward=reward.astype(np.float32, copy=False), terminal=terminal.astype(bool),
-                      frame_shape=tuple(obs_shape[1:]), frame_dtype=obs_dtype)
+                      action=arrays["action"], reward=arrays["reward"].astype(np.float32, copy=False),
+                      terminal=terminal.astype(bool), frame_shape=tuple(obs_shape[1:]), frame_dtype=obs_dtype)
+
+
+def _whole(path: Path, rows: int | None = None) -> np.ndarray:
+    """The array in ``path``, read whole: ``rows`` values, or a counter (at most 64 MB)."""
+    with _Opened(path) as (f, shape, dtype):
+        if rows is not None and shape != (rows,):
+            raise CorruptStoreError(f"{path} holds an array of shape {shape}; the checkpoint's ring holds {rows} "
+                                    "rows, one value each: the checkpoint is damaged or mixes runs")
+        size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if size > 64 * 2**20 and rows is None:
+            raise CorruptStoreError(f"{path} declares {size:,} bytes; a counter is a few: it is not Dopamine's")
+        data = _exactly(f, size, path)
+        _at_end(f, path)
+    return np.frombuffer(data, dtype=dtype).reshape(shape)
 
 
 def _stack_and_horizon(invalid: np.ndarray, count: int, cap: int, what: str) -> tuple[int, int]:

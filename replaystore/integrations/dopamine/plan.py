@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from replaystore.errors import ConfigError, CorruptStoreError
-from replaystore.integrations.dopamine.checkpoints import Checkpoint, find, load
+from replaystore.integrations.dopamine.checkpoints import Checkpoint, added, find, load
 
 
 @dataclass(frozen=True)
@@ -76,30 +76,29 @@ class RunPlan:
 def plan_run(folder: str | Path) -> RunPlan:
     """Read the scalars of every checkpoint of the run in ``folder`` and plan its steps."""
     where, numbers = find(folder)
-    loaded = [load(where, n) for n in numbers]
-    loaded = [c for c in loaded if c.add_count > 0]
-    if not loaded:
+    counts = {n: added(where, n) for n in numbers}
+    numbers = sorted((n for n in numbers if counts[n] > 0), key=lambda n: (counts[n], n))
+    if not numbers:
         raise ConfigError(f"every checkpoint in {where} is empty (add_count 0); there is nothing to import")
-    loaded.sort(key=lambda c: (c.add_count, c.number))
-    head = loaded[0]
-    for c in loaded[1:]:
+    head = load(where, numbers[0])
+    segments: list[Segment] = []
+    parts: dict[str, list[np.ndarray]] = {"action": [], "reward": [], "terminal": []}
+    starts: list[int] = []  # index (among rows taken) where each fragment starts
+    gaps: list[tuple[int, int]] = []
+    have, taken, shared = 0, 0, 0
+    tail = {name: np.zeros(0, dtype) for name, dtype in (("action", head.action.dtype), ("reward", np.float32),
+                                                          ("terminal", bool))}  # the newest rows taken
+    for number in numbers:  # one checkpoint's scalars at a time
+        c = head if number == head.number else load(where, number)
         same = (c.capacity, c.stack, c.frame_shape, c.frame_dtype) == (head.capacity, head.stack, head.frame_shape,
                                                                          head.frame_dtype)
         if not same:
             raise ConfigError(f"{c} has a ring of {c.capacity:,} rows of {c.frame_shape} {c.frame_dtype} frames, "
                               f"stacks of {c.stack}; {head} has {head.capacity:,} of {head.frame_shape} "
                               f"{head.frame_dtype}, stacks of {head.stack}: the folder mixes runs; one run a folder")
-    segments: list[Segment] = []
-    parts: dict[str, list[np.ndarray]] = {"action": [], "reward": [], "terminal": []}
-    starts: list[int] = []  # index (among rows taken) where each fragment starts
-    gaps: list[tuple[int, int]] = []
-    have, taken, shared = 0, 0, 0
-    tail = {name: np.zeros(0, dtype) for name, dtype in (("action", np.int64), ("reward", np.float32),
-                                                          ("terminal", bool))}  # the newest rows taken
-    for c in loaded:
         lo = c.oldest
         first = max(have, lo)
-        mine = {"action": c.action.astype(np.int64), "reward": c.reward, "terminal": c.terminal}
+        mine = {"action": c.action, "reward": c.reward, "terminal": c.terminal}
         if segments and lo < have:  # rows the checkpoints before hold too: they must agree
             overlap = min(have, c.add_count) - lo
             slots = np.arange(lo, lo + overlap) % c.capacity
@@ -121,15 +120,15 @@ def plan_run(folder: str | Path) -> RunPlan:
         segments.append(Segment(_light(c), first, c.add_count))
         taken += c.add_count - first
         have = c.add_count
-    action = np.concatenate(parts["action"]).astype(np.int64)
-    if (action < 0).any() or action.max(initial=0) >= 2**31:
+    action, reward, terminal = (np.concatenate(parts[name]) for name in ("action", "reward", "terminal"))
+    del tail, parts
+    if (action < 0).any() or int(action.max(initial=0)) >= 2**31 - 1:
         raise CorruptStoreError(f"the checkpoints in {where} hold a negative action; Dopamine's are indices of the "
                                 "game's actions")
-    plan = _steps(action, np.concatenate(parts["reward"]), np.concatenate(parts["terminal"]),
-                  np.array(starts + [taken], dtype=np.int64), head.stack, run_start=segments[0].first == 0,
-                  where=where)
+    plan = _steps(action, reward, terminal, np.array(starts + [taken], dtype=np.int64), head.stack,
+                  run_start=segments[0].first == 0, where=where)
     return RunPlan(folder=where, segments=segments, stack=head.stack, horizon=head.horizon,
-                   frame_shape=head.frame_shape, frame_dtype=head.frame_dtype, checkpoints=len(loaded), rows=taken,
+                   frame_shape=head.frame_shape, frame_dtype=head.frame_dtype, checkpoints=len(numbers), rows=taken,
                    shared=shared, gaps=gaps, max_action=int(action.max(initial=0)), **plan)
 
 
@@ -143,9 +142,9 @@ def _steps(action: np.ndarray, reward: np.ndarray, terminal: np.ndarray, bounds:
            run_start: bool, where: Path) -> dict:
     """The steps of rows split into fragments at ``bounds`` (see the module docstring)."""
     m = len(action)
-    frag = np.zeros(m, dtype=np.int64)
+    frag = np.zeros(m, dtype=np.int32)
     frag[bounds[1:-1]] = 1
-    frag = np.cumsum(frag)
+    frag = np.cumsum(frag, dtype=np.int32)
     pad = np.zeros(m, dtype=bool)
     ends = np.flatnonzero(terminal)
     for d in range(1, k):
@@ -173,19 +172,22 @@ def _steps(action: np.ndarray, reward: np.ndarray, terminal: np.ndarray, bounds:
             keep[r] = False  # a lone row: an episode of no move
         else:
             last_row[r] = True
+    del frag
     zero_after = keep & terminal
-    n = keep.astype(np.int64) + zero_after
-    pos = np.cumsum(n) - n
-    total = int(n.sum())
-    rows = np.flatnonzero(keep)
-    at = pos[rows]
+    n = keep.astype(np.int8) + zero_after
+    total = int(n.sum(dtype=np.int64))
+    ix = np.int32 if total < 2**31 else np.int64  # (indices of a step: half the RAM of int64s)
+    pos = np.cumsum(n, dtype=ix) - n
+    del n
     out = {"action": np.zeros(total, np.int32), "reward": np.zeros(total, np.float32),
            "terminated": np.zeros(total, bool), "truncated": np.zeros(total, bool), "is_last": np.zeros(total, bool),
            "ep_step": np.zeros(total, np.int32), "priority": np.ones(total, np.float32)}
-    moving = ~last_row[rows]
-    out["action"][at[moving]] = action[rows[moving]]
-    out["reward"][at[moving]] = reward[rows[moving]]
-    out["terminated"][at[moving]] = terminal[rows[moving]]
+    src = np.flatnonzero(keep & ~last_row).astype(ix)  # rows kept with their move
+    dst = pos[src]
+    out["action"][dst] = action[src]
+    out["reward"][dst] = reward[src]
+    out["terminated"][dst] = terminal[src]
+    del src, dst
     lasts = pos[np.flatnonzero(last_row)]
     out["is_last"][lasts] = True
     out["truncated"][lasts - 1] = True
@@ -197,13 +199,14 @@ def _steps(action: np.ndarray, reward: np.ndarray, terminal: np.ndarray, bounds:
         first[1:] = out["is_last"][:-1]
         frag_first = pos[bounds[:-1][bounds[:-1] < m]]
         first[frag_first[frag_first < total]] = True
-    index = np.arange(total, dtype=np.int64)
-    began = np.maximum.accumulate(np.where(first, index, 0))
-    ep_step = index - began
+    del pos
+    index = np.arange(total, dtype=ix)
+    ep_step: np.ndarray = index - np.maximum.accumulate(np.where(first, index, 0))
+    del index
     if total and not run_start and not terminal[0]:  # the oldest rows are mid-episode: only stacked
-        first_end = int(np.flatnonzero(first)[1]) if first.sum() > 1 else total
+        first_end = int(np.argmax(first[1:])) + 1 if first[1:].any() else total
         ep_step[:first_end] += k - 1
     if ep_step.max(initial=0) >= 2**31:
         raise ConfigError(f"an episode in {where} is longer than a store's episode can be (2**31 steps)")
-    out["ep_step"] = ep_step.astype(np.int32)
+    out["ep_step"] = ep_step.astype(np.int32, copy=False)
     return {"keep": keep, "pad": pad, "zero_after": zero_after, "scalars": out}
