@@ -53,11 +53,16 @@ ALIGN = 64
 
 
 class Source(Protocol):
-    """What a prefetcher draws from (a ``ReplayStore``)."""
+    """What a prefetcher draws from (a ``ReplayStore``'s reading half, store/reading.py)."""
 
-    schema: Schema
-    layout: Layout
-    reader: FrameReader
+    @property
+    def schema(self) -> Schema: ...
+
+    @property
+    def layout(self) -> Layout: ...
+
+    @property
+    def reader(self) -> FrameReader: ...
 
     def plan(self, sampler: Sampler, batch_size: int, *, rng: np.random.Generator | None = None, batches: int = 1,
              out: list[np.ndarray] | None = None) -> Pending: ...

@@ -1,6 +1,6 @@
-"""ReplayStore: the public face, a thin facade over its parts (facade.py; its writing and reading
-halves, writing.py and reading.py). It checks arguments, takes its lock, and hands the work to the
-part whose job it is:
+"""ReplayStore: the public face, a thin facade over its parts (facade.py; the parts they share,
+parts.py; its writing and reading halves, writing.py and reading.py, which it holds, not inherits).
+It checks arguments, takes its lock, and hands the work to the part whose job it is:
 
     backend   storage/backend.py    where the bytes live: files (storage/local) or objects (storage/objects)
     rings     storage/rings.py      every stream's per-step scalars in RAM, and what is sampleable

@@ -1,12 +1,12 @@
 """``ReplayStore``, the public face: making and opening a store (wiring its parts) and what it holds.
-It inherits its two halves: writing.py's ``Writing`` (adding moves, commits, following other
-writers) over reading.py's ``Reading`` (sampling, episodes, feeds, their memory). The package's
+It holds its parts (parts.py's ``Parts``) and its two halves, each over those parts: reading.py's
+``Reading`` (sampling, episodes, feeds, their memory) and writing.py's ``Writing`` (adding moves,
+commits, following other writers), whose methods it gives as its own (``delegated``). The package's
 docstring (store/__init__.py) lists the parts they hand the work to."""
 
 from __future__ import annotations
 
 import logging
-import threading
 import weakref
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,7 +16,6 @@ from replaystore.errors import ConfigError
 from replaystore.format.schema import (
     Layout,
     State,
-    stream_stride,
 )
 from replaystore.format.validate import (
     check_streams,
@@ -24,14 +23,13 @@ from replaystore.format.validate import (
 )
 from replaystore.sampling.memory import DEFAULT_CACHE_BYTES, check_config, default_cache_bytes
 from replaystore.sampling.priority import Priorities
-from replaystore.sampling.samplers import Sampler
 from replaystore.storage.backend import Backend
-from replaystore.storage.choose import is_url, open_backend
+from replaystore.storage.choose import open_backend
 from replaystore.storage.reader import FrameReader
 from replaystore.storage.ring import Ring
-from replaystore.storage.rings import Rings
 from replaystore.storage.stream import StreamWriter
-from replaystore.storage.view import View
+from replaystore.store.parts import Parts, delegated
+from replaystore.store.reading import Reading
 from replaystore.store.writing import Writing
 
 log = logging.getLogger(__name__)
@@ -40,7 +38,7 @@ __all__ = ["DEFAULT_CACHE_BYTES", "ReplayStore"]
 
 
 
-class ReplayStore(Writing):
+class ReplayStore:
     """A disk-backed replay buffer of steps in a zarr v3 group, in one or more episode streams.
 
     Use ``ReplayStore.create`` or ``ReplayStore.open``; see the module docstring for an example.
@@ -50,40 +48,41 @@ class ReplayStore(Writing):
                  memory_budget: int | None = None) -> None:
         """Assemble a store over ``backend``, whose metadata is read and whose ``writing`` streams this
         process has claimed (``create`` and ``open`` do that)."""
-        schema, layout = backend.schema, backend.layout
-        assert schema is not None and layout is not None
-        self.backend = backend
-        self.path: str | Path = backend.where if is_url(backend.where) else Path(backend.where)
-        self.schema = schema
-        self.layout = layout
-        self.writing = sorted(writing)  # the streams this store writes, in the order add_batch takes them
+        parts = Parts(backend, writing=writing, cache_bytes=cache_bytes, decode_threads=decode_threads,
+                      memory_budget=memory_budget)
+        self._parts = parts
+        self.backend, self.path, self.schema, self.layout = backend, parts.path, parts.schema, parts.layout
+        self.rings, self.reader = parts.rings, parts.reader
+        self.writing = parts.writing  # the streams this store writes, in the order add_batch takes them
         self.mode = "a" if writing else "r"
-        self._closed = False
-        self._memory_budget = memory_budget
-        self._prefetchers: weakref.WeakSet[Any] = weakref.WeakSet()  # live ones: their RAM is the store's too
-        # Guards the rings, the writers and the reader's caches: ``add``/``flush`` and the planning half of
-        # sampling hold it; decoding frames does not (see reader.py), so samplers on other threads
-        # (``as_dataset``) and the acting thread's ``add`` mostly run side by side.
-        self._mutex = threading.RLock()
-        self.rings = Rings(schema.num_streams, schema.stream_capacity, stream_stride(schema, layout),
-                           schema.frame_stack, layout.shard_len, schema.action,
-                           zero_padding=schema.frame_padding == "zero", extras=schema.extras)
-        self.reader = FrameReader(backend.frames, schema, layout, cache_bytes=cache_bytes,
-                                  decode_threads=decode_threads, slots_of=self.rings.slots)
-        self._view = View(backend, layout, self.rings, self.reader)
-        self._view.load(self.writing)
-        self._writers = [StreamWriter(backend, schema, layout, self.rings, self.reader, self._view.states[k], index=k)
-                         for k in self.writing]
-        self._by_stream = {w.index: w for w in self._writers}
-        if self._writers:
-            writers = tuple(self._writers)
-            self.reader.live_regions = lambda: [r for w in writers if (r := w.shards.live_region()) is not None]
-            backend.keep_claims()
-        self._priorities = Priorities(self.rings)  # the prioritized samplers' state
-        self._samplers: dict[tuple, Sampler] = {}
-        # Closes what this store holds if it is dropped without close(). It refers to the parts only,
-        # never to the store, so it does not keep the store alive (and the parts do not refer to it).
-        self._finalizer = weakref.finalize(self, _release, tuple(self._writers), self.reader, backend, str(self.path))
+        self._reading = Reading(parts)
+        self._writing = Writing(parts)
+        # Closes what this store holds if it is dropped without close(): when its parts are left to no one
+        # (the store, and any feed drawing from its reading half). It refers to what it closes only.
+        self._finalizer = weakref.finalize(parts, _release, tuple(parts.writers), self.reader, backend, str(self.path))
+
+    # What it reads and writes: each method is its part's (reading.py, writing.py; parts.py's ``delegated``)
+    sample = delegated("_reading", Reading.sample)
+    sample_sequences = delegated("_reading", Reading.sample_sequences)
+    episode = delegated("_reading", Reading.episode)
+    iter_episodes = delegated("_reading", Reading.iter_episodes)
+    sampler = delegated("_reading", Reading.sampler)
+    plan = delegated("_reading", Reading.plan)
+    blocks = delegated("_reading", Reading.blocks)
+    as_dataset = delegated("_reading", Reading.as_dataset)
+    jax_blocks = delegated("_reading", Reading.jax_blocks)
+    torch_blocks = delegated("_reading", Reading.torch_blocks)
+    update_priorities = delegated("_reading", Reading.update_priorities)
+    priorities = delegated("_reading", Reading.priorities)
+    warm_cache = delegated("_reading", Reading.warm_cache)
+    memory_estimate = delegated("_reading", Reading.memory_estimate)
+    admit_prefetcher = delegated("_reading", Reading.admit_prefetcher)
+    add = delegated("_writing", Writing.add)
+    add_batch = delegated("_writing", Writing.add_batch)
+    end_episode = delegated("_writing", Writing.end_episode)
+    flush = delegated("_writing", Writing.flush)
+    load_steps = delegated("_writing", Writing.load_steps)
+    refresh = delegated("_writing", Writing.refresh)
 
     # ---------------------------------------------------------------------------------------------
     # Construction
@@ -188,14 +187,15 @@ class ReplayStore(Writing):
 
     def close(self) -> None:
         """Flush (when writing), release the writer claims and free file handles. Idempotent."""
-        with self._mutex:
-            if self._closed:
+        parts = self._parts
+        with parts.mutex:
+            if parts.closed:
                 return
             try:
-                for writer in self._writers:
+                for writer in parts.writers:
                     writer.flush()
             finally:
-                self._closed = True
+                parts.closed = True
                 self._finalizer.detach()
                 _release((), self.reader, self.backend, str(self.path))
 
@@ -213,6 +213,15 @@ class ReplayStore(Writing):
         return self.rings.n_valid
 
     @property
+    def num_streams(self) -> int:
+        return self.schema.num_streams
+
+    @property
+    def _priorities(self) -> Priorities:
+        """The prioritized samplers' state (tests read its tree)."""
+        return self._parts.priorities
+
+    @property
     def ring(self) -> Ring:
         """The ring of a one-stream store (a store of streams has ``rings.streams[k]``)."""
         if self.schema.num_streams != 1:
@@ -222,7 +231,7 @@ class ReplayStore(Writing):
     @property
     def writers(self) -> list[StreamWriter]:
         """The writer of each stream written here (storage/stream.py), in ``writing`` order."""
-        return list(self._writers)
+        return list(self._parts.writers)
 
     @property
     def committed(self) -> State:
@@ -237,7 +246,8 @@ class ReplayStore(Writing):
 
     def stream_states(self) -> list[State]:
         """Each stream's committed state, as this store knows it (``refresh`` reads others' anew)."""
-        return [self._by_stream[k].committed if k in self._by_stream else self._view.states[k]
+        parts = self._parts
+        return [parts.by_stream[k].committed if k in parts.by_stream else parts.view.states[k]
                 for k in range(self.num_streams)]
 
     @property
@@ -256,15 +266,16 @@ class ReplayStore(Writing):
     @property
     def episodes(self) -> int:
         """Episodes ever started in this store (as committed, or as written by this writer)."""
-        return sum(self._by_stream[k].episodes if k in self._by_stream else state.episodes
-                   for k, state in enumerate(self._view.states))
+        parts = self._parts
+        return sum(parts.by_stream[k].episodes if k in parts.by_stream else state.episodes
+                   for k, state in enumerate(parts.view.states))
 
     @property
     def episode_in_progress(self) -> bool:
         """True when the last step added awaits its move (the next ``add`` must continue from it);
         for several streams, that of the one ``add`` writes (or of any, read-only)."""
-        if len(self._writers) == 1:
-            return self._writers[0].episode_in_progress()
+        if len(self._parts.writers) == 1:
+            return self._parts.writers[0].episode_in_progress()
         return any(ring.added > 0 and not bool(ring.is_last[(ring.added - 1) % ring.capacity])
                    for ring in self.rings.streams)
 

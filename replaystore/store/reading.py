@@ -2,31 +2,28 @@
 batches (``sample``, ``sample_sequences``, ``sampler``, ``plan``), read episodes (``episode``,
 ``iter_episodes``), feed learners (``blocks``, ``as_dataset``, ``jax_blocks``, and the RAM their
 prefetchers may take: ``memory_estimate``, ``admit_prefetcher``) and set priorities.
-``ReplayStore`` (facade.py) builds the parts these methods hand their work to; each takes the
-store's lock for the part that reads the rings and decodes frames outside it."""
+``ReplayStore`` (facade.py) holds one and hands these methods to it (parts.py's ``delegated``); each
+takes the store's lock for the part that reads the rings and decodes frames outside it."""
 
 from __future__ import annotations
 
 import dataclasses
-import threading
-import weakref
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from replaystore.errors import ConfigError, StoreClosedError
+from replaystore.errors import ConfigError
 from replaystore.format.schema import Layout, Schema
 from replaystore.sampling.assemble import Batch
 from replaystore.sampling.episodes import Episode, episode_table, plan_episode, plan_span, stream_ring
 from replaystore.sampling.memory import check_budget, estimate
 from replaystore.sampling.pending import Pending
-from replaystore.sampling.priority import Priorities, check_priorities, check_slots
+from replaystore.sampling.priority import check_priorities, check_slots
 from replaystore.sampling.samplers import PrioritizedSampler, Sampler, UniformSampler, check_batch_size
 from replaystore.sampling.sequences import SequenceBatch, SequenceSampler
 from replaystore.storage.reader import FrameReader
-from replaystore.storage.rings import Rings
+from replaystore.store.parts import Parts
 
 #: The defaults of the arguments that describe a sampler (``sampler=`` replaces them all).
 _SAMPLER_DEFAULTS: dict[str, Any] = {"n_step": 1, "gamma": 0.99, "prioritized": False, "alpha": 0.6, "beta": 0.4,
@@ -34,28 +31,24 @@ _SAMPLER_DEFAULTS: dict[str, Any] = {"n_step": 1, "gamma": 0.99, "prioritized": 
 
 
 class Reading:
-    """The reading half of ``ReplayStore`` (facade.py makes the attributes below)."""
+    """The reading half of ``ReplayStore``: it holds the store's ``Parts`` (parts.py) and nothing else."""
 
-    path: str | Path
-    schema: Schema
-    layout: Layout
-    rings: Rings
-    reader: FrameReader
-    _mutex: threading.RLock
-    _closed: bool
-    _memory_budget: int | None
-    _priorities: Priorities
-    _samplers: dict[tuple, Sampler]
-    _prefetchers: weakref.WeakSet[Any]
-    writing: list[int]
+    def __init__(self, parts: Parts) -> None:
+        self._p = parts
+
+    # What a prefetcher draws from (feed/prefetch.py's ``Source``): a feed holds this half, and so the
+    # parts, alive (and not the facade: the parts are closed when neither is left, facade.py)
+    @property
+    def schema(self) -> Schema:
+        return self._p.schema
 
     @property
-    def num_streams(self) -> int:
-        return self.schema.num_streams
+    def layout(self) -> Layout:
+        return self._p.layout
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise StoreClosedError(f"{self.path} was closed; open it again with ReplayStore.open")
+    @property
+    def reader(self) -> FrameReader:
+        return self._p.reader
 
     def sample(self, batch_size: int, *, rng: np.random.Generator | None = None, n_step: int = 1,
                gamma: float = 0.99, prioritized: bool = False, alpha: float = 0.6, beta: float = 0.4,
@@ -75,7 +68,7 @@ class Reading:
             (4,)
         """
         sampler = self._chosen(sampler, n_step=n_step, gamma=gamma, prioritized=prioritized, alpha=alpha, beta=beta)
-        batch: Batch = self._viewed(self.plan(sampler, check_batch_size(batch_size), rng=rng).finish(self.reader))
+        batch: Batch = self._viewed(self.plan(sampler, check_batch_size(batch_size), rng=rng).finish(self._p.reader))
         return batch
 
     def sample_sequences(self, batch_size: int, length: int, *, rng: np.random.Generator | None = None) -> SequenceBatch:
@@ -92,7 +85,7 @@ class Reading:
             (4, 4, 2, 4)
         """
         batch: SequenceBatch = self._viewed(self.plan(SequenceSampler(length), check_batch_size(batch_size),
-                                                      rng=rng).finish(self.reader))
+                                                      rng=rng).finish(self._p.reader))
         return batch
 
     def episode(self, index: int = -1, *, stream: int = 0, moves: slice | None = None) -> Episode:
@@ -109,10 +102,10 @@ class Reading:
             >>> ReplayStore.open("/tmp/doc.zarr").episode(0).obs.shape[1:]
             (4,)
         """
-        with self._mutex:
-            self._check_open()
-            pending = plan_episode(self.rings, self.reader, index, stream, moves=moves, budget=self._memory_budget)
-        episode: Episode = self._viewed(pending.finish(self.reader))
+        with self._p.mutex:
+            self._p.check_open()
+            pending = plan_episode(self._p.rings, self._p.reader, index, stream, moves=moves, budget=self._p.memory_budget)
+        episode: Episode = self._viewed(pending.finish(self._p.reader))
         return episode
 
     def iter_episodes(self, *, stream: int | None = None, whole: bool = False) -> Iterator[Episode]:
@@ -127,26 +120,26 @@ class Reading:
             >>> sum(len(e) for e in ReplayStore.open("/tmp/doc.zarr").iter_episodes()) > 0
             True
         """
-        with self._mutex:
-            self._check_open()
+        with self._p.mutex:
+            self._p.check_open()
             if stream is not None:
-                stream_ring(self.rings, stream)  # a stream the store does not have: SampleError here
-            streams = range(self.num_streams) if stream is None else [int(stream)]
+                stream_ring(self._p.rings, stream)  # a stream the store does not have: SampleError here
+            streams = range(self._p.num_streams) if stream is None else [int(stream)]
         return self._episodes_of(streams, whole)
 
     def _episodes_of(self, streams: Iterable[int], whole: bool) -> Iterator[Episode]:
         for k in streams:
-            with self._mutex:
-                self._check_open()
-                table = episode_table(stream_ring(self.rings, k))
+            with self._p.mutex:
+                self._p.check_open()
+                table = episode_table(stream_ring(self._p.rings, k))
             for i in range(int(table["start_step"].size)):
                 if whole and not (table["whole"][i] and table["lengths"][i]):
                     continue
-                with self._mutex:
-                    self._check_open()
-                    pending = plan_span(stream_ring(self.rings, k), self.reader, k, i, table,
-                                        budget=self._memory_budget)
-                episode: Episode = self._viewed(pending.finish(self.reader))
+                with self._p.mutex:
+                    self._p.check_open()
+                    pending = plan_span(stream_ring(self._p.rings, k), self._p.reader, k, i, table,
+                                        budget=self._p.memory_budget)
+                episode: Episode = self._viewed(pending.finish(self._p.reader))
                 yield episode
 
     def sampler(self, *, n_step: int = 1, gamma: float = 0.99, prioritized: bool = False, alpha: float = 0.6,
@@ -156,18 +149,18 @@ class Reading:
         once per set of arguments (``sample`` asks for one per call)."""
         key = (type(n_step), n_step, type(gamma), gamma, prioritized, alpha, beta, sequence_length)  # (True != 1)
         try:
-            return self._samplers[key]
+            return self._p.samplers[key]
         except (KeyError, TypeError):  # (TypeError: unhashable arguments, refused below)
             pass
         sampler: Sampler
         if sequence_length is not None:
             sampler = SequenceSampler(sequence_length)
         elif prioritized:
-            sampler = PrioritizedSampler(self._priorities, alpha=alpha, beta=beta, n_step=n_step, gamma=gamma)
+            sampler = PrioritizedSampler(self._p.priorities, alpha=alpha, beta=beta, n_step=n_step, gamma=gamma)
         else:
             sampler = UniformSampler(n_step=n_step, gamma=gamma)
-        if len(self._samplers) < 64:
-            self._samplers[key] = sampler
+        if len(self._p.samplers) < 64:
+            self._p.samplers[key] = sampler
         return sampler
 
     def _chosen(self, sampler: Sampler | None, **arguments: Any) -> Sampler:
@@ -180,7 +173,7 @@ class Reading:
         if given:
             raise ConfigError(f"sampler= was passed together with {', '.join(given)}, which describe another sampler; "
                               f"give the sampler its own settings (it samples as {sampler.describe()})")
-        return sampler.bind(self.schema)
+        return sampler.bind(self._p.schema)
 
     def plan(self, sampler: Sampler, batch_size: int, *, rng: np.random.Generator | None = None, batches: int = 1,
              out: list[np.ndarray] | None = None) -> Pending:
@@ -188,9 +181,9 @@ class Reading:
         prefetcher): ``sampler`` draws ``batches`` batches and plans them (``Sampler.plan``). The
         returned ``Pending`` is finished with ``pending.finish(store.reader)`` without the lock."""
         rng = rng if rng is not None else np.random.default_rng()
-        with self._mutex:
-            self._check_open()
-            return sampler.plan(self.rings, self.reader, batch_size, rng, batches=batches, out=out)
+        with self._p.mutex:
+            self._p.check_open()
+            return sampler.plan(self._p.rings, self._p.reader, batch_size, rng, batches=batches, out=out)
 
     def blocks(self, batch_size: int, *, batches_per_block: int = 8, n_step: int = 1, gamma: float = 0.99,
                prioritized: bool = False, alpha: float = 0.6, beta: float = 0.4, threads: int = 2, depth: int = 4,
@@ -217,7 +210,7 @@ class Reading:
         """
         from replaystore.feed.blocks import BlockIterator
 
-        self._check_open()
+        self._p.check_open()
         sampler = self._chosen(sampler, n_step=n_step, gamma=gamma, prioritized=prioritized, alpha=alpha, beta=beta,
                                sequence_length=sequence_length)
         return BlockIterator(self, sampler, batch_size, batches_per_block=batches_per_block, threads=threads,
@@ -251,7 +244,7 @@ class Reading:
         """
         from replaystore.feed.tfdata import as_dataset
 
-        self._check_open()
+        self._p.check_open()
         sampler = self._chosen(sampler, n_step=n_step, gamma=gamma, prioritized=prioritized, alpha=alpha, beta=beta,
                                sequence_length=sequence_length)
         return as_dataset(self, sampler, batch_size, prefetch=prefetch, threads=threads,
@@ -271,7 +264,7 @@ class Reading:
         """
         from replaystore.feed.jaxfeed import device_blocks
 
-        self._check_open()
+        self._p.check_open()
         names = ("n_step", "gamma", "prioritized", "alpha", "beta", "sequence_length")
         sampler = self._chosen(kwargs.pop("sampler", None), **{name: kwargs.pop(name) for name in names if name in kwargs})
         return device_blocks(self, sampler, batch_size, device=device, depth=depth,
@@ -293,7 +286,7 @@ class Reading:
         """
         from replaystore.feed.torchfeed import torch_blocks
 
-        self._check_open()
+        self._p.check_open()
         names = ("n_step", "gamma", "prioritized", "alpha", "beta", "sequence_length")
         sampler = self._chosen(kwargs.pop("sampler", None), **{name: kwargs.pop(name) for name in names if name in kwargs})
         return torch_blocks(self, sampler, batch_size, device=device, pin_memory=pin_memory, depth=depth,
@@ -306,34 +299,34 @@ class Reading:
         1e-6 so no transition is starved. A writer saves them with its next flush, so a reopened store
         samples with them; a read-only store keeps them in RAM only.
         """
-        idx, prio = check_priorities(index, priority, self.rings.size)
+        idx, prio = check_priorities(index, priority, self._p.rings.size)
         if idx.size == 0:
             return
-        with self._mutex:
-            self._check_open()
-            self._priorities.update(idx, prio)
+        with self._p.mutex:
+            self._p.check_open()
+            self._p.priorities.update(idx, prio)
 
     def priorities(self, index: Any) -> np.ndarray:
         """The current priorities (before ``alpha``) of the slots in ``index``, as float32."""
-        idx = check_slots(index, self.rings.size)
-        with self._mutex:
-            return self.rings.priority[idx].copy()
+        idx = check_slots(index, self._p.rings.size)
+        with self._p.mutex:
+            return self._p.rings.priority[idx].copy()
 
     def warm_cache(self) -> int:
         """Read the store's compressed frame chunks into the cache now, shard by shard (up to
         ``cache_bytes``), so sampling never waits on a disk read; returns the bytes loaded. A 1M-frame
         Atari store is ~65 MB and loads in about a second."""
-        with self._mutex:
-            self._check_open()
-            return self.reader.warm(range(-(-self.rings.size // self.layout.shard_len)))
+        with self._p.mutex:
+            self._p.check_open()
+            return self._p.reader.warm(range(-(-self._p.rings.size // self._p.layout.shard_len)))
 
     def _viewed(self, result: Any) -> Any:
         """A batch, sequence batch or episode with its frames as the store gives them (a Dict
         store's as dicts of arrays)."""
-        if self.schema.observation_dict is None:
+        if self._p.schema.observation_dict is None:
             return result
         names = [name for name in ("obs", "next_obs") if hasattr(result, name)]
-        return dataclasses.replace(result, **{name: self.schema.obs_view(getattr(result, name)) for name in names})
+        return dataclasses.replace(result, **{name: self._p.schema.obs_view(getattr(result, name)) for name in names})
 
     # ---------------------------------------------------------------------------------------------
     # Memory
@@ -341,9 +334,9 @@ class Reading:
     def memory_estimate(self) -> dict[str, int]:
         """Bytes of RAM each part of this store can use, its live prefetchers' (``as_dataset``) blocks
         and decode processes included (sampling/memory.py); ``sum(...values())`` for the total."""
-        parts = estimate(self.schema, self.layout, writable=len(self.writing),
-                         cache_bytes=self.reader.cache_bytes, decode_threads=self.reader.decode_threads)
-        for prefetcher in list(self._prefetchers):
+        parts = estimate(self._p.schema, self._p.layout, writable=len(self._p.writing),
+                         cache_bytes=self._p.reader.cache_bytes, decode_threads=self._p.reader.decode_threads)
+        for prefetcher in list(self._p.prefetchers):
             for name, nbytes in prefetcher.memory.items():
                 parts[name] = parts.get(name, 0) + nbytes
         return parts
@@ -355,5 +348,5 @@ class Reading:
         parts = self.memory_estimate()
         for name, nbytes in prefetcher.memory.items():
             parts[name] = parts.get(name, 0) + nbytes
-        check_budget(parts, self._memory_budget, path=str(self.path), adding=prefetcher.memory)
-        self._prefetchers.add(prefetcher)
+        check_budget(parts, self._p.memory_budget, path=str(self._p.path), adding=prefetcher.memory)
+        self._p.prefetchers.add(prefetcher)

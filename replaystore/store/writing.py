@@ -1,7 +1,7 @@
 """What goes into the store, as one part of the facade: ``Writing``, the methods that add moves
 (``add``, ``add_batch``), close episodes, commit (``flush``), fill a new store (``load_steps``) and
-follow other writers (``refresh``). ``ReplayStore`` (facade.py) builds the parts these methods hand
-their work to and inherits them; each holds the store's lock while it changes anything."""
+follow other writers (``refresh``). ``ReplayStore`` (facade.py) holds one and hands these methods to
+it (parts.py's ``delegated``); each holds the store's lock while it changes anything."""
 
 from __future__ import annotations
 
@@ -17,17 +17,14 @@ from replaystore.sampling.priority import Priorities
 from replaystore.storage.rows import add_rows, check_continues, final_extras
 from replaystore.storage.rows import autoreset_mode as parse_autoreset
 from replaystore.storage.stream import StreamWriter
-from replaystore.storage.view import View
-from replaystore.store.reading import Reading
+from replaystore.store.parts import Parts
 
 
-class Writing(Reading):
-    """The writing half of ``ReplayStore``, over its reading half (facade.py makes the attributes)."""
+class Writing:
+    """The writing half of ``ReplayStore``: it holds the store's ``Parts`` (parts.py) and nothing else."""
 
-    mode: str
-    _writers: list[StreamWriter]
-    _by_stream: dict[int, StreamWriter]
-    _view: View
+    def __init__(self, parts: Parts) -> None:
+        self._p = parts
 
     def add(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any, *,
             extras: Mapping[str, Any] | None = None) -> None:
@@ -41,16 +38,16 @@ class Writing(Reading):
         of several streams takes ``add`` when exactly one stream is open for writing here
         (``ReplayStore.open(path, mode="a", streams=[k])``); else use ``add_batch``.
         """
-        with self._mutex:
+        with self._p.mutex:
             writer = self._only_writer("add")
-            obs_a = check_obs(self.schema, self.path, obs, "obs")
-            next_a = check_obs(self.schema, self.path, next_obs, "next_obs")
-            act = check_action(self.schema, self.path, action)
+            obs_a = check_obs(self._p.schema, self._p.path, obs, "obs")
+            next_a = check_obs(self._p.schema, self._p.path, next_obs, "next_obs")
+            act = check_action(self._p.schema, self._p.path, action)
             rew = check_reward(reward)
             term = check_flag(terminated, "terminated")
             trunc = check_flag(truncated, "truncated")
-            extra = check_extras(self.schema.extras, extras, self.path)
-            check_continues(writer, obs_a, "obs", self.path)
+            extra = check_extras(self._p.schema.extras, extras, self._p.path)
+            check_continues(writer, obs_a, "obs", self._p.path)
             writer.add(obs_a, act, rew, next_a, term, trunc, extra)
 
     def add_batch(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any,
@@ -82,27 +79,27 @@ class Writing(Reading):
         ``StoreWriteError`` names the stream it failed on and those that kept their move.
         """
         mode = parse_autoreset(autoreset_mode)
-        with self._mutex:
+        with self._p.mutex:
             self._writable("add")
-            writers = self._writers if streams is None else self._part(streams)
+            writers = self._p.writers if streams is None else self._part(streams)
             n = len(writers)
-            rows = check_rows(self.schema, self.path, n, obs, action, reward, next_obs, terminated, truncated)
-            extra = check_extras(self.schema.extras, final_extras(extras, n) if mode == "same_step" else extras,
-                                 self.path, (n,))
+            rows = check_rows(self._p.schema, self._p.path, n, obs, action, reward, next_obs, terminated, truncated)
+            extra = check_extras(self._p.schema.extras, final_extras(extras, n) if mode == "same_step" else extras,
+                                 self._p.path, (n,))
             skipped = frozenset(int(i) for i in skip)
             if any(not 0 <= i < n for i in skipped):
                 raise ConfigError(f"skip is {sorted(skipped)}; rows are 0..{n - 1}")
-            add_rows(writers, self.schema, self.path, rows, mode=mode, env_done=env_done, info=info,
+            add_rows(writers, self._p.schema, self._p.path, rows, mode=mode, env_done=env_done, info=info,
                      skip=skipped, extras=extra)
 
     def _part(self, streams: Iterable[int]) -> list[Any]:
         """The writers of ``streams`` (rows of a whole step), each once; ConfigError otherwise."""
         rows = [int(i) for i in streams]
-        n = len(self._writers)
+        n = len(self._p.writers)
         if any(not 0 <= i < n for i in rows) or len(set(rows)) != len(rows):
             raise ConfigError(f"streams is {rows!r}; it must name distinct rows of the {n} streams this store "
                               f"writes, 0..{n - 1}; nothing was written")
-        return [self._writers[i] for i in rows]
+        return [self._p.writers[i] for i in rows]
 
     def end_episode(self, streams: Iterable[int] | None = None) -> bool:
         """Close the episode in progress in each stream this store writes (or in ``streams``, given
@@ -115,16 +112,16 @@ class Writing(Reading):
             >>> with ReplayStore.open("/tmp/doc.zarr", mode="a") as store:  # doctest: +SKIP
             ...     store.end_episode()
         """
-        with self._mutex:
+        with self._p.mutex:
             self._writable("end the episode")
-            writers = self._writers if streams is None else self._part(streams)
+            writers = self._p.writers if streams is None else self._part(streams)
             return any([writer.end_episode() for writer in writers])
 
     def flush(self) -> None:
         """Make everything added so far durable; readers opened afterwards (or refreshed) see it."""
-        with self._mutex:
+        with self._p.mutex:
             self._writable("flush")
-            for writer in self._writers:
+            for writer in self._p.writers:
                 writer.flush()
 
     def load_steps(self, scalars: Mapping[str, np.ndarray], frame_blocks: Iterable[np.ndarray], *,
@@ -138,11 +135,11 @@ class Writing(Reading):
         the next ``add``. The steps are not validated again: they come from a verified store. Call
         ``flush`` to commit them.
         """
-        with self._mutex:
+        with self._p.mutex:
             writer = self._only_writer("load steps") if stream is None else self._writable_stream(stream)
-            writer.load_steps(scalars, frame_blocks, str(self.path))
-            self._priorities = Priorities(self.rings)
-            self._samplers.clear()  # (prioritized ones hold the old priorities)
+            writer.load_steps(scalars, frame_blocks, str(self._p.path))
+            self._p.priorities = Priorities(self._p.rings)
+            self._p.samplers.clear()  # (prioritized ones hold the old priorities)
 
     def refresh(self) -> list[int]:
         """Catch up with what writers in other processes committed since this store was opened (or
@@ -156,34 +153,34 @@ class Writing(Reading):
             >>> reader.refresh()  # doctest: +SKIP
             [0]
         """
-        with self._mutex:
-            self._check_open()
+        with self._p.mutex:
+            self._p.check_open()
             moved = []
-            for k in range(self.num_streams):
-                if k in self._by_stream:
+            for k in range(self._p.num_streams):
+                if k in self._p.by_stream:
                     continue
-                first = self._view.refresh(k)
+                first = self._p.view.refresh(k)
                 if first is not None:
-                    self._priorities.adopt(k, first)
+                    self._p.priorities.adopt(k, first)
                     moved.append(k)
             return moved
 
     def _writable(self, what: str) -> None:
-        self._check_open()
-        if not self._writers:
-            raise ReadOnlyError(f"cannot {what}: {self.path} is open read-only; open it with mode='a' to append")
+        self._p.check_open()
+        if not self._p.writers:
+            raise ReadOnlyError(f"cannot {what}: {self._p.path} is open read-only; open it with mode='a' to append")
 
     def _writable_stream(self, k: int) -> StreamWriter:
         self._writable("write")
-        if k not in self._by_stream:
-            raise ConfigError(f"stream {k} of {self.path} is not open for writing here; it writes {self.writing}")
-        return self._by_stream[k]
+        if k not in self._p.by_stream:
+            raise ConfigError(f"stream {k} of {self._p.path} is not open for writing here; it writes {self._p.writing}")
+        return self._p.by_stream[k]
 
     def _only_writer(self, what: str) -> StreamWriter:
         """The one stream ``add`` writes (raises unless exactly one is open for writing)."""
         self._writable(what)
-        if len(self._writers) > 1:
+        if len(self._p.writers) > 1:
             raise ConfigError(
-                f"cannot {what}: {self.path} is open for writing {len(self.writing)} streams ({self.writing}); use "
+                f"cannot {what}: {self._p.path} is open for writing {len(self._p.writing)} streams ({self._p.writing}); use "
                 "add_batch with one row per stream, or open one stream: ReplayStore.open(path, mode='a', streams=[k])")
-        return self._writers[0]
+        return self._p.writers[0]
