@@ -110,6 +110,27 @@ def test_held_blocks_stay_intact_while_others_are_recycled(filled: ReplayStore) 
         np.testing.assert_array_equal(view, view_copy)
 
 
+def test_a_feed_keeps_the_store_it_draws_from_open(filled: ReplayStore, store_path: Path) -> None:
+    """``ReplayStore.open(path).blocks(...)`` with nothing else holding the store: the feed holds its
+    parts (store/parts.py), so they stay open while it runs and close when it is gone."""
+    import gc
+    import weakref
+
+    filled.close()
+    store = ReplayStore.open(store_path)
+    parts = weakref.ref(store._parts)
+    it = store.blocks(8, batches_per_block=2, seed=0)
+    del store
+    gc.collect()
+    with it:
+        for _ in range(3):
+            check_block(next(it))
+    assert parts() is not None and not parts().closed  # type: ignore[union-attr]
+    del it
+    gc.collect()
+    assert parts() is None  # (and its finalizer closed the reader and the backend)
+
+
 def test_blocks_bad_arguments(filled: ReplayStore) -> None:
     with pytest.raises(SampleError, match="batches_per_block"):
         filled.blocks(8, batches_per_block=0)
