@@ -163,6 +163,12 @@ def test_refusals_leave_nothing(tmp_path, capsys):
     old = swap("$store$_reward_ckpt.0.gz", gzip.compress(buf.getvalue()))
     assert "numbers only" in refused(tmp_path / "run")
     swap("$store$_reward_ckpt.0.gz", old)
+    # a header that declares a ring of a billion frames (a small file): refused before anything is read
+    header = __import__("io").BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "|u1", "fortran_order": False, "shape": (2**30, 6, 5)})
+    old = swap("$store$_observation_ckpt.0.gz", gzip.compress(header.getvalue()))
+    assert "declares a ring of 1,073,741,824 rows" in refused(tmp_path / "run", error=ConfigError)
+    swap("$store$_observation_ckpt.0.gz", old)
     # observations cut short: found while the frames are read, after the store was begun
     old = swap("$store$_observation_ckpt.1.gz", gzip.compress(gzip.decompress(
         (tmp_path / "run" / "$store$_observation_ckpt.1.gz").read_bytes())[:-100]))

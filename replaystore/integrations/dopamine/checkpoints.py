@@ -32,6 +32,7 @@ from typing import IO
 import numpy as np
 
 from replaystore.errors import ConfigError, CorruptStoreError
+from replaystore.sampling.memory import memory_limit
 from replaystore.storage.readfile import NotAFileError, npy_header
 
 #: The files of one checkpoint, by member name (``$store$_`` marks the ring's arrays).
@@ -128,6 +129,11 @@ def load(folder: Path, number: int) -> Checkpoint:
         raise CorruptStoreError(f"{obs_path} holds an array of shape {obs_shape}; Dopamine's observations are "
                                 "(capacity, *frame shape)")
     cap = obs_shape[0]
+    limit, what = memory_limit()
+    if limit is not None and cap * 24 > limit // 4:  # (its scalars read whole, and the plan's rows: plan.py)
+        raise ConfigError(f"{obs_path} declares a ring of {cap:,} rows; importing its scalars would take "
+                          f"{cap * 24 / 2**20:,.0f} MB, more than a quarter of the memory this process may use "
+                          f"({what}): import on a machine with more memory, or check the file")
     count = added(folder, number)
     invalid = _whole(folder / f"invalid_range_ckpt.{number}.gz")
     stack, horizon = _stack_and_horizon(invalid, count, cap, f"invalid_range_ckpt.{number}.gz in {folder}")
