@@ -85,9 +85,10 @@ def record(folder: Path, *, capacity: int, stack: int, horizon: int, every: int,
 @pytest.mark.parametrize(("capacity", "every", "saves", "horizon", "keep", "seed"), [
     (400, 150, 1, 1, None, 3),  # one checkpoint, not full
     (120, 50, 6, 1, None, 3),  # overlapping checkpoints of a wrapped ring
-    (120, 50, 6, 3, None, 3),  # the same with 3-step returns
+    pytest.param(120, 50, 6, 3, None, 3, marks=pytest.mark.slow),  # the same with 3-step returns (the default
+    # run keeps 3-step returns in test_gaps_between_saves[3])
     (120, 50, 7, 1, [3, 4, 5, 6], 4),  # the oldest checkpoints gone: the run's start is not held
-    (120, 50, 7, 3, [3, 4, 5, 6], 6),
+    pytest.param(120, 50, 7, 3, [3, 4, 5, 6], 6, marks=pytest.mark.slow),
 ])
 def test_every_transition_is_what_dopamine_samples(tmp_path, capacity, every, saves, horizon, keep, seed):
     snaps = record(tmp_path / "run", capacity=capacity, stack=4, horizon=horizon, every=every, saves=saves, seed=seed,

@@ -96,6 +96,7 @@ def test_decoupled_run_holds_the_ratio_and_reports_it(tmp_path: Path, capsys: py
     assert all(np.isfinite(scalars["losses/td_loss"])) and min(scalars["replay/sample_age"]) >= 0
 
 
+@pytest.mark.slow  # ~38 s: a decoupled run stopped by SIGTERM and resumed (the default run keeps test_decoupled_run_holds_the_ratio_and_reports_it, and test_trainer_smoke's SIGTERM checkpoint)
 def test_decoupled_run_stops_on_sigterm_and_resumes(tmp_path: Path) -> None:
     run = tmp_path / "run"
     proc = _start(run, "--replay-ratio", "8", "--checkpoint-frequency", "400")

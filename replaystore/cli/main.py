@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from replaystore.cli.datasets import _export_minari, add_dataset_verbs
+from replaystore.cli.datasets import add_dataset_verbs
 from replaystore.errors import ConfigError, ReplayStoreError
 from replaystore.storage.readfile import read_text
 from replaystore.storage.where import is_url, local_path
@@ -291,7 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(_joined(sys.argv[1:] if argv is None else list(argv)))
     try:
         _in_run_dir(args, "path", read_only=True)  # inspect, episodes, verify
-        _in_run_dir(args, "src", read_only=args.func is _export_minari)
+        _in_run_dir(args, "src", read_only=args.command == "export-minari")
         return int(args.func(args))
     except BrokenPipeError:  # `replaystore inspect ... | head`: the reader left; end quietly
         _quiet_stdout()
