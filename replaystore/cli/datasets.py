@@ -109,7 +109,7 @@ def add_dataset_verbs(sub: Any) -> None:
                        description="Make a new store at STORE holding every replay checkpoint of each Dopamine run "
                                    "(a folder of $store$_*_ckpt.N.gz files, or a run folder with them in replay_logs): "
                                    "one stream a run, rows that two checkpoints hold stored once, stacks and n-step "
-                                   "returns as Dopamine's buffer samples them. See docs/offline.md.")
+                                   "returns as Dopamine's buffer samples them. See docs/cli.md.")
     p.add_argument("paths", nargs="+", metavar="RUN_DIR... STORE", help="one or more run folders, then a new path "
                    "(or s3:// URL) for the store")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
