@@ -19,10 +19,11 @@ class DopamineBuffer:
     def __init__(self, capacity: int, stack: int, horizon: int = 1, shape: tuple[int, ...] = (6, 5),
                  gamma: float = 0.99) -> None:
         self.capacity, self.stack, self.horizon, self.gamma = capacity, stack, horizon, gamma
-        self.observation = np.zeros((capacity, *shape), np.uint8)
-        self.action = np.zeros(capacity, np.int32)
-        self.reward = np.zeros(capacity, np.float32)
-        self.terminal = np.zeros(capacity, np.uint8)
+        # Dopamine makes its ring with np.empty: the rows not yet written hold whatever was there
+        self.observation = np.full((capacity, *shape), 77, np.uint8)
+        self.action = np.full(capacity, 9, np.int32)
+        self.reward = np.full(capacity, np.nan, np.float32)
+        self.terminal = np.full(capacity, 205, np.uint8)
         self.add_count = np.array(0)
         self.invalid_range = np.zeros(stack)
 

@@ -6,9 +6,10 @@ at the start of an episode by repeating its first frame: what gymnasium's
 the stack at the step ``m`` moves later (``m = n_step``, or fewer if the episode ended first).
 ``reward`` is ``sum_j gamma**j * r[t+j]`` over those moves and ``discount`` is ``gamma**m``, or 0 when
 the last move terminated (a truncation bootstraps from the stored last observation). The sum is
-Dopamine's, bit for bit (its DQN Replay Dataset imports as a store: integrations/dopamine): each
-``gamma**j`` computed in float64 and rounded to float32, each product rounded to float32, the
-products summed in float64 and the sum rounded to float32.
+that of Dopamine's buffer of the DQN Replay Dataset's time, bit for bit (the dataset imports as a
+store: integrations/dopamine): each ``gamma**j`` computed in float64 and rounded to float32, each
+product rounded to float32, the products summed in float64 (what its ``discounts.dot(rewards)``
+does below 32 terms) and the sum rounded to float32.
 Every frame a batch needs is fetched once, through one ``FrameReader`` plan. ``prepare`` reads the
 ring (call it under the store's lock); ``Pending.finish`` decodes the frames (no lock needed).
 ``prepare(..., batches=K)`` prepares K batches at once (the prefetcher's blocks): the ring is read

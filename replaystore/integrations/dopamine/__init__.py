@@ -12,7 +12,8 @@ oldest first, one at a time, its observations streamed from the gzip in blocks o
 says how rows become steps). Rows that two checkpoints share are stored once, after checking that
 both agree. What a batch then holds is what Dopamine's buffer samples from a checkpoint holding
 the same rows: the same stacks of ``k`` frames (zeros before an episode's first frame), the same
-n-step returns (``sample(n_step=n, gamma=g)``, summed as Dopamine sums them), ``terminated`` where
+n-step returns (``sample(n_step=n, gamma=g)``, summed as the buffer of the dataset's time sums them,
+``discounts.dot(rewards)``; Dopamine 4's ``np.sum`` in float32 differs in the last bit of some), ``terminated`` where
 Dopamine's ``terminal`` is 1, and the same set of transitions to draw from, with two exceptions,
 both at a *gap* (rows the buffer overwrote between two saves, which no checkpoint holds): the
 ``k - 1`` moves after a gap are sampled with their stacks padded by zeros, where Dopamine's

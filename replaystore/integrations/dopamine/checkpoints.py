@@ -143,7 +143,8 @@ def load(folder: Path, number: int) -> Checkpoint:
             raise CorruptStoreError(f"$store$_{name}_ckpt.{number}.gz in {folder} holds {arrays[name].dtype} values; "
                                     "Dopamine's are numbers of another kind: it is not a Dopamine checkpoint")
     terminal = arrays["terminal"]
-    if ((terminal != 0) & (terminal != 1)).any():
+    written = terminal[:count]  # (a ring not yet full holds whatever np.empty left in the rest: never read)
+    if ((written != 0) & (written != 1)).any():
         raise CorruptStoreError(f"$store$_terminal_ckpt.{number}.gz in {folder} holds values other than 0 and 1")
     return Checkpoint(folder=folder, number=number, add_count=count, capacity=cap, stack=stack, horizon=horizon,
                       action=arrays["action"], reward=arrays["reward"].astype(np.float32, copy=False),
