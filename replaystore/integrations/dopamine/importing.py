@@ -118,11 +118,14 @@ def _frames(plan: RunPlan, read: list[int], total: int, progress: Progress | Non
                 raise CorruptStoreError(f"row {row:,} of {seg.checkpoint} should be one of the zero frames Dopamine "
                                         "writes before an episode's first, and is not: these are not Dopamine's DQN "
                                         "replay checkpoints")
-            kept = block[keep]
-            twice = zero_after[keep]
-            if twice.any():
-                kept = np.repeat(kept, 1 + twice.astype(np.int64), axis=0)
-                kept[np.cumsum(1 + twice)[twice] - 1] = 0  # (a copy: the zero frame after a terminal row)
+            rows = np.flatnonzero(keep)
+            twice = zero_after[rows]
+            if not twice.any():
+                kept = block if rows.size == n else block[rows]
+            else:  # one gather of the frames: each terminal row's twice, its copy zeroed
+                reps = 1 + twice.astype(np.int64)
+                kept = block[np.repeat(rows, reps)]
+                kept[np.cumsum(reps)[twice] - 1] = 0  # the zero frame after a terminal row
             i += n
             read[0] += n
             if progress is not None:
