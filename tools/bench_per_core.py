@@ -34,7 +34,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 from atari_frames import OUT  # noqa: E402
-from harness import child, median, order, rate, report, save  # noqa: E402
+from harness import child, median, order, rate, ratio, report, save  # noqa: E402
 from peer_contenders import STACK, Cpprb, Transitions, frames_source  # noqa: E402
 
 BATCH = 32
@@ -175,17 +175,18 @@ def main() -> int:
     print("| contender | batches/s | us a batch | / cpprb | peak RSS | RSS / cpprb | plan | finish (decode + gather) |")
     print("|---|---|---|---|---|---|---|---|")
     summary = {}
+    rates = [{name: rs[name]["batches_per_s"] for name in names} for rs in rounds]
     for name in names:
         bps = median(rs[name]["batches_per_s"] for rs in rounds)
-        ratio = median(rs[name]["batches_per_s"] / rs["cpprb"]["batches_per_s"] for rs in rounds)
+        vs = ratio(rates, name, "cpprb")
         rss = max(rs[name]["peak_rss_mb"] for rs in rounds)
         rss_ratio = rss / max(rs["cpprb"]["peak_rss_mb"] for rs in rounds)
         plan = median(rs[name].get("plan_us", float("nan")) for rs in rounds)
         finish = median(rs[name].get("finish_us", float("nan")) for rs in rounds)
-        summary[name] = {"batches_per_s": bps, "vs_cpprb": ratio, "peak_rss_mb": rss, "rss_vs_cpprb": rss_ratio,
+        summary[name] = {"batches_per_s": bps, "vs_cpprb": vs, "peak_rss_mb": rss, "rss_vs_cpprb": rss_ratio,
                          "plan_us": plan, "finish_us": finish}
         split = f"{plan:.0f} us | {finish:.0f} us" if np.isfinite(plan) else " | "
-        print(f"| {name} | {bps:,.0f} | {1e6 / bps:.0f} | {ratio:.2f} | {rss:,.0f} MB | {rss_ratio:.3f} | {split} |")
+        print(f"| {name} | {bps:,.0f} | {1e6 / bps:.0f} | {vs:.2f} | {rss:,.0f} MB | {rss_ratio:.3f} | {split} |")
     save(args.json, {"transitions": n, "core": args.core, "rounds": rounds, "summary": summary})
     return 0
 
