@@ -247,7 +247,7 @@ def ram_state(store: ReplayStore) -> dict[str, object]:
     """Everything in RAM that ``add`` may change, copied."""
     ring, (stream,) = store.ring, store.writers
     writer = stream.shards
-    return {**{name: values.copy() for name, values in ring.fields.items()}, "valid": ring.valid.copy(),
+    return {**{name: np.array(values) for name, values in ring.fields.items()}, "valid": np.array(ring.valid),
             "counters": (ring.added, ring.oldest, ring.n_valid, sorted(ring.dirty_shards)),
             "chunks": list(writer.frames.chunks), "open": writer.frames.open.copy(),
             "region": (writer.region, writer.region_dirty, writer.episodes, writer.frames.open_index),

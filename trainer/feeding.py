@@ -114,7 +114,7 @@ class Learning:
             return False
         if self.sampler is None:
             return True
-        return any(ring.added and bool(ring.is_last.any()) for ring in store.rings.streams)
+        return any(ring.added and bool(ring.is_last[:].any()) for ring in store.rings.streams)
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:

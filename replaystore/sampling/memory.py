@@ -5,8 +5,12 @@ Everything a store keeps in RAM is sized by a knob the user controls:
 ==================  ============================================  =====================================
 part                size                                          knob
 ==================  ============================================  =====================================
-per-step scalars    capacity x 20 bytes (7 fields + bitmap)       ``capacity``
-priority tree       32 bytes x 2**ceil(log2(capacity))            ``capacity`` (built on first use)
+per-step scalars    capacity x 8 bytes (a Discrete action of at    ``capacity``
+                    most 256 values: flags 1, action 1, reward
+                    4 (1 while it has at most 256 distinct
+                    values), priority code 1; extras as stored)
+priority tree       32 bytes x 2**ceil(log2(capacity / 64)),      ``capacity`` (built on first use)
+                    and 3 bytes a step to widen the priorities
 write buffer        per stream written: the shard being filled,   ``layout.shard_len``
                     compressed, and one chunk raw; counted as
                     2 x shard_len x frame bytes, what frames
@@ -14,9 +18,11 @@ write buffer        per stream written: the shard being filled,   ``layout.shard
 chunk cache         at most ``cache_bytes``: compressed chunks,   ``cache_bytes``
                     and for frames <= 1 KiB the ring decoded
                     where it fits in half (storage/mirror.py)
-cache lookup        8 bytes per chunk of the ring                 ``capacity``, ``layout.obs_chunk_len``
+cache lookup        8 bytes per chunk of a ring of at most 4M     ``capacity``, ``layout.obs_chunk_len``
+                    chunks (past that: none)
 decode areas        128 chunks per decoding thread                ``decode_threads``, ``obs_chunk_len``
-shard indexes       16 bytes per chunk of every shard file read   ``capacity`` (or ``layout.obs_chunk_len``)
+shard indexes       16 bytes per chunk of the shards read last,   ``capacity`` (or ``layout.obs_chunk_len``)
+                    at most 64 MB
 sampling buffers    a thread's recycled outputs for batches of    the threads that call ``sample``
                     32 (16 of them) and its scratch
 prefetch blocks     (depth + 4) blocks of batches_per_call        ``batches_per_call``, ``prefetch``,
@@ -43,8 +49,14 @@ from typing import Any
 import numpy as np
 
 from replaystore.errors import ConfigError, SampleError
+from replaystore.format.extras import PREFIX as EXTRAS
 from replaystore.format.schema import Layout, Schema, scalar_fields, slot_count
+from replaystore.format.spaces import DiscreteSpec
+from replaystore.sampling.priority import BLOCK as PRIORITY_BLOCK
 from replaystore.storage.areas import OUTPUT_POOL
+from replaystore.storage.backend import KNOWN_INDEX_BYTES
+from replaystore.storage.chunkcache import LIST_CHUNKS
+from replaystore.storage.columns import action_ram_dtype
 
 DECODE_AREA_CHUNKS = 128
 #: A decode process before its buffers: the interpreter, numpy and libzstd (private memory, measured).
@@ -70,23 +82,41 @@ def estimate(schema: Schema, layout: Layout, *, writable: bool | int, cache_byte
     ``writable``: how many streams this process writes (True: one)."""
     cap = slot_count(schema, layout)
     frame = schema.observation.frame_bytes
-    per_step = 1 + sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize  # + 1: the sampleable bitmap
-                       for shape, dtype in scalar_fields(schema.action, schema.extras).values())
-    tree_leaves = 1 << max(0, int(cap - 1).bit_length())
+    per_step = ram_bytes_per_step(schema)
+    blocks = -(-cap // PRIORITY_BLOCK)
+    tree_blocks = 1 << max(0, int(blocks - 1).bit_length())
     chunks_per_shard = layout.shard_len // layout.obs_chunk_len
     n_shards = -(-cap // layout.shard_len)
-    open_shards = n_shards  # every shard's index is kept once read (storage/shardfiles.py)
+    n_chunks = n_shards * chunks_per_shard
     batch_frames = max(256, 2 * 32 * schema.frame_stack)  # obs and next_obs of a batch of 32
     return {
         "scalars": cap * per_step,
-        "priority_tree": 2 * 2 * tree_leaves * 8,
+        # the tree over blocks, and the priorities widened from codes to float32 (columns.py)
+        "priority_tree": 2 * 2 * tree_blocks * 8 + 3 * cap,
         "write_buffer": 2 * layout.shard_len * frame * int(writable),
         "chunk_cache": int(cache_bytes),
-        "cache_lookup": 8 * n_shards * chunks_per_shard,
+        "cache_lookup": 8 * n_chunks if n_chunks <= LIST_CHUNKS else 0,  # (past that: a dict of what is cached)
         "decode_areas": max(1, decode_threads) * DECODE_AREA_CHUNKS * layout.obs_chunk_len * frame,
-        "shard_indexes": open_shards * chunks_per_shard * 16,
+        "shard_indexes": min(n_chunks * 16, KNOWN_INDEX_BYTES),
         "sampling_buffers": (OUTPUT_POOL + 1) * batch_frames * frame,
     }
+
+
+def ram_bytes_per_step(schema: Schema) -> int:
+    """The RAM a step's scalars take (columns.py): a byte for the four flags, the action's narrowest
+    type, a byte for the priority's code, the reward as float32 (its code takes one byte, but a
+    reward of more than 256 distinct values widens to four: the estimate takes the larger), the
+    extras as stored; ``ep_step`` is an index of episode starts (8 bytes an episode, not counted)."""
+    fields = scalar_fields(schema.action, schema.extras)
+    action = schema.action
+    per_step = 1 + 1 + 4  # the flags' byte, the priority's code, the reward
+    per_step += action_ram_dtype(action).itemsize if isinstance(action, DiscreteSpec) else _nbytes(fields["action"])
+    return per_step + sum(_nbytes(spec) for name, spec in fields.items() if name.startswith(EXTRAS))
+
+
+def _nbytes(spec: tuple[tuple[int, ...], str]) -> int:
+    shape, dtype = spec
+    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
 
 
 def prefetch_estimate(schema: Schema, layout: Layout, *, block_nbytes: int, batches_per_block: int,

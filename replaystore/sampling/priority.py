@@ -6,11 +6,15 @@ per-step field, so a reopened store samples with it). A transition is drawn with
 ``(N * P(i))**-beta`` normalised by the largest possible weight, i.e. ``(leaf_i / min_leaf)**-beta``.
 New transitions enter with the largest priority seen so far (1.0 in a fresh store).
 
-The tree lives in two flat arrays in heap layout (``sum`` and ``min``, 2*2**ceil(log2(capacity))
-float64 each, 32 MB for a million slots) whose leaves are ``p**alpha`` for sampleable slots and 0
-otherwise. It is built lazily on the first prioritized call, rebuilt when ``alpha`` changes, and
-every operation is a loop over the tree's levels (20 for a million slots) of numpy calls over the
-whole batch: a set of updates touches each level once; a batch of draws descends once.
+The tree is two flat arrays in heap layout (``sum`` and ``min``, float64) over *blocks* of
+``BLOCK`` slots: 2 * 2**ceil(log2(capacity / BLOCK)) entries each, half a byte a slot (32 bytes a
+slot for a tree over every slot, which would not fit a 250M-step store in RAM). A leaf, ``p**alpha``
+for a sampleable slot and 0 otherwise, is not kept: it is computed from the priority column and
+the sampleable bitmap where needed, and a block's sum and minimum are recomputed from its leaves
+whenever one of them changes, so they never drift. The tree is built lazily on the first
+prioritized call, rebuilt when ``alpha`` changes, and every operation is a loop over its levels of
+numpy calls over the whole batch: a set of updates touches each level once; a batch of draws
+descends once, then finds each draw's slot within its block from that block's cumulative sums.
 
 Keeping leaves in step with the ring without a hook in its hot path: between two syncs, the
 sampleable bitmap can only change near the two ends of the live range (steps retired at the tail,
@@ -20,12 +24,18 @@ plus the one before them that gained its successor). ``sync`` recomputes exactly
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from replaystore.errors import SampleError
+from replaystore.storage.ring import BLOCK_STEPS
 from replaystore.storage.rings import Rings
+
+#: Slots per leaf block of the sum tree: its RAM is 32 bytes a block (0.5 a slot), and a draw
+#: computes one block's leaves.
+BLOCK = 64
 
 #: Priorities are clipped below to this, so every transition keeps a non-zero chance to be replayed.
 MIN_PRIORITY = 1e-6
@@ -63,14 +73,20 @@ def check_slots(index: Any, size: int) -> np.ndarray:
 
 
 class SumTree:
-    """Sums and minima over ``capacity`` non-negative leaves; a leaf of 0 is never drawn."""
+    """Sums and minima of non-negative leaves over ``capacity`` slots, a tree over blocks of
+    ``BLOCK`` slots; a leaf of 0 is never drawn. The leaves are not kept: ``leaf_values(slots)``
+    computes them (from the priorities and the sampleable bitmap), and ``refresh(slots)`` is told
+    which changed."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, leaf_values: Callable[[np.ndarray], np.ndarray]) -> None:
         self.capacity = capacity
-        self.size = 1 << max(0, int(capacity - 1).bit_length())
+        self.leaf_values = leaf_values
+        self.blocks = -(-capacity // BLOCK)
+        self.size = 1 << max(0, int(self.blocks - 1).bit_length())
         self.depth = self.size.bit_length() - 1
         self.sum = np.zeros(2 * self.size, dtype=np.float64)
         self.min = np.full(2 * self.size, np.inf, dtype=np.float64)
+        self._within = np.arange(BLOCK, dtype=np.int64)
 
     @property
     def total(self) -> float:
@@ -82,33 +98,44 @@ class SumTree:
         return float(self.min[1])
 
     def leaves(self, slots: np.ndarray) -> np.ndarray:
-        return self.sum[np.asarray(slots, dtype=np.int64) + self.size]
+        return self.leaf_values(np.asarray(slots, dtype=np.int64))
 
-    def set(self, slots: np.ndarray, values: np.ndarray) -> None:
-        """Set leaves ``slots`` to ``values`` and fix their ancestors, one numpy pass per level."""
-        idx = np.asarray(slots, dtype=np.int64) + self.size
-        if idx.size == 0:
+    def _block_leaves(self, blocks: np.ndarray) -> np.ndarray:
+        """``(len(blocks), BLOCK)`` leaves of ``blocks`` (0 past the last slot)."""
+        slots = blocks[:, None] * BLOCK + self._within[None, :]
+        inside = slots < self.capacity
+        values = self.leaf_values(np.minimum(slots, self.capacity - 1))
+        return np.where(inside, values, 0.0)
+
+    def _set_blocks(self, blocks: np.ndarray, values: np.ndarray) -> None:
+        idx = blocks + self.size
+        self.sum[idx] = values.sum(axis=1)
+        self.min[idx] = np.where(values > 0, values, np.inf).min(axis=1)
+
+    def refresh(self, slots: np.ndarray) -> None:
+        """Recompute the blocks holding ``slots`` from their leaves, and their ancestors."""
+        blocks = np.unique(np.asarray(slots, dtype=np.int64) // BLOCK)
+        if blocks.size == 0:
             return
-        values = np.asarray(values, dtype=np.float64)
-        self.sum[idx] = values
-        self.min[idx] = np.where(values > 0, values, np.inf)
-        idx = np.unique(idx >> 1)
-        while True:
+        self._set_blocks(blocks, self._block_leaves(blocks))
+        idx = np.unique((blocks + self.size) >> 1)
+        while idx[0] >= 1:
             left = idx << 1
             self.sum[idx] = self.sum[left] + self.sum[left + 1]
             self.min[idx] = np.minimum(self.min[left], self.min[left + 1])
-            if idx[0] <= 1:
+            if idx[0] == 1:
                 return
             idx = np.unique(idx >> 1)
 
-    def rebuild(self, values: np.ndarray) -> None:
-        """Set every leaf at once (``values`` has ``capacity`` entries)."""
+    def rebuild(self) -> None:
+        """Recompute every block (a million slots at a time), then the levels above."""
         size = self.size
         self.sum[size:] = 0.0
-        self.sum[size : size + self.capacity] = values
         self.min[size:] = np.inf
-        leaves = self.sum[size:]
-        self.min[size:][leaves > 0] = leaves[leaves > 0]
+        step = max(1, (1 << 20) // BLOCK)
+        for first in range(0, self.blocks, step):
+            blocks = np.arange(first, min(first + step, self.blocks), dtype=np.int64)
+            self._set_blocks(blocks, self._block_leaves(blocks))
         start = size
         while start > 1:
             half = start >> 1
@@ -126,7 +153,13 @@ class SumTree:
             right = u >= left_sum
             u -= np.where(right, left_sum, 0.0)
             idx = left + right
-        return idx - self.size
+        blocks = idx - self.size
+        values = self._block_leaves(blocks)
+        within = (np.cumsum(values, axis=1) <= u[:, None]).sum(axis=1)
+        # rounding can carry a mass past its block's last leaf: it is that leaf's (the last non-zero)
+        last = BLOCK - 1 - np.argmax(values[:, ::-1] > 0, axis=1)
+        within = np.minimum(within, last)
+        return blocks * BLOCK + within
 
 
 class Priorities:
@@ -156,13 +189,17 @@ class Priorities:
         whole live range): a value never set (an older store) or damaged becomes 1.0. Returns the
         largest, or None when there are none."""
         ring = self.rings.streams[k]
-        live = np.arange(max(ring.lo, start if start is not None else ring.lo), ring.added, dtype=np.int64)
-        live %= ring.capacity
-        p = ring.priority[live]
-        bad = live[~(np.isfinite(p) & (p >= MIN_PRIORITY))]
-        ring.priority[bad] = 1.0
-        good = ring.priority[live]
-        return float(good.max()) if good.size else None
+        best: float | None = None
+        first = max(ring.lo, start if start is not None else ring.lo)
+        for at in range(first, ring.added, BLOCK_STEPS):  # (a block at a time: the temporaries stay small)
+            live = np.arange(at, min(at + BLOCK_STEPS, ring.added), dtype=np.int64) % ring.capacity
+            p = ring.priority[live]
+            bad = live[~(np.isfinite(p) & (p >= MIN_PRIORITY))]
+            if bad.size:
+                ring.priority[bad] = 1.0
+                p = ring.priority[live]
+            best = max(best if best is not None else -np.inf, float(p.max()))
+        return best
 
     # ---------------------------------------------------------------------------------------------
     # Updates
@@ -175,7 +212,7 @@ class Priorities:
         rings.mark_priority_dirty(slots)
         self.max_priority = max(self.max_priority, float(priority.max()))
         if self.tree is not None:
-            self.tree.set(slots, self._leaf_values(slots))
+            self.tree.refresh(slots)
 
     def sync(self, alpha: float) -> SumTree:
         """The tree for ``alpha``, with every leaf that the streams changed since the last sync fixed."""
@@ -183,9 +220,9 @@ class Priorities:
         now = [(r.lo, r.added) for r in rings.streams]
         if self.tree is None or alpha != self.alpha:
             if self.tree is None:
-                self.tree = SumTree(rings.size)
+                self.tree = SumTree(rings.size, self._leaf_values)
             self.alpha = alpha
-            self.tree.rebuild(self._leaf_values(np.arange(rings.size, dtype=np.int64)))
+            self.tree.rebuild()
         elif now != self._seen:
             k1 = rings.frame_stack - 1
             changed = []
@@ -200,8 +237,7 @@ class Priorities:
                 else:
                     changed.append(k * rings.stride + np.concatenate([tail, head]) % ring.capacity)
             if changed:
-                slots = np.unique(np.concatenate(changed))
-                self.tree.set(slots, self._leaf_values(slots))
+                self.tree.refresh(np.concatenate(changed))
         self._seen = now
         return self.tree
 

@@ -31,6 +31,10 @@ Whole = tuple[memoryview, list[tuple[int, int]]]
 FRAMES = "obs"
 
 
+#: The most bytes of shard indexes a store's frame shards keep once read (local/deferred.py).
+KNOWN_INDEX_BYTES = 64 * 2**20
+
+
 class FrameShards(ABC):
     """The frame array's shards as the read path sees them: each chunk's verified compressed bytes,
     from the commits the store reads. A read has two steps, so that no disk or network read happens

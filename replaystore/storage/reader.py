@@ -39,7 +39,6 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from itertools import accumulate
-from operator import itemgetter
 
 import numpy as np
 
@@ -212,10 +211,9 @@ class FrameReader:
         ids = id_array.tolist()
         offset = kept % self.chunk_len
         # the hot path, one C-level pass: ~48 random chunks of a 125,000-chunk cache took ~12-22 us
-        # through the dict (its index, its entry, the payload: a cache miss each) and ~3-8 through the
-        # list, with the GIL held; what a second sampling thread can overlap is what is not held
-        by_id = self.cache.by_id
-        found = list(itemgetter(*ids)(by_id)) if len(ids) > 1 else [by_id[i] for i in ids]
+        # through a dict (its index, its entry, the payload: a cache miss each) and ~3-8 through a
+        # list, with the GIL held (chunkcache.py keeps a list up to LIST_CHUNKS chunks)
+        found = self.cache.lookup(ids)
         # ``None in found``: a C-level scan first (~1,600 chunks for a prefetcher block, all cached
         # in the benchmark), the Python pass only when something is missing
         from_writers = writers_payloads(live, code, id_array, found, self.chunks_per_shard,
@@ -255,10 +253,10 @@ class FrameReader:
         reads = list(todo.values())
         if self.first_miss is not None:
             self._warm_on_first_miss()
-        by_id, generation, per_shard = self.cache.by_id, self.cache.generation, self.chunks_per_shard
+        get, generation, per_shard = self.cache.get, self.cache.generation, self.chunks_per_shard
         cached = []
         for r in reads:  # cached since it was planned (the payload read before the generation: one of a newer
-            payload = by_id[r.cid]  # file never passes)
+            payload = get(r.cid)  # file never passes)
             if payload is not None and generation[r.cid // per_shard] == r.generation:
                 r.payload = payload
                 cached.append(r)

@@ -10,9 +10,11 @@ index within its episode, which is all frame stacking needs: offset ``m`` of the
 Step ``t`` is a sampleable (1-step) transition when it is live, not last, its successor ``t+1`` is
 stored, and its stack does not reach below the oldest live step. That set is kept as a per-slot
 bitmap ``valid`` with a count, updated at O(frame_stack) cost per step, so ``len()`` is O(1) and
-uniform sampling is one vectorised draw plus a gather. The scalars are small (19 bytes a step with a
-Discrete action, plus 1 for the bitmap; a Box action and the store's extras add their own bytes), so
-the whole ring of them lives in RAM (20 MB per million steps) and is written to disk as shards.
+uniform sampling is one vectorised draw plus a gather. The whole ring of scalars lives in RAM and is
+written to disk as shards; in RAM they are narrow (columns.py): 4 bytes a step with a ``Discrete``
+action of at most 256 values and at most 256 distinct rewards and priorities (the flags and the
+bitmap share a byte; ``ep_step`` is an index of episode starts, episteps.py). A Box action and the
+store's extras add their own bytes.
 """
 
 from __future__ import annotations
@@ -22,14 +24,13 @@ from typing import Any
 import numpy as np
 
 from replaystore.format.extras import PREFIX as EXTRAS
-from replaystore.format.spaces import StepField
+from replaystore.format.spaces import ActionSpec, StepField
+from replaystore.storage.columns import CODED, BitColumn, CodeColumn, new_columns, region
+from replaystore.storage.episteps import EpisodeSteps
 
 SMALL_RANGE = 16
-
-
-def new_fields(specs: dict[str, StepField], length: int) -> dict[str, np.ndarray]:
-    """Zeroed per-step arrays of ``length`` slots for ``specs`` (schema.scalar_fields)."""
-    return {name: np.zeros((length, *shape), dtype=dtype) for name, (shape, dtype) in specs.items()}
+#: Steps handled at once where a whole ring is scanned (the temporaries: ~20 bytes a step).
+BLOCK_STEPS = 1 << 20
 
 
 def name_fields(obj: Any) -> None:
@@ -43,36 +44,58 @@ def name_fields(obj: Any) -> None:
 class Ring:
     """Per-slot scalars of ``capacity`` steps, the live range and the sampleable bitmap."""
 
-    action: np.ndarray
-    reward: np.ndarray
-    terminated: np.ndarray
-    truncated: np.ndarray
-    is_last: np.ndarray
-    ep_step: np.ndarray
-    priority: np.ndarray
+    # numpy arrays or the narrow columns of columns.py, indexed alike
+    action: Any
+    reward: Any
+    terminated: Any
+    truncated: Any
+    is_last: Any
+    ep_step: EpisodeSteps
+    priority: Any
+    valid: Any
     #: the dtype sampled actions are returned in (schema.batch_action; rings.py sets a Box store's)
     action_dtype = np.dtype(np.int64)
 
-    def __init__(self, capacity: int, frame_stack: int, shard_len: int, fields: dict[str, StepField | np.ndarray], *,
-                 valid: np.ndarray | None = None) -> None:
-        """``fields``: every per-step field, as its spec (schema.scalar_fields: new arrays are made) or
-        as an array of ``capacity`` slots to use (a stream's views of a store's arrays, see rings.py);
-        ``valid`` likewise."""
+    def __init__(self, capacity: int, frame_stack: int, shard_len: int, fields: dict[str, StepField] | None = None,
+                 *, columns: dict[str, Any] | None = None, action: ActionSpec | None = None) -> None:
+        """Either ``fields``, every per-step field's spec (schema.scalar_fields: new columns are made,
+        ``action`` narrows a ``Discrete`` one), or ``columns``: views of a store's columns for this
+        stream, ``valid`` among them, ``ep_step`` not (see rings.py). Each ring keeps its own
+        ``ep_step`` index."""
         self.capacity = capacity
         self.frame_stack = frame_stack
         self.shard_len = shard_len
-        self.fields: dict[str, np.ndarray] = {
-            name: f if isinstance(f, np.ndarray) else np.zeros((capacity, *f[0]), dtype=f[1]) for name, f in fields.items()
-        }
+        if columns is None:
+            assert fields is not None
+            columns = new_columns(fields, capacity, action=action)
+        self.valid = columns["valid"]
+        self.fields: dict[str, Any] = {name: c for name, c in columns.items() if name != "valid"}
+        self.fields["ep_step"] = EpisodeSteps(capacity, self.positions_of_slots, lambda: (self.lo, self.added))
         name_fields(self)
+        # the byte the four flags share, where they do (columns.py), with the reward's and priority's codes
+        shared = [self.fields[name] for name in ("terminated", "truncated", "is_last")] + [self.valid]
+        self._flags: np.ndarray | None = None
+        if all(isinstance(c, BitColumn) and np.may_share_memory(c.byte, shared[0].byte) for c in shared) and all(
+                isinstance(self.fields[name], CodeColumn) for name in CODED):
+            self._flags = shared[0].byte
+            self._last_mask = int(self.is_last.mask)
         #: the extras' arrays (format/extras.py), by field name: zeroed with each new step, set with its move
         self.extras = {name: values for name, values in self.fields.items() if name.startswith(EXTRAS)}
-        self.valid = valid if valid is not None else np.zeros(capacity, dtype=bool)
         self.n_valid = 0
         self.added = 0
         self.oldest = 0
         self.dirty_shards: set[int] = set()  # shards whose scalars changed: every field is rewritten
         self.dirty_priority_shards: set[int] = set()  # shards where only priorities changed
+
+    def positions_of_slots(self, slots: np.ndarray) -> np.ndarray:
+        """The live position each of ``slots`` holds (or would, for a slot not live)."""
+        lo = self.lo
+        return lo + (slots - lo) % self.capacity
+
+    @staticmethod
+    def views(columns: dict[str, Any], start: int, stop: int) -> dict[str, Any]:
+        """Slots ``start .. stop - 1`` of a store's ``columns`` (rings.py), for one stream's ring."""
+        return {name: region(values, start, stop) for name, values in columns.items()}
 
     # ---------------------------------------------------------------------------------------------
     # Live range
@@ -107,15 +130,21 @@ class Ring:
             self._retire_below(position + 1 - self.capacity)
         s = position % self.capacity
         self.action[s] = 0
-        self.reward[s] = 0.0
-        self.terminated[s] = False
-        self.truncated[s] = False
-        self.is_last[s] = is_last
-        self.priority[s] = 0.0
-        self.ep_step[s] = ep_step
+        if self._flags is not None:  # every flag at once (the sampleable one too), then the codes
+            self._flags[s] = self._last_mask if is_last else 0
+            self.reward.zero(s)
+            self.priority.zero(s)
+        else:
+            self.reward[s] = 0.0
+            self.terminated[s] = False
+            self.truncated[s] = False
+            self.is_last[s] = is_last
+            self.priority[s] = 0.0
+        self.ep_step.append(position, ep_step)
         for values in self.extras.values():
             values[s] = 0
-        self.valid[s] = False
+        if self._flags is None:
+            self.valid[s] = False
         self.added = position + 1
         self.dirty_shards.add(s // self.shard_len)
         return position
@@ -140,7 +169,7 @@ class Ring:
         lo = self.lo
         if self.is_last[s] or position + 1 >= self.added or position < lo or self.valid[s]:
             return
-        if position - min(self.frame_stack - 1, int(self.ep_step[s])) >= lo:
+        if position - min(self.frame_stack - 1, self.ep_step.of(position)) >= lo:
             self.valid[s] = True
             self.n_valid += 1
 
@@ -162,7 +191,7 @@ class Ring:
                     self.n_valid -= 1
             for p in range(new_lo, min(new_lo + k1, self.added)):
                 s = p % self.capacity
-                if self.valid[s] and p - min(k1, int(self.ep_step[s])) < new_lo:
+                if self.valid[s] and p - min(k1, self.ep_step.of(p)) < new_lo:
                     self.valid[s] = False
                     self.n_valid -= 1
         else:
@@ -171,9 +200,10 @@ class Ring:
             self.valid[dead] = False
             edge = np.arange(new_lo, min(new_lo + k1, self.added))
             es = edge % self.capacity
-            bad = es[self.valid[es] & (edge - np.minimum(k1, self.ep_step[es]) < new_lo)]
+            bad = es[self.valid[es] & (edge - np.minimum(k1, self.ep_step.at(edge)) < new_lo)]
             self.n_valid -= int(bad.size)
             self.valid[bad] = False
+        self.ep_step.trim(new_lo)
 
     # ---------------------------------------------------------------------------------------------
     # Reading
@@ -186,20 +216,24 @@ class Ring:
 
     def revalidate(self, start: int) -> None:
         """Recompute the bitmap for positions from ``start`` on (after newer steps were loaded from
-        disk there: ``refresh``); positions below ``start`` keep theirs."""
+        disk there: ``refresh``); positions below ``start`` keep theirs. Done a block of steps at a
+        time, so that the temporaries stay small whatever the ring's length."""
         start = max(start, self.lo)
-        positions = np.arange(start, max(start, self.added), dtype=np.int64)
-        slots = positions % self.capacity
-        self.n_valid -= int(np.count_nonzero(self.valid[slots]))
-        ok = ~self.is_last[slots] & (positions - np.minimum(self.frame_stack - 1, self.ep_step[slots]) >= self.lo)
-        ok[-1:] = False  # the head has no successor yet
-        self.valid[slots] = ok
-        self.n_valid += int(np.count_nonzero(ok))
+        for first in range(start, max(start, self.added), BLOCK_STEPS):
+            positions = np.arange(first, min(first + BLOCK_STEPS, self.added), dtype=np.int64)
+            slots = positions % self.capacity
+            self.n_valid -= int(np.count_nonzero(self.valid[slots]))
+            ep = self.ep_step.at(positions)
+            ok = ~self.is_last[slots] & (positions - np.minimum(self.frame_stack - 1, ep) >= self.lo)
+            if positions[-1] == self.added - 1:
+                ok[-1] = False  # the head has no successor yet
+            self.valid[slots] = ok
+            self.n_valid += int(np.count_nonzero(ok))
 
     def stack_positions(self, positions: np.ndarray) -> np.ndarray:
         """``(len, frame_stack)`` positions of the frames stacked at each step, oldest first."""
         offsets = np.arange(self.frame_stack - 1, -1, -1, dtype=np.int64)
-        ep = self.ep_step[positions % self.capacity].astype(np.int64)
+        ep = self.ep_step.at(positions).astype(np.int64)
         return positions[:, None] - np.minimum(offsets[None, :], ep[:, None])
 
     def episode_ends(self) -> np.ndarray:

@@ -16,13 +16,16 @@ is the stream's position and a slot is ``p % capacity``: one-stream stores behav
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from replaystore.format.extras import PREFIX as EXTRAS
 from replaystore.format.extras import ExtraSpec
 from replaystore.format.schema import MAX_POSITION, batch_action, scalar_fields
 from replaystore.format.spaces import ActionSpec
-from replaystore.storage.ring import Ring, name_fields, new_fields
+from replaystore.storage.columns import new_columns
+from replaystore.storage.ring import Ring, name_fields
 
 SHIFT = MAX_POSITION.bit_length()  # 46: a stream may add 2**46 steps (70 trillion)
 MASK = (1 << SHIFT) - 1
@@ -35,13 +38,14 @@ ZERO_FRAME = -1
 class Rings:
     """The store's scalar arrays (``size`` slots) and one ``Ring`` view per stream."""
 
-    action: np.ndarray
-    reward: np.ndarray
-    terminated: np.ndarray
-    truncated: np.ndarray
-    is_last: np.ndarray
-    ep_step: np.ndarray
-    priority: np.ndarray
+    # numpy arrays or the narrow columns of columns.py, indexed alike
+    action: Any
+    reward: Any
+    terminated: Any
+    truncated: Any
+    is_last: Any
+    ep_step: StoreEpisodeSteps
+    priority: Any
 
     def __init__(self, num_streams: int, stream_capacity: int, stride: int, frame_stack: int, shard_len: int,
                  action: ActionSpec, *, zero_padding: bool = False, extras: tuple[ExtraSpec, ...] = ()) -> None:
@@ -54,18 +58,19 @@ class Rings:
         self.size = stride * num_streams
         self.frame_stack = frame_stack
         self.shard_len = shard_len
-        self.fields = new_fields(scalar_fields(action, extras), self.size)
+        columns = new_columns(scalar_fields(action, extras), self.size, action=action)
         self.action_dtype = np.dtype(batch_action(action)[1])
-        self.valid = np.zeros(self.size, dtype=bool)
+        self.valid = columns["valid"]
         #: the priority a new transition is written with (the prioritized sampler raises it to the
         #: largest priority it has seen, so a new transition is drawn at least as often as any other)
         self.new_priority = 1.0
         self.streams: list[Ring] = []
         for k in range(num_streams):
-            region = slice(k * stride, k * stride + stream_capacity)
-            self.streams.append(Ring(stream_capacity, frame_stack, shard_len, valid=self.valid[region],
-                                     fields={name: values[region] for name, values in self.fields.items()}))
+            self.streams.append(Ring(stream_capacity, frame_stack, shard_len,
+                                     columns=Ring.views(columns, k * stride, k * stride + stream_capacity)))
             self.streams[-1].action_dtype = self.action_dtype
+        self.fields: dict[str, Any] = {name: c for name, c in columns.items() if name != "valid"}
+        self.fields["ep_step"] = StoreEpisodeSteps(self)
         name_fields(self)
         #: the extras' arrays (format/extras.py), by field name
         self.extras = {name: values for name, values in self.fields.items() if name.startswith(EXTRAS)}
@@ -125,7 +130,7 @@ class Rings:
         A frame before its episode's first step is that first step again (reset padding) or, in a
         zero-padded store, ``ZERO_FRAME`` (the reader fills it with zeros)."""
         offsets = np.arange(self.frame_stack - 1, -1, -1, dtype=np.int64)
-        ep = self.ep_step[self.slots(positions)].astype(np.int64)
+        ep = self.ep_step.at(positions).astype(np.int64)
         stacks = positions[:, None] - np.minimum(offsets[None, :], ep[:, None])
         if self.zero_padding and self.frame_stack > 1:
             stacks[offsets[None, :] > ep[:, None]] = ZERO_FRAME
@@ -136,3 +141,57 @@ class Rings:
         for k, local in zip(*np.unique(np.stack([slots // self.stride, (slots % self.stride) // self.shard_len]),
                                        axis=1)):
             self.streams[int(k)].dirty_priority_shards.add(int(local))
+
+
+class StoreEpisodeSteps:
+    """``ep_step`` by the store's slot or global position: each stream's index (episteps.py)."""
+
+    dtype = np.dtype(np.int32)
+
+    def __init__(self, rings: Rings) -> None:
+        self.rings = rings
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.rings.size,)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(r.ep_step.nbytes for r in self.rings.streams)
+
+    def copy(self) -> np.ndarray:
+        """Every slot's value, as a numpy array."""
+        return np.asarray(self[np.arange(self.rings.size)])
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        out = self.copy()
+        return out if dtype is None else out.astype(dtype)
+
+    def __len__(self) -> int:
+        return self.rings.size
+
+    def __getitem__(self, slots: Any) -> Any:
+        """``ep_step`` by the store's slot (0 where no live step is)."""
+        rings = self.rings
+        if rings.num_streams == 1:
+            return rings.streams[0].ep_step[slots]
+        slots = np.asarray(slots, dtype=np.int64)
+        k, local = slots // rings.stride, slots % rings.stride
+        out = np.zeros(slots.shape, dtype=self.dtype)
+        for stream in np.unique(k).tolist():
+            mask = k == stream
+            out[mask] = rings.streams[stream].ep_step[np.minimum(local[mask], rings.stream_capacity - 1)]
+        return out
+
+    def at(self, positions: np.ndarray) -> np.ndarray:
+        """``ep_step`` of live global ``positions`` (any shape)."""
+        rings = self.rings
+        if rings.num_streams == 1:
+            return rings.streams[0].ep_step.at(positions)
+        k = positions >> SHIFT
+        local = positions & MASK
+        out = np.zeros(np.shape(positions), dtype=self.dtype)
+        for stream in np.unique(k).tolist():
+            mask = k == stream
+            out[mask] = rings.streams[stream].ep_step.at(local[mask])
+        return out

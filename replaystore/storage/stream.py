@@ -17,6 +17,7 @@ import numpy as np
 from replaystore.errors import ConfigError
 from replaystore.format.schema import Layout, Schema, State
 from replaystore.storage.backend import Backend
+from replaystore.storage.episteps import Loading
 from replaystore.storage.reader import FrameReader
 from replaystore.storage.rings import SHIFT, Rings
 from replaystore.storage.writer import ShardWriter
@@ -86,7 +87,7 @@ class StreamWriter:
             ring.priority[head % ring.capacity] = self.rings.new_priority
             writer.put_frame(ring.added, next_obs)
             done = terminated or truncated
-            ring.append_step(int(ring.ep_step[head % ring.capacity]) + 1, done)
+            ring.append_step(ring.ep_step.of(head) + 1, done)
             ring.mark_transition(head)
         except BaseException:
             if undo is not None:
@@ -103,15 +104,17 @@ class StreamWriter:
         lo = ring.lo
         positions = np.r_[frames[0] - 1 : frames[-1] + 1, lo : lo + len(frames) + ring.frame_stack].astype(np.int64)
         slots = np.unique(positions[positions >= 0] % ring.capacity)
-        saved = {name: values[slots].copy() for name, values in ring.fields.items()}
+        saved = {name: values[slots].copy() for name, values in ring.fields.items() if name != "ep_step"}
+        starts = ring.ep_step.snapshot()
         valid = ring.valid[slots].copy()
         counters = (ring.added, ring.oldest, ring.n_valid, set(ring.dirty_shards), set(ring.dirty_priority_shards))
         head_obs = self.head_obs
         restore_writer = self.shards.undo_point(frames)
 
         def undo() -> None:
-            for name, values in ring.fields.items():
-                values[slots] = saved[name]
+            for name, value in saved.items():
+                ring.fields[name][slots] = value
+            ring.ep_step.restore(starts)
             ring.valid[slots] = valid
             ring.added, ring.oldest, ring.n_valid = counters[:3]
             ring.dirty_shards, ring.dirty_priority_shards = set(counters[3]), set(counters[4])
@@ -143,13 +146,19 @@ class StreamWriter:
             raise ConfigError(f"load_steps fills an empty stream with at most {ring.capacity} steps and every "
                               f"per-step field of the same length; {where} holds {ring.added} steps there and "
                               f"{n} were given")
+        loading = Loading(ring.ep_step, 0, fresh=True)
+        loading.feed(np.asarray(scalars["ep_step"]))
+        if loading.broken:
+            ring.ep_step.clear()
+            raise ConfigError(f"load_steps was given an ep_step that does not count up within episodes (step "
+                              f"{loading.first_broken}); each step's is 0 or the step before's plus 1")
         for name, values in ring.fields.items():
-            values[:n] = scalars[name]
+            if name != "ep_step":
+                values[:n] = scalars[name]
         ring.added = n
         ring.dirty_shards.update(range(-(-max(n, 1) // ring.shard_len)))
         ring.rebuild_valid()
-        starts = ring.ep_step[:n] == 0
-        writer.episodes = int(np.count_nonzero(starts)) + (1 if n and not starts[0] else 0)
+        writer.episodes = int(ring.ep_step.starts.size)  # (one begun before step 0 has a virtual start)
         position = 0
         for block in frame_blocks:
             for frame in block:

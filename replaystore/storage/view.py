@@ -122,7 +122,7 @@ class View:
             for shard in sorted(changed):
                 self.reader.invalidate(shard)
             ring.set_oldest(new.live_start(cap))
-            load_scalars(self.backend, k, ring, self.layout, shards=shards, check=False)
+            load_scalars(self.backend, k, ring, self.layout, shards=shards, steps=(first, new.added), check=False)
             ring.added = new.added
             ring.oldest = max(ring.oldest, new.oldest)
             ring.revalidate(first)

@@ -39,7 +39,7 @@ def warm(cache: ChunkCache, files: FrameShards, shards: range | list[int], *, ch
     shards = list(shards)
     added = 0
     for at in range(0, len(shards), GROUP):
-        group = [s for s in shards[at : at + GROUP] if None in cache.by_id[s * per_shard : (s + 1) * per_shard]]
+        group = [s for s in shards[at : at + GROUP] if cache.missing_any(s * per_shard, (s + 1) * per_shard)]
         if not group:
             continue
         generations = [cache.generation[s] for s in group]  # before the keys and bytes are read
@@ -52,7 +52,7 @@ def warm(cache: ChunkCache, files: FrameShards, shards: range | list[int], *, ch
             raw, index = got
             for chunk, (off, nbytes) in enumerate(index):
                 cid = shard * per_shard + chunk
-                if off == EMPTY_OFFSET or cache.by_id[cid] is not None:
+                if off == EMPTY_OFFSET or cid in cache:
                     continue
                 room -= nbytes
                 if room < 0:

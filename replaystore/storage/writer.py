@@ -24,10 +24,11 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
-from replaystore.format.schema import Layout, Schema, State
+from replaystore.format.schema import Layout, Schema, State, scalar_fields
 from replaystore.format.shards import encode_shard
 from replaystore.storage.backend import FRAMES, Backend
 from replaystore.storage.encoders import ChunkCodec
@@ -55,7 +56,9 @@ class ShardWriter:
                                n_chunks=layout.shard_len // layout.obs_chunk_len, codec=self.codec)
         self.region = -1
         self.region_dirty = False
-        self._scalar_buffer: dict[str, np.ndarray] = {}
+        # one shard of each field as stored (the ring's columns may be narrower: columns.py)
+        self._scalar_buffer = {name: np.zeros((layout.shard_len, *shape), dtype=dtype)
+                               for name, (shape, dtype) in scalar_fields(schema.action, schema.extras).items()}
         self.enter_region((ring.added % ring.capacity) // layout.shard_len)
 
     # ---------------------------------------------------------------------------------------------
@@ -169,13 +172,11 @@ class ShardWriter:
         self.reader.invalidate(self.backend.shard_of(self.stream, shard))
         self.region_dirty = False
 
-    def _write_scalar_shard(self, shard: int, fields: dict[str, np.ndarray]) -> None:
+    def _write_scalar_shard(self, shard: int, fields: dict[str, Any]) -> None:
         start = shard * self.layout.shard_len
         rows = self._rows(shard)
         for name, values in fields.items():
-            buf = self._scalar_buffer.get(name)
-            if buf is None:
-                buf = self._scalar_buffer[name] = np.zeros((self.layout.shard_len, *values.shape[1:]), dtype=values.dtype)
+            buf = self._scalar_buffer[name]
             buf[:rows] = values[start : start + rows]
             buf[rows:] = 0
             data = encode_shard(buf, chunk_len=self.layout.shard_len, rows=rows, codec=self.codec)

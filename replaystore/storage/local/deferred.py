@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from replaystore.errors import ChunkChecksumError
 from replaystore.format.shards import CRC_BYTES, EMPTY_OFFSET, INDEX_ENTRY, INDEX_ENTRY_BYTES
+from replaystore.storage.backend import KNOWN_INDEX_BYTES
 from replaystore.storage.chunkread import ChunkRead
 
 NAME = "obs"
@@ -44,6 +45,36 @@ class ShardHandle:
         self.retired = False
 
 
+class KnownIndexes:
+    """Shard indexes already read and checked, by shard, with the file version they belong to: a
+    shard reopened unchanged skips reading its index again. 16 bytes a chunk: kept for the shards
+    read most recently up to ``budget_bytes`` (64 MB: 4,000 Atari shards of 4,096 frames), so that
+    they do not grow with the store (500 MB for every shard of a 250M-step Atari store)."""
+
+    def __init__(self, budget_bytes: int = KNOWN_INDEX_BYTES) -> None:
+        self.budget_bytes = budget_bytes
+        self.held = 0
+        self._known: OrderedDict[int, tuple[Identity, bytes]] = OrderedDict()
+
+    def get(self, shard: int) -> tuple[Identity, bytes] | None:
+        entry = self._known.get(shard)
+        if entry is not None:
+            self._known.move_to_end(shard)
+        return entry
+
+    def __setitem__(self, shard: int, entry: tuple[Identity, bytes]) -> None:
+        self.pop(shard)
+        self._known[shard] = entry
+        self.held += len(entry[1])
+        while self.held > self.budget_bytes and len(self._known) > 1:
+            self.held -= len(self._known.popitem(last=False)[1][1])
+
+    def pop(self, shard: int) -> None:
+        entry = self._known.pop(shard, None)
+        if entry is not None:
+            self.held -= len(entry[1])
+
+
 class DeferredReads:
     """ShardFiles' deferred reads (a mixin over ShardFiles' descriptors, LRU, indexes and pins)."""
 
@@ -52,7 +83,7 @@ class DeferredReads:
     tail: int
     _pins: threading.RLock
     _handles: OrderedDict[int, ShardHandle]
-    _indexes: dict[int, tuple[Identity, bytes]]
+    _indexes: KnownIndexes
     _deferred: dict[int, set[ChunkRead]]
 
     if TYPE_CHECKING:  # ShardFiles' own, used here

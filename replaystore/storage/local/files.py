@@ -56,7 +56,7 @@ from replaystore.format.shards import (
 )
 from replaystore.storage.backend import FRAMES, FrameShards, Whole
 from replaystore.storage.chunkread import ChunkRead
-from replaystore.storage.local.deferred import DeferredReads, Identity, ShardHandle
+from replaystore.storage.local.deferred import DeferredReads, Identity, KnownIndexes, ShardHandle
 from replaystore.storage.readfile import NotAFileError, read_file
 
 log = logging.getLogger(__name__)
@@ -76,9 +76,7 @@ class ShardFiles(DeferredReads, FrameShards):
         self.max_open = lazy_limit()
         self._handles: OrderedDict[int, ShardHandle] = OrderedDict()
         self._pins = threading.RLock()  # guards pins, retired and closing (reads finish outside the store's lock)
-        # shard -> (the file's identity, its index): a shard file reopened unchanged (a store with more
-        # shards than open files) skips reading and checking its index again; 16 bytes a chunk
-        self._indexes: dict[int, tuple[Identity, bytes]] = {}
+        self._indexes = KnownIndexes()  # shard -> (the file's identity, its index), the recent ones
         self._deferred: dict[int, set[ChunkRead]] = {}  # shard -> reads located but not opened yet
         self._paths: dict[int, str] = {}
         self._fds = 0  # descriptors open now: handles in ``_handles`` and retired ones still pinned
@@ -226,7 +224,7 @@ class ShardFiles(DeferredReads, FrameShards):
     def forget(self, shard: int) -> None:
         """Let go of ``shard``'s file (the writer just rewrote it; the next read opens the new one)."""
         with self._pins:
-            self._indexes.pop(shard, None)
+            self._indexes.pop(shard)
             handle = self._handles.pop(shard, None)
         if handle is not None:
             self._retire(handle)
