@@ -1,20 +1,20 @@
-"""Per-step columns kept narrow in RAM: flags as bits of one shared byte, floats as one-byte codes.
+"""Per-step columns kept narrow in RAM: flags as bits of one shared byte, floats as codes.
 
 A store's per-step scalars live in RAM for the whole ring (ring.py), so their width is the store's
 RAM per step. On disk each field keeps its own dtype (schema.scalar_fields: int32 actions, float32
 rewards, one bool each for the flags); in RAM they are narrower, bit for bit the same values:
 
-=============================  ========  =============================================================
-field                          bytes     in RAM
-=============================  ========  =============================================================
-terminated, truncated,         1 (all    ``BitColumn``: one bit each of one byte per slot
+=============================  ==========  ===========================================================
+field                          bytes       in RAM
+=============================  ==========  ===========================================================
+terminated, truncated,         1 (all      ``BitColumn``: one bit each of one byte per slot
 is_last, the sampleable flag   four)
-action (``Discrete``)          1         the narrowest integer dtype that holds the space (rings.py)
-reward, priority               1         ``CodeColumn``: a code into a table of the distinct float32
-                                         values stored so far; at the 257th distinct value it widens
-                                         to float32 (4 bytes), once, for good
-ep_step                        0         an index of episode starts (episodes.py in this folder)
-=============================  ========  =============================================================
+action (``Discrete``)          1           the narrowest integer dtype that holds the space
+reward, priority               0, 1 or 4   ``CodeColumn``: a code into a table of the distinct values
+                                           stored so far: a spare bit of the flags' byte while there
+                                           are at most two, a byte up to 256, then float32 for good
+ep_step                        0           an index of episode starts (episteps.py)
+=============================  ==========  ===========================================================
 
 Both column kinds index like numpy arrays (``column[slots]``, ``column[slots] = values``, slices,
 masks, any index shape) and return numpy arrays of the field's dtype, so the samplers read them as

@@ -11,10 +11,10 @@ Step ``t`` is a sampleable (1-step) transition when it is live, not last, its su
 stored, and its stack does not reach below the oldest live step. That set is kept as a per-slot
 bitmap ``valid`` with a count, updated at O(frame_stack) cost per step, so ``len()`` is O(1) and
 uniform sampling is one vectorised draw plus a gather. The whole ring of scalars lives in RAM and is
-written to disk as shards; in RAM they are narrow (columns.py): 4 bytes a step with a ``Discrete``
-action of at most 256 values and at most 256 distinct rewards and priorities (the flags and the
-bitmap share a byte; ``ep_step`` is an index of episode starts, episteps.py). A Box action and the
-store's extras add their own bytes.
+written to disk as shards; in RAM they are narrow (columns.py): 3 bytes a step with a ``Discrete``
+action of at most 256 values, at most 256 distinct rewards and priorities never updated (the flags,
+the bitmap and a field of at most two values share a byte; ``ep_step`` is an index of episode
+starts, episteps.py). A Box action and the store's extras add their own bytes.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import numpy as np
 
 from replaystore.format.extras import PREFIX as EXTRAS
 from replaystore.format.spaces import ActionSpec, StepField
-from replaystore.storage.columns import CODED, BitColumn, CodeColumn, new_columns, region
+from replaystore.storage.columns import BitColumn, CodeColumn, new_columns, region
 from replaystore.storage.episteps import EpisodeSteps
 
 SMALL_RANGE = 16
@@ -44,15 +44,15 @@ def name_fields(obj: Any) -> None:
 class Ring:
     """Per-slot scalars of ``capacity`` steps, the live range and the sampleable bitmap."""
 
-    # numpy arrays or the narrow columns of columns.py, indexed alike
+    # the narrow columns of columns.py (extras and a Box action: numpy arrays), indexed alike
     action: Any
-    reward: Any
-    terminated: Any
-    truncated: Any
-    is_last: Any
+    reward: CodeColumn
+    terminated: BitColumn
+    truncated: BitColumn
+    is_last: BitColumn
     ep_step: EpisodeSteps
-    priority: Any
-    valid: Any
+    priority: CodeColumn
+    valid: BitColumn
     #: the dtype sampled actions are returned in (schema.batch_action; rings.py sets a Box store's)
     action_dtype = np.dtype(np.int64)
 
@@ -72,13 +72,9 @@ class Ring:
         self.fields: dict[str, Any] = {name: c for name, c in columns.items() if name != "valid"}
         self.fields["ep_step"] = EpisodeSteps(capacity, self.positions_of_slots, lambda: (self.lo, self.added))
         name_fields(self)
-        # the byte the four flags share, where they do (columns.py), with the reward's and priority's codes
-        shared = [self.fields[name] for name in ("terminated", "truncated", "is_last")] + [self.valid]
-        self._flags: np.ndarray | None = None
-        if all(isinstance(c, BitColumn) and np.may_share_memory(c.byte, shared[0].byte) for c in shared) and all(
-                isinstance(self.fields[name], CodeColumn) for name in CODED):
-            self._flags = shared[0].byte
-            self._last_mask = int(self.is_last.mask)
+        # the byte the four flags share (columns.py new_columns), with the reward's and priority's first codes
+        self._flags: np.ndarray = self.is_last.byte
+        self._last_mask = int(self.is_last.mask)
         #: the extras' arrays (format/extras.py), by field name: zeroed with each new step, set with its move
         self.extras = {name: values for name, values in self.fields.items() if name.startswith(EXTRAS)}
         self.n_valid = 0
@@ -130,21 +126,12 @@ class Ring:
             self._retire_below(position + 1 - self.capacity)
         s = position % self.capacity
         self.action[s] = 0
-        if self._flags is not None:  # every flag at once (the sampleable one too), then the codes
-            self._flags[s] = self._last_mask if is_last else 0
-            self.reward.zero(s)
-            self.priority.zero(s)
-        else:
-            self.reward[s] = 0.0
-            self.terminated[s] = False
-            self.truncated[s] = False
-            self.is_last[s] = is_last
-            self.priority[s] = 0.0
+        self._flags[s] = self._last_mask if is_last else 0  # every flag at once (the sampleable one too)
+        self.reward.zero(s)
+        self.priority.zero(s)
         self.ep_step.append(position, ep_step)
         for values in self.extras.values():
             values[s] = 0
-        if self._flags is None:
-            self.valid[s] = False
         self.added = position + 1
         self.dirty_shards.add(s // self.shard_len)
         return position
