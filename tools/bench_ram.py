@@ -141,7 +141,8 @@ def main() -> None:
             build(path, steps, data)
         for name, code in codes.items():
             got = child([str(path), str(args.batches), str(args.cache_mb << 20)], code=CHILD,
-                        env={"PYTHONPATH": str(code)})
+                        env={"PYTHONPATH": str(code)}, cwd=code)
+            assert got["code"].startswith(str(code)), got["code"]
             rows.append({"code": name, "steps": got["len"], **got})
             p = got["phases"]
             print(f"{name:6s} {steps:>12,d} steps  import {p['import']:7.0f}  open {p['open']:7.0f}  "

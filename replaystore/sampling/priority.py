@@ -132,7 +132,7 @@ class SumTree:
         size = self.size
         self.sum[size:] = 0.0
         self.min[size:] = np.inf
-        step = max(1, (1 << 20) // BLOCK)
+        step = max(1, BLOCK_STEPS // BLOCK)
         for first in range(0, self.blocks, step):
             blocks = np.arange(first, min(first + step, self.blocks), dtype=np.int64)
             self._set_blocks(blocks, self._block_leaves(blocks))

@@ -29,8 +29,8 @@ from replaystore.storage.columns import BitColumn, CodeColumn, new_columns, regi
 from replaystore.storage.episteps import EpisodeSteps
 
 SMALL_RANGE = 16
-#: Steps handled at once where a whole ring is scanned (the temporaries: ~20 bytes a step).
-BLOCK_STEPS = 1 << 20
+#: Steps handled at once where a whole ring is scanned (its temporaries, ~40 bytes a step: 10 MB).
+BLOCK_STEPS = 1 << 18
 
 
 def name_fields(obj: Any) -> None:
