@@ -32,6 +32,7 @@ from groundtruth import (
 from replaystore import InvalidTransitionError, Layout, ReplayStore, SampleError
 from replaystore.cli.compact import compact_store
 from replaystore.cli.verify import verify_store
+from replaystore.storage import chunkcache
 
 SPACES = (gym.spaces.Box(0, 255, SHAPE, np.uint8), gym.spaces.Discrete(N_ACTIONS))
 BOX_ACTIONS = gym.spaces.Box(ACTION_LOW, ACTION_HIGH, ACTION_SHAPE, np.float32)
@@ -327,3 +328,15 @@ def test_box_actions_through_every_path(where: str) -> None:
     with ReplayStore.open(dst) as store:
         assert store.action_space == BOX_ACTIONS and len(store) == report.transitions_after > 0
         check_batches(store)
+
+
+def test_a_ring_too_long_for_a_lookup_slot_per_chunk(where: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past ``LIST_CHUNKS`` chunks the chunk cache is looked up through the dict of what it holds
+    (storage/chunkcache.py): the same batches, cached or not."""
+    monkeypatch.setattr(chunkcache, "LIST_CHUNKS", 0)
+    create(where)
+    for cache_bytes in (0, 1 << 20):
+        with ReplayStore.open(where, cache_bytes=cache_bytes) as store:
+            assert not store.reader.cache.slot_per_chunk
+            check_batches(store)
+            check_batches(store, n_step=3, prioritized=True)

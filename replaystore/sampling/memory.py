@@ -18,7 +18,7 @@ write buffer        per stream written: the shard being filled,   ``layout.shard
 chunk cache         at most ``cache_bytes``: compressed chunks,   ``cache_bytes``
                     and for frames <= 1 KiB the ring decoded
                     where it fits in half (storage/mirror.py)
-cache lookup        8 bytes per chunk of a ring of at most 4M     ``capacity``, ``layout.obs_chunk_len``
+cache lookup        8 bytes per chunk of a ring of at most 1M     ``capacity``, ``layout.obs_chunk_len``
                     chunks (past that: none)
 decode areas        128 chunks per decoding thread                ``decode_threads``, ``obs_chunk_len``
 shard indexes       16 bytes per chunk of the shards read last,   ``capacity`` (or ``layout.obs_chunk_len``)

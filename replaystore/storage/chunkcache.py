@@ -23,8 +23,8 @@ from itertools import repeat
 from operator import itemgetter
 from typing import Any
 
-#: The most chunks a ring may have for the cache to keep a list slot per chunk (32 MB of list).
-LIST_CHUNKS = 1 << 22
+#: The most chunks a ring may have for the cache to keep a list slot per chunk (8 MB of list: 8M Atari steps).
+LIST_CHUNKS = 1 << 20
 
 
 class ChunkCache:
@@ -41,6 +41,11 @@ class ChunkCache:
         n = n_shards * chunks_per_shard
         # the hot lookup, a slot per chunk (None: not cached), where the ring is small enough
         self._slots: list[bytes | None] | None = [None] * n if n <= LIST_CHUNKS else None
+
+    @property
+    def slot_per_chunk(self) -> bool:
+        """Whether lookups go through a list slot per chunk (else the dict of what is cached)."""
+        return self._slots is not None
 
     def __contains__(self, cid: int) -> bool:
         return self.get(cid) is not None
