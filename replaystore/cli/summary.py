@@ -13,7 +13,7 @@ import numpy as np
 
 from replaystore.format.schema import Schema
 from replaystore.format.spaces import BoxSpec, EntrySpec, space_attrs, stored_box
-from replaystore.sampling.episodes import episode_table
+from replaystore.sampling.episodes import episode_table, move_flag_counts
 from replaystore.store import ReplayStore
 
 
@@ -31,11 +31,8 @@ def episode_stats(store: ReplayStore) -> dict[str, Any]:
         return {"complete": 0, "partial": 0}
     out: dict[str, Any] = {"complete": int(whole.sum()), "partial": int(whole.size - whole.sum())}
     if whole.any():
-        rings = store.rings.streams
-        terminated = sum(int(np.count_nonzero(r.terminated[np.arange(r.lo, r.added) % r.capacity] & e["moves"]))
-                         for r, e in zip(rings, per))
-        truncated = sum(int(np.count_nonzero(r.truncated[np.arange(r.lo, r.added) % r.capacity] & e["moves"]))
-                        for r, e in zip(rings, per))
+        counts = [move_flag_counts(r) for r in store.rings.streams]
+        terminated, truncated = sum(c[0] for c in counts), sum(c[1] for c in counts)
         r, n = eps["returns"][whole], eps["lengths"][whole]
         out.update(
             return_mean=float(r.mean()), return_min=float(r.min()), return_max=float(r.max()),
@@ -129,13 +126,21 @@ def priority_stats(store: ReplayStore) -> dict[str, Any] | None:
     given the highest priority seen, so these are mostly the ones not sampled since they came);
     None where every transition has the same priority (prioritized replay not used, or nothing
     updated yet)."""
-    values = [ring.priority[ring.valid] for ring in store.rings.streams]
-    live = np.concatenate(values) if values else np.zeros(0, np.float32)
-    if live.size == 0 or float(live.min()) == float(live.max()):
+    total, count, low, high, at_max = 0.0, 0, np.inf, -np.inf, 0
+    for ring in store.rings.streams:  # a stretch at a time: what it holds does not grow with the store
+        for first in range(ring.lo, ring.added, STATS_STRETCH):
+            slots = np.arange(first, min(first + STATS_STRETCH, ring.added)) % ring.capacity
+            live = ring.priority[slots[ring.valid[slots]]]
+            if not live.size:
+                continue
+            top = float(live.max())
+            at_max = (0 if top > high else at_max) + (int(np.count_nonzero(live == top)) if top >= high else 0)
+            total += float(live.sum(dtype=np.float64))
+            count += int(live.size)
+            low, high = min(low, float(live.min())), max(high, top)
+    if count == 0 or low == high:
         return None
-    high = float(live.max())
-    return {"mean": float(live.mean(dtype=np.float64)), "min": float(live.min()), "max": high,
-            "at_max": int(np.count_nonzero(live == high)), "transitions": int(live.size)}
+    return {"mean": total / count, "min": low, "max": high, "at_max": at_max, "transitions": count}
 
 
 #: Moves ``extra_stats`` reads at a time.

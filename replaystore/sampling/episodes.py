@@ -26,7 +26,7 @@ from replaystore.errors import SampleError
 from replaystore.sampling.memory import check_episode
 from replaystore.sampling.pending import Pending
 from replaystore.storage.reader import FrameReader
-from replaystore.storage.ring import Ring
+from replaystore.storage.ring import BLOCK_STEPS, Ring
 from replaystore.storage.rings import SHIFT, Rings
 
 
@@ -70,32 +70,44 @@ class Episode:
 def episode_table(ring: Ring) -> dict[str, np.ndarray]:
     """Per live episode of one stream's ``ring``, oldest first: ``returns``, ``lengths`` (moves),
     ``whole`` (start and end both live), ``ended`` (its last step is live), ``start_step`` and
-    ``end_step`` (stream positions of its oldest and newest live step), and per live step ``moves``
-    (the step holds a move)."""
-    positions = np.arange(ring.lo, ring.added, dtype=np.int64)
-    if positions.size == 0:
+    ``end_step`` (stream positions of its oldest and newest live step). The episodes come from the
+    ring's index of episode starts; the returns are summed over the steps a block at a time, so the
+    table's RAM is per episode, not per step."""
+    lo, added = ring.lo, ring.added
+    starts = ring.ep_step.starts
+    if added <= lo or starts.size == 0:
         empty = np.zeros(0, dtype=np.int64)
         return {"returns": np.zeros(0), "lengths": empty, "whole": empty.astype(bool), "ended": empty.astype(bool),
-                "start_step": empty, "end_step": empty, "moves": empty.astype(bool)}
-    slots = positions % ring.capacity
-    starts = ring.ep_step[slots] == 0
-    episode = np.cumsum(starts) - (0 if starts[0] else -1) - 1  # index of each step's episode
-    is_last = ring.is_last[slots]
-    moves = ~is_last & (positions < ring.added - 1)
-    n_eps = int(episode[-1]) + 1
-    returns = np.bincount(episode, weights=np.where(moves, ring.reward[slots], 0.0), minlength=n_eps)
-    lengths = np.bincount(episode, weights=moves, minlength=n_eps).astype(np.int64)
-    ended = np.zeros(n_eps, dtype=bool)
-    ended[episode[is_last]] = True
-    whole = ended.copy()
-    if not starts[0]:
-        whole[0] = False  # its start was overwritten
-    end_step = np.zeros(n_eps, dtype=np.int64)
-    end_step[episode] = positions  # the last write per episode wins: its newest step
-    start_step = np.zeros(n_eps, dtype=np.int64)
-    start_step[episode[::-1]] = positions[::-1]  # and here its oldest
-    return {"returns": returns, "lengths": lengths, "whole": whole, "ended": ended, "start_step": start_step,
-            "end_step": end_step, "moves": moves}
+                "start_step": empty, "end_step": empty}
+    first = max(0, int(np.searchsorted(starts, lo, side="right")) - 1)  # the episode that holds ``lo``
+    eps = starts[first:]
+    eps = eps[eps < added]
+    start_step = np.maximum(eps, lo)
+    end_step = np.append(eps[1:] - 1, added - 1)
+    ended = ring.is_last[end_step % ring.capacity]
+    # every step of an episode but its last holds a move (an episode in progress: its newest has none yet)
+    lengths = (end_step - start_step).astype(np.int64)
+    returns = np.zeros(eps.size)
+    for at in range(lo, added - 1, BLOCK_STEPS):
+        positions = np.arange(at, min(at + BLOCK_STEPS, added - 1), dtype=np.int64)
+        slots = positions % ring.capacity
+        rewards = np.where(ring.is_last[slots], 0.0, ring.reward[slots])
+        episode = np.searchsorted(eps, positions, side="right") - 1
+        returns += np.bincount(episode, weights=rewards, minlength=eps.size)
+    return {"returns": returns, "lengths": lengths, "whole": ended & (eps >= lo), "ended": ended,
+            "start_step": start_step, "end_step": end_step}
+
+
+def move_flag_counts(ring: Ring) -> tuple[int, int]:
+    """How many of the live moves of ``ring`` are terminated, and how many truncated (a block of
+    steps at a time)."""
+    terminated = truncated = 0
+    for at in range(ring.lo, ring.added - 1, BLOCK_STEPS):
+        slots = np.arange(at, min(at + BLOCK_STEPS, ring.added - 1), dtype=np.int64) % ring.capacity
+        moves = ~ring.is_last[slots]
+        terminated += int(np.count_nonzero(ring.terminated[slots] & moves))
+        truncated += int(np.count_nonzero(ring.truncated[slots] & moves))
+    return terminated, truncated
 
 
 def how_it_ended(ring: Ring, table: dict[str, np.ndarray], i: int) -> tuple[str, bool]:
