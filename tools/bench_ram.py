@@ -141,7 +141,7 @@ def main() -> None:
             build(path, steps, data)
         for name, code in codes.items():
             got = child([str(path), str(args.batches), str(args.cache_mb << 20)], code=CHILD,
-                        env={"PYTHONPATH": str(code)}, cwd=code)
+                        env={"PYTHONPATH": str(code)})
             assert got["code"].startswith(str(code)), got["code"]
             rows.append({"code": name, "steps": got["len"], **got})
             p = got["phases"]

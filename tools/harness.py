@@ -84,19 +84,20 @@ def report(result: dict[str, Any]) -> None:
 
 
 def child(args: Sequence[str], *, code: str | None = None, cores: Sequence[int] | None = None,
-          env: dict[str, str] | None = None, timeout: float | None = None, cwd: Path | None = None,
+          env: dict[str, str] | None = None, timeout: float | None = None,
           preexec: Callable[[], None] | None = None) -> dict[str, Any]:
-    """Run ``python SCRIPT ARGS`` (``args[0]`` a script) or ``python -c CODE ARGS`` with tools/ on its
-    path, pinned to ``cores`` if given (``taskset``), in ``cwd`` (``python -c`` imports from there
-    first), calling ``preexec`` in the child before it starts Python (e.g. to join a cgroup), and
-    return the JSON object its last line holds."""
-    argv = [sys.executable, "-c", code, *args] if code is not None else [sys.executable, *args]
+    """Run ``python SCRIPT ARGS`` (``args[0]`` a script) or ``python -P -c CODE ARGS`` with tools/ on
+    its path, pinned to ``cores`` if given (``taskset``), calling ``preexec`` in the child before it
+    starts Python (e.g. to join a cgroup), and return the JSON object its last line holds. (``-P``:
+    ``-c`` would put the working directory first on the path, ahead of ``PYTHONPATH``, so a
+    checkout's own replaystore would shadow the version ``ab.py`` or ``bench_ram.py --before`` put
+    there.)"""
+    argv = [sys.executable, "-P", "-c", code, *args] if code is not None else [sys.executable, *args]
     if cores is not None:
         argv = ["taskset", "-c", ",".join(map(str, cores)), *argv]
     full = {**os.environ, **(env or {})}
     full["PYTHONPATH"] = os.pathsep.join(p for p in (str(TOOLS), full.get("PYTHONPATH", "")) if p)
-    done = subprocess.run(argv, capture_output=True, text=True, env=full, timeout=timeout, cwd=cwd,
-                          preexec_fn=preexec)
+    done = subprocess.run(argv, capture_output=True, text=True, env=full, timeout=timeout, preexec_fn=preexec)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(argv[:4])} ... failed ({done.returncode}):\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -62,7 +62,7 @@ class EpisodeSteps:
     def __getitem__(self, slots: Any) -> Any:
         """``ep_step`` by slot, 0 for a slot no live step holds (as a never-written slot reads)."""
         if isinstance(slots, slice):
-            slots = np.arange(self.capacity, dtype=np.int64)[slots]
+            slots = np.arange(*slots.indices(self.capacity), dtype=np.int64)
         scalar = np.ndim(slots) == 0
         positions = self.positions_of(np.asarray(slots, dtype=np.int64))
         lo, added = self.live()
