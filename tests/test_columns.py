@@ -66,6 +66,19 @@ def test_a_code_column_widens_once_and_its_views_follow() -> None:
     assert column[2] == 7.5
 
 
+def test_many_values_at_once_widen_a_bit_straight_to_the_values() -> None:
+    byte = np.zeros(600, dtype=np.uint8)
+    byte[::2] = 1 << 3  # another flag's bit, left alone
+    column = CodeColumn.new(600, np.float32, bit_of=(byte, 4))
+    column[:5] = 1.0
+    values = np.arange(300, dtype=np.float32) / 7
+    column[100:400] = values
+    assert column.tier == 3
+    np.testing.assert_array_equal(column[:5], 1.0)
+    np.testing.assert_array_equal(column[100:400], values)
+    assert np.all(byte[::2] & (1 << 3)) and not np.any(byte[1::2] & (1 << 3))
+
+
 def test_the_flags_share_a_byte_without_touching_each_other() -> None:
     columns = new_columns(SPECS, 4)
     columns["terminated"][[0, 1]] = True

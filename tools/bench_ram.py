@@ -12,7 +12,11 @@ Prints a table (MB), the bytes per step (the slope between the two longest store
 come to at 250M steps (the DQN Replay Dataset's five runs of a game), and writes
 tools/out/bench_ram.json.
 
-    python tools/bench_ram.py [--steps 1000000 4000000 16000000] [--before DIR] [--cache-mb 256]
+    python tools/bench_ram.py [--steps 1000000 4000000 16000000] [--before DIR] [--cache-mb 256] [--copies 4]
+
+``--copies K`` adds the longest store as K streams, each the whole of it (``assemble``: its shard
+files hard-linked into a store of K streams, which ``replaystore verify`` passes): 4 x 64M steps is
+the DQN Replay Dataset's five runs of a game (250M), built in seconds.
 """
 
 from __future__ import annotations
@@ -57,8 +61,8 @@ for _ in range(batches):
     store.update_priorities(b.index, rng.uniform(0.01, 2.0, 32))
 prioritized = batches / (time.perf_counter() - t)
 mark("prioritized")
-report({"phases": phases, "len": len(store), "open_s": opened, "uniform_per_s": uniform,
-        "prioritized_per_s": prioritized, "code": replaystore.__file__})
+report({"phases": phases, "len": len(store), "streams": store.num_streams, "open_s": opened, "uniform_per_s": uniform,
+        "prioritized_per_s": prioritized, "module": replaystore.__file__})
 """
 
 
@@ -110,6 +114,42 @@ def build(path: Path, steps: int, data: dict[str, np.ndarray]) -> None:
     store.close()
 
 
+def assemble(src: Path, dst: Path, copies: int) -> None:
+    """A store of ``copies`` streams, each holding the one stream of ``src``: the format's version 2
+    made by ``ReplayStore.create``, every shard file of ``src`` hard-linked (not copied) to its place
+    in each stream (docs/format.md, "Streams"), each stream's commit ``src``'s. Real frames, and
+    ``copies`` times the steps, in seconds and no more disk."""
+    import os
+
+    from replaystore import ReplayStore
+    from replaystore.format.schema import array_names, item_ndim
+    from replaystore.format.shards import shard_key
+    from replaystore.storage.choose import open_backend
+
+    with ReplayStore.open(src) as one:
+        schema, layout, state = one.schema, one.layout, one.stream_states()[0]
+        spaces = (one.observation_space, one.action_space)
+    shutil.rmtree(dst, ignore_errors=True)
+    ReplayStore.create(dst, copies * schema.capacity, *spaces, schema.frame_stack, layout=layout, num_streams=copies,
+                       cache_bytes=0).close()
+    source, target = open_backend(src), open_backend(dst)
+    source.read_metadata()
+    target.read_metadata()
+    shards = -(-schema.capacity // layout.shard_len)
+    for k in range(copies):
+        for name in array_names(schema):
+            ndim = item_ndim(schema, name)
+            for j in range(shards):
+                there = src / shard_key(name, source.shard_of(0, j), ndim)
+                if there.exists():
+                    here = dst / shard_key(name, target.shard_of(k, j), ndim)
+                    here.parent.mkdir(parents=True, exist_ok=True)
+                    os.link(there, here)
+        target.claim(k)
+        target.commit(k, state)
+        target.release(k)
+
+
 def _space(frames: np.ndarray):
     import gymnasium as gym
 
@@ -128,31 +168,42 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=2000)
     ap.add_argument("--cache-mb", type=int, default=256)
     ap.add_argument("--before", type=Path, help="a checkout of an older commit to measure beside this one")
+    ap.add_argument("--copies", type=int, default=0,
+                    help="also the longest store as this many streams (assemble), measured with this checkout only")
     args = ap.parse_args()
     data = record(100_000)
     codes = {"now": Path(__file__).resolve().parents[1]}
     if args.before is not None:
         codes = {"before": args.before.resolve(), **codes}
-    rows = []
+    stores = []
     for steps in args.steps:
         path = OUT / f"bench_ram_{steps}.zarr"
         if not (path / "zarr.json").exists():
             print(f"building {path} ...", flush=True)
             build(path, steps, data)
-        for name, code in codes.items():
+        stores.append((steps, path, codes))
+    if args.copies > 1:
+        steps = max(args.steps)
+        path = OUT / f"bench_ram_{steps}x{args.copies}.zarr"
+        if not (path / "zarr.json").exists():
+            assemble(OUT / f"bench_ram_{steps}.zarr", path, args.copies)
+        stores.append((steps * args.copies, path, {"now": codes["now"]}))
+    rows = []
+    for steps, path, versions in stores:
+        for name, code in versions.items():
             got = child([str(path), str(args.batches), str(args.cache_mb << 20)], code=CHILD,
                         env={"PYTHONPATH": str(code)})
-            assert got["code"].startswith(str(code)), got["code"]
+            assert got["module"].startswith(str(code)), got["module"]
             rows.append({"code": name, "steps": got["len"], **got})
             p = got["phases"]
-            print(f"{name:6s} {steps:>12,d} steps  import {p['import']:7.0f}  open {p['open']:7.0f}  "
+            print(f"{name:6s} {steps:>12,d} steps ({got['streams']} stream{'s' if got['streams'] > 1 else ''})  import {p['import']:7.0f}  open {p['open']:7.0f}  "
                   f"uniform {p['uniform']:7.0f}  prioritized {p['prioritized']:7.0f} MB  "
                   f"(open {got['open_s']:.1f} s, {got['uniform_per_s']:.0f} / {got['prioritized_per_s']:.0f} batches/s)",
                   flush=True)
     print()
     slopes = {}
     for name in codes:
-        mine = sorted((r for r in rows if r["code"] == name), key=lambda r: r["steps"])
+        mine = sorted((r for r in rows if r["code"] == name and r["streams"] == 1), key=lambda r: r["steps"])
         if len(mine) < 2:
             continue
         a, b = mine[-2], mine[-1]

@@ -198,14 +198,23 @@ class CodeBook:
             self.size += 1
         return np.asarray(known, dtype=np.uint8)[inverse].reshape(values.shape)
 
-    def widen(self) -> None:
-        """To the next tier."""
-        if self.byte is not None:
+    def widen(self, *, past_codes: bool = False) -> None:
+        """To the next tier (``past_codes``: from a bit straight to the values, where the values
+        coming would not fit a byte's codes either: no byte a slot made on the way)."""
+        step = 1 << 20  # a million slots at a time: the temporaries stay small
+        if self.byte is not None and past_codes:
+            self.wide = np.empty(len(self.byte), dtype=self.dtype)
+            for at in range(0, len(self.byte), step):
+                self.wide[at : at + step] = self.table[(self.byte[at : at + step] >> np.uint8(self.bit)) & np.uint8(1)]
+            self.byte = None
+        elif self.byte is not None:
             self.codes = (self.byte >> np.uint8(self.bit)) & np.uint8(1)
             self.byte = None
         else:
             assert self.codes is not None
-            self.wide = self.table[self.codes]
+            self.wide = np.empty(len(self.codes), dtype=self.dtype)
+            for at in range(0, len(self.codes), step):
+                self.wide[at : at + step] = self.table[self.codes[at : at + step]]
             self.codes = None
         self.generation += 1
 
@@ -291,7 +300,7 @@ class CodeColumn:
                     book.code_of_float[key] = int(codes)
                 self._put(index, int(codes) if raw.ndim == 0 else codes)
                 return
-            book.widen()
+            book.widen(past_codes=book.size + np.unique(raw.view(book.bits)).size > MAX_CODES)
             self._sync()
         self._view[index] = values
 
