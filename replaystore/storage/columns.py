@@ -51,7 +51,8 @@ def new_columns(specs: dict[str, StepField], length: int, *, action: ActionSpec 
         if name in flags:
             out[name] = flags[name]
         elif name in CODED and not shape:  # each starts as a bit of the flags' byte (bits 4 and 5)
-            out[name] = CodeColumn.new(length, dtype, bit_of=(byte, len(FLAGS) + CODED.index(name)))
+            out[name] = CodeColumn.new(length, dtype, bit_of=(byte, len(FLAGS) + CODED.index(name)),
+                                       byte_codes=name != "priority")  # (updated priorities are all distinct)
         elif name == "action" and isinstance(action, DiscreteSpec):
             out[name] = np.zeros(length, dtype=action_ram_dtype(action))
         elif name != "ep_step":
@@ -154,7 +155,10 @@ class CodeBook:
 
     It only ever widens (``widen``), copying the codes once."""
 
-    def __init__(self, length: int, dtype: np.dtype, bit_of: tuple[np.ndarray, int] | None = None) -> None:
+    def __init__(self, length: int, dtype: np.dtype, bit_of: tuple[np.ndarray, int] | None = None, *,
+                 byte_codes: bool = True) -> None:
+        """``byte_codes``: False for a field whose values are continuous once there are more than two
+        (priorities): from a bit it widens straight to the values."""
         self.dtype = np.dtype(dtype)
         self.bits = np.dtype(f"u{self.dtype.itemsize}")  # the values' bits, as the table's keys
         self.table = np.zeros(MAX_CODES, dtype=self.dtype)
@@ -170,6 +174,7 @@ class CodeBook:
             self.byte, self.bit = bit_of
         else:
             self.codes = np.zeros(length, dtype=np.uint8)
+        self.byte_codes = byte_codes
         self.generation = 0  # bumped when widened: views take their slice of the new storage
 
     @property
@@ -202,7 +207,7 @@ class CodeBook:
         """To the next tier (``past_codes``: from a bit straight to the values, where the values
         coming would not fit a byte's codes either: no byte a slot made on the way)."""
         step = 1 << 20  # a million slots at a time: the temporaries stay small
-        if self.byte is not None and past_codes:
+        if self.byte is not None and (past_codes or not self.byte_codes):
             self.wide = np.empty(len(self.byte), dtype=self.dtype)
             for at in range(0, len(self.byte), step):
                 self.wide[at : at + step] = self.table[(self.byte[at : at + step] >> np.uint8(self.bit)) & np.uint8(1)]
@@ -231,9 +236,11 @@ class CodeColumn:
         self._sync()
 
     @classmethod
-    def new(cls, length: int, dtype: Any, *, bit_of: tuple[np.ndarray, int] | None = None) -> CodeColumn:
-        """A column of ``length`` zeros; ``bit_of``: ``(byte array, bit)`` to start in (tier 1)."""
-        return cls(CodeBook(length, np.dtype(dtype), bit_of), 0, length, owner=True)
+    def new(cls, length: int, dtype: Any, *, bit_of: tuple[np.ndarray, int] | None = None,
+            byte_codes: bool = True) -> CodeColumn:
+        """A column of ``length`` zeros; ``bit_of``: ``(byte array, bit)`` to start in (tier 1);
+        ``byte_codes``: see ``CodeBook``."""
+        return cls(CodeBook(length, np.dtype(dtype), bit_of, byte_codes=byte_codes), 0, length, owner=True)
 
     def _sync(self) -> None:
         self._view = self.book.storage[self.start : self.stop]
