@@ -73,12 +73,14 @@ class EpisodeSteps:
         raise TypeError("ep_step is kept as episode starts: set it with append or a Loading")
 
     def at(self, positions: np.ndarray) -> np.ndarray:
-        """``ep_step`` of live ``positions`` (any shape)."""
+        """``ep_step`` of live ``positions`` (any shape), as int64 (what position arithmetic takes)."""
         starts = self.starts
         if not starts.size:
-            return np.zeros(np.shape(positions), dtype=self.dtype)
-        i = np.searchsorted(starts, positions, side="right") - 1
-        return (positions - starts[np.maximum(i, 0)]).astype(self.dtype)
+            return np.zeros(np.shape(positions), dtype=np.int64)
+        i = np.searchsorted(starts, positions, side="right")
+        i -= 1
+        np.maximum(i, 0, out=i)
+        return positions - starts[i]
 
     def of(self, position: int) -> int:
         """``ep_step`` of one live position."""

@@ -220,7 +220,7 @@ class Ring:
     def stack_positions(self, positions: np.ndarray) -> np.ndarray:
         """``(len, frame_stack)`` positions of the frames stacked at each step, oldest first."""
         offsets = np.arange(self.frame_stack - 1, -1, -1, dtype=np.int64)
-        ep = self.ep_step.at(positions).astype(np.int64)
+        ep = self.ep_step.at(positions)
         return positions[:, None] - np.minimum(offsets[None, :], ep[:, None])
 
     def episode_ends(self) -> np.ndarray:

@@ -130,7 +130,7 @@ class Rings:
         A frame before its episode's first step is that first step again (reset padding) or, in a
         zero-padded store, ``ZERO_FRAME`` (the reader fills it with zeros)."""
         offsets = np.arange(self.frame_stack - 1, -1, -1, dtype=np.int64)
-        ep = self.ep_step.at(positions).astype(np.int64)
+        ep = self.ep_step.at(positions)
         stacks = positions[:, None] - np.minimum(offsets[None, :], ep[:, None])
         if self.zero_padding and self.frame_stack > 1:
             stacks[offsets[None, :] > ep[:, None]] = ZERO_FRAME
@@ -190,7 +190,7 @@ class StoreEpisodeSteps:
             return rings.streams[0].ep_step.at(positions)
         k = positions >> SHIFT
         local = positions & MASK
-        out = np.zeros(np.shape(positions), dtype=self.dtype)
+        out = np.zeros(np.shape(positions), dtype=np.int64)
         for stream in np.unique(k).tolist():
             mask = k == stream
             out[mask] = rings.streams[stream].ep_step.at(local[mask])
