@@ -83,6 +83,17 @@ class Column(Protocol):
     def __setitem__(self, index: Any, values: Any) -> None: ...
 
 
+def whole_array(column: Any, dtype: Any = None, copy: Any = None) -> np.ndarray:
+    """A column's ``__array__``: every slot's value, as a new array (``np.asarray(column)``)."""
+    out = column[:]
+    return out if dtype is None else out.astype(dtype)
+
+
+def whole_copy(column: Any) -> np.ndarray:
+    """A column's ``copy``: every slot's value, as a numpy array."""
+    return np.asarray(column[:])
+
+
 def region(values: Any, start: int, stop: int) -> Any:
     """Slots ``start .. stop - 1`` of ``values`` (a numpy array or a column), sharing its storage."""
     if isinstance(values, np.ndarray):
@@ -109,14 +120,8 @@ class BitColumn:
     def nbytes(self) -> int:
         return int(self.byte.nbytes) if self.owner else 0
 
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        """Every slot's value, as a new array (``np.asarray(column)``)."""
-        out = self[:]
-        return out if dtype is None else out.astype(dtype)
-
-    def copy(self) -> np.ndarray:
-        """Every slot's value, as a numpy array."""
-        return np.asarray(self[:])
+    __array__ = whole_array
+    copy = whole_copy
 
     def __len__(self) -> int:
         return len(self.byte)
@@ -267,14 +272,8 @@ class CodeColumn:
             return 0
         return int(self.book.storage.nbytes)
 
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        """Every slot's value, as a new array (``np.asarray(column)``)."""
-        out = self[:]
-        return out if dtype is None else out.astype(dtype)
-
-    def copy(self) -> np.ndarray:
-        """Every slot's value, as a numpy array."""
-        return np.asarray(self[:])
+    __array__ = whole_array
+    copy = whole_copy
 
     def __len__(self) -> int:
         return self.stop - self.start

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from replaystore.storage.columns import whole_array, whole_copy
+
 
 class EpisodeSteps:
     """``ep_step`` of one stream's live steps, by slot (``positions_of`` maps slots to positions)."""
@@ -43,13 +45,8 @@ class EpisodeSteps:
     def nbytes(self) -> int:
         return int(self._starts.nbytes)
 
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        out = self[:]
-        return out if dtype is None else out.astype(dtype)
-
-    def copy(self) -> np.ndarray:
-        """Every slot's value, as a numpy array."""
-        return np.asarray(self[:])
+    __array__ = whole_array
+    copy = whole_copy
 
     def __len__(self) -> int:
         return self.capacity
