@@ -74,9 +74,7 @@ class EpisodeSteps:
         starts = self.starts
         if not starts.size:
             return np.zeros(np.shape(positions), dtype=np.int64)
-        i = np.searchsorted(starts, positions, side="right")
-        i -= 1
-        np.maximum(i, 0, out=i)
+        i = np.maximum(np.searchsorted(starts, positions, side="right") - 1, 0)
         return positions - starts[i]
 
     def of(self, position: int) -> int:
