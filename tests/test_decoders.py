@@ -14,12 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zstandard
+from conftest import fill, make_store, rewrite_obs_shard
 
 from replaystore import ReplayStore
 from replaystore.cli.verify import verify_store
 from replaystore.errors import ChunkChecksumError
 from replaystore.storage import decoders
-from tests.conftest import fill, make_store, rewrite_obs_shard
 
 pytestmark = pytest.mark.skipif(decoders.LIBZSTD is None, reason="no libzstd shared library on this machine")
 

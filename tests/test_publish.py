@@ -22,6 +22,7 @@ CREATOR = textwrap.dedent("""
     import sys, time
     from pathlib import Path
     import gymnasium as gym, numpy as np
+    import zarr  # (what create imports on first use, ~0.5 s: before the race, not in it)
     from replaystore import ReplayStore
     dst = Path(sys.argv[1])
     print("ready", flush=True)

@@ -19,10 +19,7 @@ import struct
 from typing import Any
 
 import google_crc32c
-import numcodecs
 import numpy as np
-import zarr
-from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
 
 from replaystore.errors import ChunkChecksumError, ConfigError
 from replaystore.format.schema import CodecSpec, Layout, Schema, group_doc, scalar_fields, slot_count
@@ -42,6 +39,8 @@ def crc32c(buf: bytes | memoryview) -> bytes:
 
 def zarr_compressors(codec: CodecSpec) -> list[Any]:
     """The zarr codecs matching ``codec``, checksum last (for ``zarr.create_array``)."""
+    from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec  # only where arrays are described: zarr costs ~19 MB
+
     if codec.name == "zstd":
         return [ZstdCodec(level=codec.level, checksum=False), Crc32cCodec()]
     if codec.name == "blosc":
@@ -52,6 +51,8 @@ def zarr_compressors(codec: CodecSpec) -> list[Any]:
 
 def numcodecs_codec(codec: CodecSpec) -> Any:
     """The numcodecs codec that produces the same bytes as ``zarr_compressors(codec)[0]``."""
+    import numcodecs  # where libzstd does not do the work (storage/encoders.py): ~5 MB of RSS
+
     if codec.name == "zstd":
         return numcodecs.Zstd(level=codec.level)
     if codec.name == "blosc":
@@ -79,6 +80,8 @@ def array_metadata(*, length: int, item_shape: tuple[int, ...], dtype: str, chun
                    codec: CodecSpec) -> bytes:
     """The ``zarr.json`` of a sharded array of ``length`` steps, as zarr writes it (made by zarr in
     memory, so any zarr v3 reader opens the arrays; each backend stores it at ``NAME/zarr.json``)."""
+    import zarr  # creating a store only: opening and sampling one never import zarr (~19 MB of RSS)
+
     made: dict[str, Any] = {}
     zarr.create_array(
         zarr.storage.MemoryStore(store_dict=made),

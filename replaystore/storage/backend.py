@@ -21,6 +21,7 @@ Streams are the general case: stream ``k``'s shard ``j`` of an array is the arra
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 
 from replaystore.format.schema import Layout, Schema, State, stream_stride
 from replaystore.format.shards import CRC_BYTES, INDEX_ENTRY_BYTES, check_chunk
@@ -73,9 +74,10 @@ class FrameShards(ABC):
         """Mark ``reads`` done without reading them (a plan that failed or was given up)."""
 
     @abstractmethod
-    def wholes(self, shards: list[int]) -> list[Whole | None]:
-        """Each of ``shards`` read whole, or None where it was never written. Offsets may point past
-        the chunk bytes of a damaged shard: callers check them."""
+    def wholes(self, shards: list[int]) -> Iterable[Whole | None]:
+        """Each of ``shards`` read whole, or None where it was never written, in order (a local
+        store's read one at a time as they are consumed, so one shard's bytes are in RAM at once).
+        Offsets may point past the chunk bytes of a damaged shard: callers check them."""
 
     @abstractmethod
     def file_bytes(self, shard: int) -> int:

@@ -13,18 +13,61 @@ so it is the dict of cached chunks itself. Each
 shard has a *generation*, bumped when the writer rewrites the shard: a payload read from the old
 file by a plan made before the rewrite is not admitted (``admit`` compares generations), so the
 cache never serves a chunk of a file newer or older than the current one.
+
+Memory: a cached chunk costs its payload's ``bytes`` object plus ~16 bytes of bookkeeping where the
+lookup is a list (its slot, and its cid in ``Fifo``, the insertion order as an int64 ring); an
+``OrderedDict`` cost ~130 bytes a chunk (8 MB of a 30 MB cache of Atari chunks), a ``deque`` of ints ~40. A chunk forgotten by ``invalidate``
+keeps its place in the order as a *stale* entry, counted in ``_stale``: its cid's stale entries are
+always older than a live one, so eviction skips exactly that many (and the order is compacted when
+stale entries outnumber live ones).
 """
 
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from itertools import repeat
 from operator import itemgetter
 from typing import Any
 
+import numpy as np
+
 #: The most chunks a ring may have for the cache to keep a list slot per chunk (8 MB of list: 8M Atari steps).
 LIST_CHUNKS = 1 << 20
+#: Stale entries the order may hold beyond the live ones before it is compacted.
+STALE_SLACK = 4096
+
+
+class Fifo:
+    """Chunk ids in the order they were appended: an int64 ring that doubles when full."""
+
+    def __init__(self) -> None:
+        self._ids = np.empty(1024, dtype=np.int64)
+        self._head = self._n = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    def append(self, cid: int) -> None:
+        size = len(self._ids)
+        if self._n == size:
+            self._ids = np.concatenate([self._ids[self._head :], self._ids[: self._head], np.empty_like(self._ids)])
+            self._head, size = 0, 2 * size
+        self._ids[(self._head + self._n) % size] = cid
+        self._n += 1
+
+    def popleft(self) -> int:
+        if not self._n:
+            raise IndexError("pop from an empty Fifo")
+        cid = int(self._ids[self._head])
+        self._head = (self._head + 1) % len(self._ids)
+        self._n -= 1
+        return cid
+
+    def ids(self) -> list[int]:
+        """Every id, oldest first."""
+        end = self._head + self._n
+        ids = self._ids
+        return (ids[self._head : end] if end <= len(ids) else np.concatenate([ids[self._head :], ids[: end - len(ids)]])).tolist()
 
 
 class ChunkCache:
@@ -37,34 +80,42 @@ class ChunkCache:
         self.generation = [0] * n_shards
         self.lock = threading.Lock()
         self.held = 0  # bytes cached
-        self._order: OrderedDict[int, bytes] = OrderedDict()  # the payloads, oldest cached first
+        self._count = 0  # chunks cached
+        self._order = Fifo()  # cids, oldest cached first (stale entries included)
+        self._stale: dict[int, int] = {}  # cid -> its stale entries in _order
         n = n_shards * chunks_per_shard
-        # the hot lookup, a slot per chunk (None: not cached), where the ring is small enough
+        # the hot lookup, a slot per chunk (None: not cached), where the ring is small enough; else a dict
         self._slots: list[bytes | None] | None = [None] * n if n <= LIST_CHUNKS else None
+        self._by_id: dict[int, bytes] = {}
 
     @property
     def slot_per_chunk(self) -> bool:
         """Whether lookups go through a list slot per chunk (else the dict of what is cached)."""
         return self._slots is not None
 
+    @property
+    def order_entries(self) -> int:
+        """Entries in the insertion order, stale ones included (at most ``2 * chunks + STALE_SLACK``)."""
+        return len(self._order)
+
     def __contains__(self, cid: int) -> bool:
         return self.get(cid) is not None
 
     def get(self, cid: int) -> bytes | None:
-        return self._slots[cid] if self._slots is not None else self._order.get(cid)
+        return self._slots[cid] if self._slots is not None else self._by_id.get(cid)
 
     def lookup(self, ids: list[int]) -> list[bytes | None]:
         """The payload of each of ``ids`` (None where not cached), in one C-level pass."""
         slots = self._slots
         if slots is not None:
             return list(itemgetter(*ids)(slots)) if len(ids) > 1 else [slots[i] for i in ids]
-        return list(map(self._order.get, ids, repeat(None)))
+        return list(map(self._by_id.get, ids, repeat(None)))
 
     def missing_any(self, first: int, stop: int) -> bool:
         """Whether a chunk of ``first .. stop - 1`` is not cached."""
         if self._slots is not None:
             return None in self._slots[first:stop]
-        return any(cid not in self._order for cid in range(first, stop))
+        return any(cid not in self._by_id for cid in range(first, stop))
 
     def admit(self, reads: list[Any]) -> None:
         """Cache the payloads of ``reads`` (``shardfiles.ChunkRead``) whose shard is still at the
@@ -77,17 +128,19 @@ class ChunkCache:
 
     def insert(self, cid: int, payload: bytes) -> None:
         """Cache ``payload``, evicting the oldest-cached chunks (the caller holds ``lock``)."""
-        if len(payload) > self.cache_bytes or cid in self._order:
+        if len(payload) > self.cache_bytes or self.get(cid) is not None:
             return
-        self._order[cid] = payload
-        if self._slots is not None:
-            self._slots[cid] = payload
+        self._put(cid, payload)
+        self._order.append(cid)
         self.held += len(payload)
-        while self.held > self.cache_bytes:  # popitem(last=False): O(1), where a dict's first key is not
-            oldest, dropped = self._order.popitem(last=False)
-            self.held -= len(dropped)
-            if self._slots is not None:
-                self._slots[oldest] = None
+        self._count += 1
+        stale, order = self._stale, self._order
+        while self.held > self.cache_bytes:  # popleft: O(1)
+            oldest = order.popleft()
+            if stale and oldest in stale:  # an entry of a chunk forgotten since
+                self._unstale(oldest)
+                continue
+            self._drop(oldest)
 
     def invalidate(self, shard: int) -> None:
         """Forget ``shard``'s chunks and bump its generation (the writer rewrote it)."""
@@ -95,20 +148,55 @@ class ChunkCache:
         with self.lock:
             self.generation[shard] += 1
             for cid in range(first, first + self.chunks_per_shard):
-                payload = self._order.pop(cid, None)
-                if payload is not None:
-                    self.held -= len(payload)
-                    if self._slots is not None:
-                        self._slots[cid] = None
+                if self.get(cid) is not None:
+                    self._drop(cid)
+                    self._stale[cid] = self._stale.get(cid, 0) + 1
+            if len(self._order) > 2 * self._count + STALE_SLACK:
+                self._compact()
 
     def mean_bytes(self) -> int | None:
         """The mean size of a cached payload, or None when nothing is cached."""
         with self.lock:
-            return max(1, self.held // len(self._order)) if self._order else None
+            return max(1, self.held // self._count) if self._count else None
 
     def clear(self) -> None:
         with self.lock:
-            self._order.clear()
+            self._order = Fifo()
+            self._stale.clear()
+            self._by_id.clear()
             if self._slots is not None:
                 self._slots[:] = [None] * len(self._slots)
-            self.held = 0
+            self.held = self._count = 0
+
+    def _put(self, cid: int, payload: bytes | None) -> None:
+        if self._slots is not None:
+            self._slots[cid] = payload
+        elif payload is None:
+            del self._by_id[cid]
+        else:
+            self._by_id[cid] = payload
+
+    def _drop(self, cid: int) -> None:
+        """Uncache ``cid`` (cached), leaving its entry in the order."""
+        payload = self.get(cid)
+        assert payload is not None
+        self._put(cid, None)
+        self.held -= len(payload)
+        self._count -= 1
+
+    def _unstale(self, cid: int) -> None:
+        left = self._stale[cid] - 1
+        if left:
+            self._stale[cid] = left
+        else:
+            del self._stale[cid]
+
+    def _compact(self) -> None:
+        """The order without its stale entries (each cid's stale entries come before its live one)."""
+        kept = Fifo()
+        for cid in self._order.ids():
+            if cid in self._stale:
+                self._unstale(cid)
+            else:
+                kept.append(cid)
+        self._order = kept

@@ -52,13 +52,15 @@ class ChunkDecoder:
         self.spec = codec
         self._local = threading.local()
         self._zstd = codec.name == "zstd"
-        self._numcodecs = numcodecs_codec(codec)
         self._libzstd = LIBZSTD is not None and self._zstd
+        self._numcodecs = None if self._libzstd else numcodecs_codec(codec)
 
     def decode(self, payload: Any, out: np.ndarray, *, name: str, shard: int, chunk: int) -> None:
         try:
             if self._zstd and (size := declared_size(payload)) is not None and size != out.nbytes:
                 raise ValueError(f"its frame declares {size} bytes, a chunk has {out.nbytes}")
+            if self._numcodecs is None:  # (made when first needed: libzstd decodes every sound chunk)
+                self._numcodecs = numcodecs_codec(self.spec)
             self._numcodecs.decode(payload, out=out.reshape(-1).view(np.uint8))
         except Exception as exc:  # numcodecs raises RuntimeError or ValueError for bad frames
             raise ChunkChecksumError(

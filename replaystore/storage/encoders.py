@@ -59,11 +59,20 @@ class ChunkCodec:
     zstd encoding through libzstd where there is one."""
 
     def __init__(self, codec: CodecSpec) -> None:
-        self.numcodecs = numcodecs_codec(codec)
+        self.spec = codec
         self.level = codec.level
         self._zstd = codec.name == "zstd"
         self._lib = LIBZSTD if self._zstd else None  # (kept: tests patch the module's)
         self._local = threading.local()
+        self._numcodecs = None if self._lib is not None else numcodecs_codec(codec)
+
+    @property
+    def numcodecs(self) -> Any:
+        """numcodecs' codec, made (and numcodecs imported) when first needed: never, where libzstd
+        encodes and decodes every zstd chunk."""
+        if self._numcodecs is None:
+            self._numcodecs = numcodecs_codec(self.spec)
+        return self._numcodecs
 
     def encode(self, data: np.ndarray) -> bytes:
         """``data`` compressed: one zstd frame, or numcodecs' encoding."""

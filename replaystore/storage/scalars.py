@@ -17,8 +17,9 @@ import numpy as np
 
 from replaystore.errors import ChunkChecksumError, CorruptStoreError
 from replaystore.format.schema import Layout, scalar_fields
-from replaystore.format.shards import decode_shard, numcodecs_codec
+from replaystore.format.shards import decode_shard
 from replaystore.storage.backend import Backend
+from replaystore.storage.encoders import ChunkCodec
 from replaystore.storage.episteps import Loading
 from replaystore.storage.ring import Ring
 
@@ -34,7 +35,7 @@ def load_scalars(backend: Backend, k: int, ring: Ring, layout: Layout, *, shards
     among ``shards``). ``check``: the episode structure of those steps must hold (else
     ``CorruptStoreError``). ``damaged_as_zero``: a damaged shard reads as zeros instead of raising
     (``compact --drop-damaged``, after ``verify`` named its slots)."""
-    codec = numcodecs_codec(layout.codec)
+    codec = ChunkCodec(layout.codec)  # libzstd where there is one (numcodecs not imported)
     shard_len, cap = layout.shard_len, ring.capacity
     first, end = (ring.lo, ring.added) if steps is None else steps
     runs = position_runs(first, end, cap, shard_len)

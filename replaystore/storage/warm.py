@@ -16,7 +16,8 @@ from replaystore.storage.backend import FrameShards
 from replaystore.storage.chunkcache import ChunkCache
 from replaystore.storage.decoders import declared_size
 
-#: Shards read at once (on object storage: GETs in flight; ~16 MB of a 1M-step Atari store).
+#: Shards read at once on object storage (GETs in flight; ~16 MB of a 1M-step Atari store); a local
+#: store reads them one at a time.
 GROUP = 64
 crc = google_crc32c.value
 
@@ -44,12 +45,12 @@ def warm(cache: ChunkCache, files: FrameShards, shards: range | list[int], *, ch
             continue
         generations = [cache.generation[s] for s in group]  # before the keys and bytes are read
         room = cache.cache_bytes - cache.held
-        loaded: list[_Loaded] = []
         full = False
         for shard, generation, got in zip(group, generations, files.wholes(group)):
             if got is None:
                 continue
             raw, index = got
+            loaded: list[_Loaded] = []
             for chunk, (off, nbytes) in enumerate(index):
                 cid = shard * per_shard + chunk
                 if off == EMPTY_OFFSET or cid in cache:
@@ -65,11 +66,11 @@ def warm(cache: ChunkCache, files: FrameShards, shards: range | list[int], *, ch
                 if odd is not None and declared_size(payload) != chunk_nbytes:
                     odd.add(cid)
                 loaded.append(_Loaded(cid, generation, payload))
+            before = cache.held
+            cache.admit(loaded)  # shard by shard: its bytes and its list go before the next is read
+            added += max(0, cache.held - before)
             if full:
                 break
-        before = cache.held
-        cache.admit(loaded)
-        added += max(0, cache.held - before)
         if full:
             break
     return added

@@ -42,6 +42,7 @@ import os
 import stat
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -178,8 +179,8 @@ class ShardFiles(DeferredReads, FrameShards):
         for fd in closing:
             self._close(fd)
 
-    def wholes(self, shards: list[int]) -> list[Whole | None]:
-        return [self._whole(shard) for shard in shards]
+    def wholes(self, shards: list[int]) -> Iterator[Whole | None]:
+        return map(self._whole, shards)
 
     def _whole(self, shard: int) -> Whole | None:
         try:
