@@ -8,6 +8,10 @@ done) after 200 untimed ones:
 
 - ``cpprb``: ``ReplayBuffer(next_of="obs", stack_compress="obs")`` in RAM, filled by ``add`` (as
   bench_peers.py fills it), ``sample(32)``;
+- ``--peers`` (any of bench_peers.py's, tools/peer_contenders.py: ``sb3``, ``sb3-zstd``
+  (sb3-extra-buffers), ``torchrl``, ``torchrl-compressed``): filled in the child as bench_peers.py
+  fills it (``torchrl``'s memory map under tools/out/, removed after), then sampled. A peer slower
+  than ``--batches`` in ``--seconds`` is timed over the batches it takes in ``--seconds``;
 - ``numpy``: every frame once in one array in RAM, each transition's stack as indices into it
   (zeros before an episode's first frame): ``frames[idx]`` for a batch's stacks and next stacks.
   The floor of any buffer that keeps frames once;
@@ -16,18 +20,22 @@ done) after 200 untimed ones:
   batches split into the store's planning (``plan``: the draw, the rings, the chunk plan) and
   ``finish`` (decoding the chunks and gathering the stacks: the store's floor).
 
-Prints batches/s per round and their medians, each store's ratio to cpprb (the median of the
-per-round ratios) and its peak RSS against cpprb's. The stores are built once under tools/out/.
+Prints batches/s per round and their medians, each contender's ratio to cpprb (the median of the
+per-round ratios) and its peak RSS (VmHWM: the fill included) against cpprb's. The stores are built
+once under tools/out/.
 
     python tools/bench_per_core.py [--transitions 500000] [--rounds 3] [--batches 3000] [--core 1]
-                                   [--chunk-lens 8 4 2] [--json tools/out/bench_per_core.json]
+                                   [--chunk-lens 8 4 2] [--peers sb3 sb3-zstd torchrl torchrl-compressed]
+                                   [--seconds 60] [--json tools/out/bench_per_core.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +43,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 from atari_frames import OUT  # noqa: E402
 from harness import child, median, order, rate, ratio, report, save  # noqa: E402
-from peer_contenders import STACK, Cpprb, Transitions, frames_source  # noqa: E402
+from peer_contenders import MAKERS, STACK, Transitions, frames_source  # noqa: E402
 
 BATCH = 32
 WARMUP = 200
@@ -74,14 +82,44 @@ def run_numpy(raw: Path, rows_path: Path, n: int, batches: int) -> dict:
     return {"batches_per_s": rate(sample, batches, warmup=WARMUP)}
 
 
-def run_cpprb(raw: Path, rows_path: Path, n: int, batches: int) -> dict:
-    c = Cpprb(OUT, n)
-    c.load()
-    c.create()
-    t = Transitions(raw, rows_path, n)
-    for i, frame, nxt in t:
-        c.add(t, i, frame, nxt)
-    return {"batches_per_s": rate(c.sample, batches, warmup=WARMUP)}
+#: The peers bench_per_core.py can run (bench_peers.py's, less the replay stores measured here as ``store-L``).
+PEERS = tuple(name for name in MAKERS if "replaystore" not in name)
+
+
+def timed_rate(fn: Callable[[], object], batches: int, seconds: float) -> float:
+    """Calls of ``fn`` a second over ``batches`` calls, or over those made in ``seconds`` if fewer
+    (after ``WARMUP`` untimed calls, or those made in a tenth of ``seconds``)."""
+    start = time.perf_counter()
+    for _ in range(WARMUP):
+        fn()
+        if time.perf_counter() - start > seconds / 10:
+            break
+    start, calls = time.perf_counter(), 0
+    while calls < batches:
+        fn()
+        calls += 1
+        if time.perf_counter() - start > seconds:
+            break
+    return calls / (time.perf_counter() - start)
+
+
+def run_peer(name: str, raw: Path, rows_path: Path, n: int, batches: int, seconds: float) -> dict:
+    where = OUT / f"per_core_{name}"
+    shutil.rmtree(where, ignore_errors=True)
+    where.mkdir(parents=True)
+    try:
+        c = MAKERS[name](where, n)
+        c.load()
+        c.create()
+        t = Transitions(raw, rows_path, n)
+        start = time.perf_counter()
+        for i, frame, nxt in t:
+            c.add(t, i, frame, nxt)
+        c.finish()
+        fill_s = time.perf_counter() - start
+        return {"batches_per_s": timed_rate(c.sample, batches, seconds), "fill_s": fill_s}
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
 
 
 def store_path(n: int, chunk_len: int) -> Path:
@@ -137,6 +175,8 @@ def main() -> int:
     ap.add_argument("--batches", type=int, default=3000)
     ap.add_argument("--core", type=int, default=1)
     ap.add_argument("--chunk-lens", type=int, nargs="+", default=[8, 4, 2])
+    ap.add_argument("--peers", nargs="*", choices=[p for p in PEERS if p != "cpprb"], default=[])
+    ap.add_argument("--seconds", type=float, default=60.0, help="the most a contender samples for")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -146,24 +186,24 @@ def main() -> int:
         what = args.child[0]
         if what == "numpy":
             report(run_numpy(raw, rows, n, args.batches))
-        elif what == "cpprb":
-            report(run_cpprb(raw, rows, n, args.batches))
+        elif what in PEERS:
+            report(run_peer(what, raw, rows, n, args.batches, args.seconds))
         elif what == "build":
             report(build_store(raw, rows, n, int(args.child[1])))
         else:
             report(run_store(n, int(args.child[1]), args.batches))
         return 0
-    common = [f"--transitions={n}", f"--batches={args.batches}"]
+    common = [f"--transitions={n}", f"--batches={args.batches}", f"--seconds={args.seconds}"]
     for length in args.chunk_lens:
         if not (store_path(n, length) / "zarr.json").exists():
             built = child([__file__, "--child", "build", str(length), *common])
             print(f"built the store of {length}-frame chunks in {built['build_s']:.0f} s", flush=True)
-    names = ["cpprb", "numpy", *(f"store-{length}" for length in args.chunk_lens)]
+    names = ["cpprb", *args.peers, "numpy", *(f"store-{length}" for length in args.chunk_lens)]
     rounds: list[dict[str, dict]] = []
     for r in range(args.rounds):
         results = {}
         for name in order(names, r):
-            argv = ["--child", *name.split("-")]
+            argv = ["--child", *(name.split("-") if name.startswith("store-") else [name])]
             results[name] = child([__file__, *argv, *common], cores=[args.core])
             extra = (f"  plan {results[name]['plan_us']:.0f} us + finish {results[name]['finish_us']:.0f} us"
                      if "plan_us" in results[name] else "")

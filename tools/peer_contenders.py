@@ -247,12 +247,16 @@ class SB3(Contender):
     def load(self):
         import stable_baselines3.common.buffers  # noqa: F401
 
-    def create(self):
-        import gymnasium as gym
+    def buffer(self, spaces: tuple) -> object:
         from stable_baselines3.common.buffers import ReplayBuffer
 
-        self.rb = ReplayBuffer(self.n, gym.spaces.Box(0, 255, (84, 84, STACK), np.uint8), gym.spaces.Discrete(4),
-                               device="cpu", n_envs=1, optimize_memory_usage=True, handle_timeout_termination=False)
+        return ReplayBuffer(self.n, *spaces, device="cpu", n_envs=1, optimize_memory_usage=True,
+                            handle_timeout_termination=False)
+
+    def create(self):
+        import gymnasium as gym
+
+        self.rb = self.buffer((gym.spaces.Box(0, 255, (84, 84, STACK), np.uint8), gym.spaces.Discrete(4)))
         self.obs = np.zeros((1, 84, 84, STACK), np.uint8)
         self.nxt = np.zeros((1, 84, 84, STACK), np.uint8)
         self.act, self.rew, self.done = np.zeros((1, 1), np.int64), np.zeros(1, np.float32), np.zeros(1, np.float32)
@@ -268,6 +272,22 @@ class SB3(Contender):
 
     def sample(self):
         return self.rb.sample(32)
+
+
+class SB3Zstd(SB3):
+    """sb3-extra-buffers' ``CompressedReplayBuffer`` (SB3's buffer with each observation a zstd-
+    compressed bytes object: ``pip install sb3-extra-buffers zstd``), filled as ``sb3`` is."""
+
+    name = "sb3-zstd"
+
+    def load(self):
+        import sb3_extra_buffers.compressed  # noqa: F401
+
+    def buffer(self, spaces: tuple) -> object:
+        from sb3_extra_buffers.compressed import CompressedReplayBuffer
+
+        return CompressedReplayBuffer(self.n, *spaces, device="cpu", n_envs=1, optimize_memory_usage=True,
+                                      handle_timeout_termination=False, compression_method="zstd")
 
 
 class Store(Contender):
@@ -313,7 +333,7 @@ class Store(Contender):
 
 MAKERS: dict[str, type[Contender]] = {"torchrl": TorchRL, "torchrl-compressed": TorchRLCompressed,
                                       "torchrl-replaystore": TorchRLStore, "cpprb": Cpprb, "sb3": SB3,
-                                      "replaystore": Store}
+                                      "sb3-zstd": SB3Zstd, "replaystore": Store}
 
 
 def rate(take: Callable[[], object], batches: int, per_call: int = 1, *, warmup: int = 0) -> float:
