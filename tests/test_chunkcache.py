@@ -82,7 +82,7 @@ def test_the_order_ring_grows_and_wraps_like_a_deque() -> None:
         else:
             assert fifo.popleft() == ref.popleft()
         if step % 997 == 0:
-            assert fifo.ids() == list(ref) and len(fifo) == len(ref)
+            assert list(fifo.ids()) == list(ref) and len(fifo) == len(ref)
     with pytest.raises(IndexError):
         chunkcache.Fifo().popleft()
 

@@ -25,6 +25,7 @@ stale entries outnumber live ones).
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from itertools import repeat
 from operator import itemgetter
 from typing import Any
@@ -63,11 +64,12 @@ class Fifo:
         self._n -= 1
         return cid
 
-    def ids(self) -> list[int]:
-        """Every id, oldest first."""
-        end = self._head + self._n
-        ids = self._ids
-        return (ids[self._head : end] if end <= len(ids) else np.concatenate([ids[self._head :], ids[: end - len(ids)]])).tolist()
+    def ids(self) -> Iterator[int]:
+        """Every id, oldest first (as Python ints a block at a time: no list of them all)."""
+        size = len(self._ids)
+        for at in range(0, self._n, 1 << 16):
+            stop = min(self._n, at + (1 << 16))
+            yield from np.take(self._ids, np.arange(self._head + at, self._head + stop) % size).tolist()
 
 
 class ChunkCache:
