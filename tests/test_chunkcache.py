@@ -76,11 +76,22 @@ def test_the_order_ring_grows_and_wraps_like_a_deque() -> None:
     rng = np.random.default_rng(1)
     fifo, ref = chunkcache.Fifo(), deque[int]()
     for step in range(20_000):
-        if rng.random() < 0.6 or not ref:
+        op = rng.random()
+        if op < 0.3 or not ref:
             fifo.append(step)
             ref.append(step)
-        else:
+        elif op < 0.5:
+            more = [step * 10 + j for j in range(int(rng.integers(0, 6)))]
+            fifo.extend(more)
+            ref.extend(more)
+        elif op < 0.9:
             assert fifo.popleft() == ref.popleft()
+        else:
+            k = int(rng.integers(0, 8))
+            assert fifo.oldest(k) == list(ref)[:k]
+            fifo.drop(k)
+            for _ in range(min(k, len(ref))):
+                ref.popleft()
         if step % 997 == 0:
             assert list(fifo.ids()) == list(ref) and len(fifo) == len(ref)
     with pytest.raises(IndexError):

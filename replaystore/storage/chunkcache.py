@@ -49,19 +49,47 @@ class Fifo:
         return self._n
 
     def append(self, cid: int) -> None:
+        self.extend([cid])
+
+    def extend(self, cids: list[int]) -> None:
+        """Append ``cids`` in order (one numpy assignment)."""
+        k = len(cids)
+        if not k:
+            return
         size = len(self._ids)
-        if self._n == size:
-            self._ids = np.concatenate([self._ids[self._head :], self._ids[: self._head], np.empty_like(self._ids)])
-            self._head, size = 0, 2 * size
-        self._ids[(self._head + self._n) % size] = cid
-        self._n += 1
+        if self._n + k > size:
+            grown = max(2 * size, self._n + k)
+            ids = np.empty(grown, dtype=np.int64)
+            ids[: self._n] = np.take(self._ids, np.arange(self._head, self._head + self._n) % size)
+            self._ids, self._head, size = ids, 0, grown
+        start = self._head + self._n
+        if start >= size:
+            start -= size
+        if start + k <= size:
+            self._ids[start : start + k] = cids
+        else:
+            self._ids[(start + np.arange(k)) % size] = cids
+        self._n += k
+
+    def oldest(self, k: int) -> list[int]:
+        """The ``k`` oldest ids (fewer if there are fewer), oldest first, left in place."""
+        k = min(k, self._n)
+        head, size = self._head, len(self._ids)
+        if head + k <= size:
+            return self._ids[head : head + k].tolist()
+        return np.take(self._ids, np.arange(head, head + k) % size).tolist()
+
+    def drop(self, k: int) -> None:
+        """Forget the ``k`` oldest ids."""
+        k = min(k, self._n)
+        self._head = (self._head + k) % len(self._ids)
+        self._n -= k
 
     def popleft(self) -> int:
         if not self._n:
             raise IndexError("pop from an empty Fifo")
-        cid = int(self._ids[self._head])
-        self._head = (self._head + 1) % len(self._ids)
-        self._n -= 1
+        cid = self.oldest(1)[0]
+        self.drop(1)
         return cid
 
     def ids(self) -> Iterator[int]:
@@ -124,25 +152,60 @@ class ChunkCache:
         generation they were planned at (takes ``lock`` once)."""
         per_shard, generation = self.chunks_per_shard, self.generation
         with self.lock:
-            for r in reads:
-                if r.payload is not None and r.generation == generation[r.cid // per_shard]:
-                    self.insert(r.cid, r.payload)
+            self.insert_many([(r.cid, r.payload) for r in reads
+                              if r.payload is not None and r.generation == generation[r.cid // per_shard]])
 
     def insert(self, cid: int, payload: bytes) -> None:
         """Cache ``payload``, evicting the oldest-cached chunks (the caller holds ``lock``)."""
-        if len(payload) > self.cache_bytes or self.get(cid) is not None:
-            return
-        self._put(cid, payload)
-        self._order.append(cid)
-        self.held += len(payload)
-        self._count += 1
-        stale, order = self._stale, self._order
-        while self.held > self.cache_bytes:  # popleft: O(1)
-            oldest = order.popleft()
-            if stale and oldest in stale:  # an entry of a chunk forgotten since
-                self._unstale(oldest)
+        self.insert_many([(cid, payload)])
+
+    def insert_many(self, items: list[tuple[int, bytes]]) -> None:
+        """Cache each ``(cid, payload)`` in order, then evict the oldest-cached chunks until the
+        cache fits (the caller holds ``lock``). Evicting once after all of them keeps the same
+        chunks as evicting after each: first in, first out keeps the newest run that fits."""
+        cap, slots, by_id = self.cache_bytes, self._slots, self._by_id
+        held, added = self.held, []
+        for cid, payload in items:
+            n = len(payload)
+            if n > cap:
                 continue
-            self._drop(oldest)
+            if slots is not None:
+                if slots[cid] is not None:
+                    continue
+                slots[cid] = payload
+            else:
+                if cid in by_id:
+                    continue
+                by_id[cid] = payload
+            added.append(cid)
+            held += n
+        self._order.extend(added)
+        self._count += len(added)
+        self.held = held
+        if held > cap:
+            self._evict()
+
+    def _evict(self) -> None:
+        """Drop the oldest-cached chunks until the cache fits (stale entries skipped)."""
+        cap, slots, by_id, stale, order = self.cache_bytes, self._slots, self._by_id, self._stale, self._order
+        held, count = self.held, self._count
+        while held > cap and len(order):
+            oldest = order.oldest(64)
+            used = 0
+            for cid in oldest:
+                if held <= cap:
+                    break
+                used += 1
+                if stale and cid in stale:  # an entry of a chunk forgotten since
+                    self._unstale(cid)
+                    continue
+                payload = slots[cid] if slots is not None else by_id.pop(cid)
+                if slots is not None:
+                    slots[cid] = None
+                held -= len(payload)  # type: ignore[arg-type]
+                count -= 1
+            order.drop(used)
+        self.held, self._count = held, count
 
     def invalidate(self, shard: int) -> None:
         """Forget ``shard``'s chunks and bump its generation (the writer rewrote it)."""
