@@ -123,6 +123,16 @@ assert agents[0].train_steps == agents[1].train_steps == 3
 # target_every=2: the target took the weights after step 2, not those after step 3
 assert not all(np.array_equal(t, s) for t, s in zip(after[0]["target"], start["target"]))
 assert not all(np.array_equal(t, p) for t, p in zip(after[0]["target"], after[0]["online"]))
+# Polyak's update (tau < 1, every step): the target moves a quarter of the way to the online weights
+polyak = make_learner(mlp((2, 5), 3, hidden_sizes=[16], dtype="uint8"), keras.optimizers.Adam(1e-3, global_clipnorm=10.0),
+                      stack_shape=(2, 5), dtype=np.uint8, target_every=1, tau=0.25)
+assert not polyak.model.non_trainable_variables
+polyak.load_state(start)
+polyak.train_block({k: v[:1] for k, v in block.items()})
+got = polyak.state()
+for t0, o1, t1 in zip(start["target"], got["online"], got["target"], strict=True):
+    np.testing.assert_allclose(t1, 0.25 * o1 + 0.75 * t0, rtol=1e-5, atol=1e-6, err_msg="polyak")
+assert not all(np.array_equal(t1, o1) for t1, o1 in zip(got["target"], got["online"]))
 print("ok")
 """
 

@@ -41,7 +41,7 @@ import numpy as np
 from keras import ops
 
 from .config import TrainerError
-from .learnerbase import MAX_GRAD_NORM, TRAIN_FIELDS, Learner, WeightsInModel, td_loss
+from .learnerbase import MAX_GRAD_NORM, TRAIN_FIELDS, Learner, WeightsInModel, target_update, td_loss
 from .stacks import StackSpec, tree_map
 
 # (the loss, the interface and the clip norm stay importable from here, where they were before learnerbase.py)
@@ -106,7 +106,7 @@ class TensorFlowLearner(WeightsInModel):
             optimizer.apply_gradients(zip(tape.gradient(loss, self.variables), self.variables, strict=True))
             if optimizer.iterations % self.target_every == 0:
                 for t, o in zip(self.target, self.variables, strict=True):
-                    t.assign(o.value if self.tau >= 1.0 else self.tau * o.value + (1.0 - self.tau) * t)
+                    t.assign(target_update(o.value, t, self.tau))
             losses = losses.write(i, tf.cast(loss, tf.float32))
             q_means = q_means.write(i, tf.cast(q_mean, tf.float32))
             abs_tds = abs_tds.write(i, tf.cast(abs_td, tf.float32))
@@ -178,7 +178,7 @@ class TorchLearner(WeightsInModel):
                 step += 1  # (apply counted it)
                 if step % self.target_every == 0:
                     for t, o in zip(self.target, parameters, strict=True):
-                        t.copy_(o if self.tau >= 1.0 else self.tau * o + (1.0 - self.tau) * t)
+                        t.copy_(target_update(o, t, self.tau))
             out.append((loss.detach(), q_mean.detach(), abs_td.detach()))
         loss, q_mean, abs_td = (torch.stack(part).float().cpu().numpy() for part in zip(*out, strict=True))
         return loss, q_mean, abs_td
@@ -246,7 +246,7 @@ class JaxLearner(Learner):
             (value, (q_mean, abs_td)), grads = grad(params, target_params, batch)
             params, opt_vars = self.optimizer.stateless_apply(opt_vars, grads, params)
             due = opt_vars[self._iteration] % self.target_every == 0
-            target_params = [ops.where(due, p if tau >= 1.0 else tau * p + (1.0 - tau) * t, t)
+            target_params = [ops.where(due, target_update(p, t, tau), t)
                              for p, t in zip(params, target_params, strict=True)]
             return (params, target_params, opt_vars), (value, q_mean, abs_td)
 

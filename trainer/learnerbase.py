@@ -49,6 +49,12 @@ def td_loss(online: Forward, target: Forward, batch: dict[str, Any], *,
     return loss, (ops.mean(q), ops.stop_gradient(abs_td))
 
 
+def target_update(online: Any, target: Any, tau: float) -> Any:
+    """A target weight's new value, written once for every backend: the online weight itself (a hard
+    copy) at ``tau`` 1, else Polyak's ``tau * online + (1 - tau) * target``."""
+    return online if tau >= 1.0 else tau * online + (1.0 - tau) * target
+
+
 class Learner(abc.ABC):
     """A model's online and target weights, its optimizer's state, acting, and k-step training."""
 
