@@ -16,8 +16,8 @@ cache never serves a chunk of a file newer or older than the current one.
 
 Memory: a cached chunk costs its payload's ``bytes`` object plus ~16 bytes of bookkeeping where the
 lookup is a list (its slot, and its cid in ``Fifo``, the insertion order as an int64 ring); an
-``OrderedDict`` cost ~130 bytes a chunk (8 MB of a 30 MB cache of Atari chunks), a ``deque`` of ints ~40. A chunk forgotten by ``invalidate``
-keeps its place in the order as a *stale* entry, counted in ``_stale``: its cid's stale entries are
+``OrderedDict`` cost ~130 bytes a chunk (8 MB of a 30 MB cache of Atari chunks), a ``deque`` of ints
+~40. A chunk forgotten by ``invalidate`` keeps its place in the order as a *stale* entry, counted in ``_stale``: its cid's stale entries are
 always older than a live one, so eviction skips exactly that many (and the order is compacted when
 stale entries outnumber live ones).
 """
@@ -258,10 +258,14 @@ class ChunkCache:
 
     def _compact(self) -> None:
         """The order without its stale entries (each cid's stale entries come before its live one)."""
-        kept = Fifo()
+        kept, block = Fifo(), []
         for cid in self._order.ids():
             if cid in self._stale:
                 self._unstale(cid)
-            else:
-                kept.append(cid)
+                continue
+            block.append(cid)
+            if len(block) == 1 << 16:  # (appended a block at a time: one numpy assignment each)
+                kept.extend(block)
+                block = []
+        kept.extend(block)
         self._order = kept
