@@ -31,12 +31,19 @@ data = np.load(sys.argv[1])
 stack_shape = tuple(int(x) for x in data["stack_shape"])
 from replaystore.trainer.learner import make_learner
 from replaystore.trainer.models import q_network
-model = q_network(stack_shape, np.uint8, 3, hidden_sizes=[16])
+from replaystore.trainer.qrdqn import QRDQN
+n = int(data["quantiles"])
+if n:  # QR-DQN's head: n quantiles per action
+    model = keras.Sequential([keras.Input(stack_shape, dtype="uint8"), keras.layers.Rescaling(1 / 255),
+                              keras.layers.Flatten(), keras.layers.Dense(16, activation="relu"),
+                              keras.layers.Dense(3 * n), keras.layers.Reshape((3, n))])
+else:
+    model = q_network(stack_shape, np.uint8, 3, hidden_sizes=[16])
 # epsilon 1e-3, not Keras's 1e-7: Adam's first step moves each weight by lr * g / (|g| + epsilon), so
 # with 1e-7 a gradient element near zero (a conv weight behind a dead unit) turns a 1e-8 difference
 # between the backends' float sums into a 1e-3 difference in the weight (it failed 44 of 8192 once)
 agent = make_learner(model, keras.optimizers.Adam(1e-3, epsilon=1e-3, global_clipnorm=10.0), stack_shape=stack_shape,
-                     dtype=np.uint8, target_every=1000, tau=1.0)
+                     dtype=np.uint8, target_every=1000, tau=1.0, rule=QRDQN(n) if n else None)
 if "online/0" in data:
     agent.load_state({part: [data[f"{part}/{i}"] for i in range(int(data[f"{part}_n"]))]
                       for part in ("online", "target", "optimizer")})
@@ -68,20 +75,21 @@ def _batch(stack_shape: tuple[int, ...], n: int, seed: int) -> dict[str, np.ndar
             "weight": rng.uniform(0.5, 1.0, n).astype(np.float32)}
 
 
-@pytest.mark.parametrize("stack_shape", [pytest.param((2, 5), id="mlp"),
-                                         pytest.param((4, 84, 84), id="nature-cnn", marks=pytest.mark.slow)])  # (~25 s)
-def test_jax_torch_and_tensorflow_steps_agree(tmp_path: Path, stack_shape: tuple[int, ...]) -> None:
+@pytest.mark.parametrize(("stack_shape", "quantiles"), [
+    pytest.param((2, 5), 0, id="mlp"), pytest.param((2, 5), 4, id="qr-dqn"),
+    pytest.param((4, 84, 84), 0, id="nature-cnn", marks=pytest.mark.slow)])  # (~25 s)
+def test_jax_torch_and_tensorflow_steps_agree(tmp_path: Path, stack_shape: tuple[int, ...], quantiles: int) -> None:
     """TensorFlow makes the weights and takes a step; JAX and PyTorch load the same weights and take
     the same step: the same loss, |td| and weights after (the same optimizer arithmetic, to float
-    tolerance)."""
+    tolerance), for double DQN's rule and QR-DQN's."""
     batch = {f"batch/{k}": v for k, v in _batch(stack_shape, 8, 0).items()}
-    np.savez(tmp_path / "in.npz", stack_shape=np.array(stack_shape), **batch)
+    np.savez(tmp_path / "in.npz", stack_shape=np.array(stack_shape), quantiles=quantiles, **batch)
     _python(STEP, str(tmp_path / "in.npz"), str(tmp_path / "tf.npz"), backend="tensorflow")
     with np.load(tmp_path / "tf.npz") as tf_out:
         tf_res = dict(tf_out)
     start = {k: v for k, v in tf_res.items() if k.split("/")[0] in ("online", "target", "optimizer")
              or k.endswith("_n")}
-    np.savez(tmp_path / "in2.npz", stack_shape=np.array(stack_shape), **batch, **start)
+    np.savez(tmp_path / "in2.npz", stack_shape=np.array(stack_shape), quantiles=quantiles, **batch, **start)
     for backend in ("jax", "torch"):
         _python(STEP, str(tmp_path / "in2.npz"), str(tmp_path / f"{backend}.npz"), backend=backend)
         with np.load(tmp_path / f"{backend}.npz") as out:

@@ -3,13 +3,17 @@ hyperparameters (hyperparams/dqn.yml) on CartPole-v1, Acrobot-v1 and MountainCar
 each in its own process, the same env-step budget (the zoo's ``n_timesteps``), and each final agent
 scored over ``--episodes`` greedy games. Ours runs ``replaystore.trainer.DQN`` with the same
 hyperparameters, mapped onto its names (``ours``, below), and the same network (``sb3_network``).
-Goal: our median >= SB3's on each env. The lib ``defaults`` is ours as a user meets it: the
+Goal: our median >= SB3's on each env. With ``--algo qrdqn`` the same for QR-DQN: sb3-contrib's
+``QRDQN`` with the zoo's hyperparams/qrdqn.yml (dqn.yml's values for these envs, and
+``n_quantiles``), beside ``DQN(..., rule=QRDQN(n_quantiles))`` with sb3-contrib's optimizer (Adam,
+epsilon ``0.01 / batch_size``, no gradient clipping) and its quantile network. The lib ``defaults`` is ours as a user meets it: the
 README's model (256x256, Keras' initialization) and no hyperparameter given but the seed, so the
 classic-control preset (config.PRESETS) and a 1M-step store, on the same budget.
 docs/benchmarks.md, "DQN beside Stable-Baselines3", has the tables.
 
     python tools/reference_dqn.py --out tools/out/reference_dqn.jsonl [--envs CartPole-v1,Acrobot-v1,MountainCar-v0]
         [--seeds 1,2,3,4,5] [--libs replaystore,sb3[,defaults]] [--backend jax] [--jobs 2] [--scale 1.0]
+        [--algo dqn|qrdqn]
 
 ``--scale`` multiplies every budget (0.05 for a rehearsal). ``--backend`` is the Keras backend ours
 runs on (JAX by default: the same learning as TensorFlow's, in about half the time here).
@@ -41,6 +45,9 @@ ZOO: dict[str, dict[str, Any]] = {
                        "gradient_steps": 8, "exploration_fraction": 0.2, "exploration_final_eps": 0.07},
 }
 
+#: rl-baselines3-zoo's hyperparams/qrdqn.yml: dqn.yml's values for these envs, with these quantiles
+QUANTILES = {"CartPole-v1": 10, "Acrobot-v1": 25, "MountainCar-v0": 25}
+
 
 def ours(zoo: dict[str, Any]) -> dict[str, Any]:
     """The zoo's hyperparameters in ``DQN``'s names, on SB3's schedule: learning in lockstep with
@@ -66,12 +73,13 @@ def ours(zoo: dict[str, Any]) -> dict[str, Any]:
             "replay_ratio": 0, "steps_per_call": per_call, "n_step": 1}
 
 
-def sb3_network(n_inputs: int, n_actions: int) -> Any:
+def sb3_network(n_inputs: int, n_actions: int, quantiles: int = 0) -> Any:
     """SB3's ``MlpPolicy`` Q-network for DQN as a Keras model: 256x256 ReLU, each layer initialized as
     PyTorch's ``nn.Linear`` is (weights and biases uniform in +-1/sqrt(fan_in)), taking the store's
     stacks of one frame. The same network, so that the two runs differ only in the DQN around it.
     (With ``mlp``'s Keras initialization, glorot-uniform weights and zero biases, CartPole collapsed
-    on 3 of 5 seeds with these settings: docs/benchmarks.md.)"""
+    on 3 of 5 seeds with these settings: docs/benchmarks.md.) With ``quantiles``, sb3-contrib's
+    quantile network: ``quantiles`` outputs per action, ``(n_actions, quantiles)`` per stack."""
     import keras
 
     def dense(units: int, fan_in: int, activation: str | None = None) -> Any:
@@ -80,8 +88,10 @@ def sb3_network(n_inputs: int, n_actions: int) -> Any:
                                   kernel_initializer=keras.initializers.VarianceScaling(1 / 3, "fan_in", "uniform"),
                                   bias_initializer=keras.initializers.RandomUniform(-bound, bound))
 
+    head = ([dense(n_actions * quantiles, 256), keras.layers.Reshape((n_actions, quantiles))] if quantiles
+            else [dense(n_actions, 256)])
     return keras.Sequential([keras.Input((1, n_inputs)), keras.layers.Flatten(), dense(256, n_inputs, "relu"),
-                             dense(256, 256, "relu"), dense(n_actions, 256)])
+                             dense(256, 256, "relu"), *head])
 
 
 def readme_network(n_inputs: int, n_actions: int) -> Any:
@@ -97,17 +107,20 @@ def child(run: dict[str, Any]) -> None:
     import gymnasium as gym
 
     zoo, steps = ZOO[run["env"]], int(ZOO[run["env"]]["n_timesteps"] * run["scale"])
+    quantiles = QUANTILES[run["env"]] if run.get("algo") == "qrdqn" else 0
     t0 = time.perf_counter()
     if run["lib"] == "sb3":
         import torch
         import triton  # noqa: F401  (torch's triton before SB3 loads TensorFlow: both bundle LLVM; tests/conftest.py)
+        from sb3_contrib import QRDQN as SB3QRDQN
         from stable_baselines3 import DQN as SB3DQN
         from stable_baselines3.common.evaluation import evaluate_policy
 
         torch.set_num_threads(1)
         kwargs = {k: v for k, v in zoo.items() if k != "n_timesteps"}
-        model = SB3DQN("MlpPolicy", gym.make(run["env"]), seed=run["seed"], policy_kwargs={"net_arch": [256, 256]},
-                       **kwargs)
+        policy_kwargs: dict[str, Any] = {"net_arch": [256, 256], **({"n_quantiles": quantiles} if quantiles else {})}
+        model = (SB3QRDQN if quantiles else SB3DQN)("MlpPolicy", gym.make(run["env"]), seed=run["seed"],
+                                                    policy_kwargs=policy_kwargs, **kwargs)
         model.learn(steps)
         eval_env = gym.make(run["env"])
         eval_env.reset(seed=10_000 + run["seed"])
@@ -116,13 +129,18 @@ def child(run: dict[str, Any]) -> None:
     else:
         import keras
 
-        from replaystore.trainer import DQN
+        from replaystore.trainer import DQN, QRDQN
 
         keras.utils.set_random_seed(run["seed"])
         env = gym.make(run["env"])
         n_inputs, n_actions = int(env.observation_space.shape[0]), int(env.action_space.n)
         where = Path(tempfile.mkdtemp(prefix="reference-")) / "replay.zarr"
-        if run["lib"] == "defaults":
+        if quantiles:  # sb3-contrib's QR-DQN optimizer: Adam with epsilon 0.01 / batch, no gradient clipping
+            settings = ours(zoo)
+            optimizer = keras.optimizers.Adam(settings.pop("learning_rate"), epsilon=0.01 / zoo["batch_size"])
+            agent = DQN(sb3_network(n_inputs, n_actions, quantiles), where, seed=run["seed"], rule=QRDQN(quantiles),
+                        optimizer=optimizer, buffer_size=settings.pop("buffer_size"), **settings)
+        elif run["lib"] == "defaults":
             agent = DQN(readme_network(n_inputs, n_actions), where, seed=run["seed"])
         else:
             settings = ours(zoo)
@@ -141,17 +159,18 @@ def main() -> int:
     p.add_argument("--libs", default="replaystore,sb3")
     p.add_argument("--scale", type=float, default=1.0)
     p.add_argument("--backend", default="jax", choices=["jax", "tensorflow", "torch"])
+    p.add_argument("--algo", default="dqn", choices=["dqn", "qrdqn"])
     args = p.parse_args()
     if args.child:
         child(json.loads(args.child))
         return 0
     runs = [{"env": e, "lib": lib, "seed": int(s), "scale": args.scale, "episodes": args.episodes,
-             **({"backend": args.backend} if lib != "sb3" else {})}
+             **({"backend": args.backend} if lib != "sb3" else {}), **({"algo": args.algo} if args.algo != "dqn" else {})}
             for e in args.envs.split(",") for s in args.seeds.split(",") for lib in args.libs.split(",")]
     rows = seeds.run_all(Path(__file__), runs, args.out, args.jobs,
                          env=lambda run: {"TF_CPP_MIN_LOG_LEVEL": "3", "OMP_NUM_THREADS": "1",
                                           "KERAS_BACKEND": run.get("backend", "tensorflow")})
-    print(f"\nFinal greedy return, mean of {args.episodes} games, budget x{args.scale}:\n")
+    print(f"\nFinal greedy return ({args.algo}), mean of {args.episodes} games, budget x{args.scale}:\n")
     print(seeds.table(rows, ["env", "lib"]))
     return 0
 

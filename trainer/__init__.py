@@ -2,7 +2,8 @@
 
     from replaystore.trainer import DQN, nature_cnn, mlp
 
-``DQN`` (agent.py) fits a Keras model on a gymnasium env (or a vector env) with Keras callbacks;
+``DQN`` (agent.py) fits a Keras model on a gymnasium env (or a vector env) with Keras callbacks, by
+double DQN or, with ``rule=QRDQN(...)`` (qrdqn.py), quantile regression;
 ``nature_cnn``, ``mlp``, ``embedded_mlp`` and ``dict_mlp`` (models.py) are ready-made Q-networks;
 ``make_vector_env`` (envs.py) the command line's vector envs (``halves=True``: a ``HalvedVectorEnv``,
 which ``fit`` steps a half at a time); ``replaystore-train`` (cli.py) is
@@ -26,16 +27,17 @@ if TYPE_CHECKING:
     from .config import DQNConfig, TrainerError
     from .envs import HalvedVectorEnv, make_vector_env
     from .models import Dueling, ModelError, check_model, dict_mlp, embedded_mlp, mlp, nature_cnn
+    from .qrdqn import QRDQN
     from .rundir import load_run
     from .stacks import StackSpec
 
-__all__ = ["DQN", "DQNConfig", "Dueling", "HalvedVectorEnv", "ModelError", "StackSpec", "TrainerError", "check_model",
+__all__ = ["DQN", "DQNConfig", "Dueling", "HalvedVectorEnv", "ModelError", "QRDQN", "StackSpec", "TrainerError", "check_model",
            "dict_mlp", "embedded_mlp", "load_run", "make_vector_env", "mlp", "nature_cnn"]
 
 _WHERE = {"DQN": "agent", "DQNConfig": "config", "TrainerError": "config", "ModelError": "models", "Dueling": "models",
           "check_model": "models", "mlp": "models", "nature_cnn": "models", "embedded_mlp": "models",
           "dict_mlp": "models", "load_run": "rundir", "StackSpec": "stacks", "HalvedVectorEnv": "envs",
-          "make_vector_env": "envs"}
+          "make_vector_env": "envs", "QRDQN": "qrdqn"}
 
 
 def __getattr__(name: str) -> Any:

@@ -42,6 +42,8 @@ from .hindsight import check_goals, choose_reward, hindsight_sampler
 from .learner import MAX_GRAD_NORM, Learner, make_learner
 from .models import Loading, check_model
 from .offline import OfflineRun
+from .rule import DoubleDQN, Rule
+from .rules import check_rule
 from .run import Run, Source
 from .stacks import RecentFrames, StackSpec
 from .state import RunState
@@ -58,12 +60,16 @@ class DQN:
                  optimizer: keras.optimizers.Optimizer | None = None, buffer_size: int = 1_000_000,
                  frame_stack: int | None = None, cache_bytes: int = 256 * 2**20,
                  storage_options: dict[str, Any] | None = None, custom_objects: dict[str, Any] | None = None,
-                 safe_mode: bool = True, **hyperparameters: Any) -> None:
+                 safe_mode: bool = True, rule: Rule | None = None, **hyperparameters: Any) -> None:
         """``store``: a ``ReplayStore`` open for appending, or the path or URL of one to open (or, on
         the first ``fit``, to create with ``buffer_size`` steps and ``frame_stack`` frames a stack: 4
         for image frames, 1 for vectors, when not given). ``custom_objects``, ``safe_mode``: how the
-        saved model is read back (as ``DQN.load``), checked before ``fit`` or ``save`` writes it."""
+        saved model is read back (as ``DQN.load``), checked before ``fit`` or ``save`` writes it.
+        ``rule``: the learning rule, ``QRDQN(n_quantiles)`` for quantile regression (the model then
+        gives ``(n_actions, n_quantiles)`` per stack); double DQN when left out."""
         self.config = config_from(hyperparameters)
+        self.rule = check_rule(rule) if rule is not None else DoubleDQN(self.config.cql_alpha)
+        self.rule.check_run(self.config)
         self.model = model
         given = optimizer or getattr(model, "optimizer", None)
         rate = self.config.learning_rate or PRESETS["vectors"]["learning_rate"]  # (set again once the frames are known)
@@ -109,9 +115,9 @@ class DQN:
                 self.optimizer.learning_rate = self.config.learning_rate
         if self.config.her_n_sampled_goal:
             check_goals(stacks)
-        check_model(self.model, stacks, n_actions)
+        check_model(self.model, stacks, n_actions, self.rule)
         self.learner = make_learner(self.model, self.optimizer, stacks=stacks, target_every=self.config.target_every(),
-                                    tau=self.config.tau, cql_alpha=self.config.cql_alpha)
+                                    tau=self.config.tau, rule=self.rule)
         self.stacks, self.n_actions = stacks, n_actions
         self.replay.stacks = stacks
 
@@ -392,7 +398,8 @@ class DQN:
     def __repr__(self) -> str:
         best = self.best[1] if self.best is not None else None
         kept = (f"; best evaluation {best['mean_return']:.1f} at step {best['step']:,}" if best is not None else "")
-        return (f"<DQN on {self.location}: the {self.holds} weights, step {self.state.global_step:,}, "
+        rule = "" if isinstance(self.rule, DoubleDQN) else f" by {self.rule!r}"
+        return (f"<DQN{rule} on {self.location}: the {self.holds} weights, step {self.state.global_step:,}, "
                 f"{self.state.train_steps:,} gradient steps{kept}>")
 
     def close(self) -> None:

@@ -1,12 +1,10 @@
-"""The learner: the double-DQN loss written once in ``keras.ops`` (learnerbase.py, with the
-``Learner`` interface), and a block's gradient steps compiled as one call on the backend Keras
-runs on (here, one learner per backend).
-
-The loss (Hasselt et al. 2016, with a Huber loss): the online network picks the next action, the
-target network values it, and the store's ``discount`` (``gamma**k`` for the ``k`` steps of an
-n-step return, 0 after a termination) scales the bootstrap; prioritized replay weights it by the
-batch's importance weights, and each step returns ``|td|`` for ``store.update_priorities``. With
-``cql_alpha`` > 0 it adds conservative Q-learning's term, for learning offline (offline.py).
+"""The learner: a learning rule's loss (rule.py: double DQN by default, with conservative
+Q-learning's term for offline learning; qrdqn.py: quantile regression), written once in
+``keras.ops``, and a block's gradient steps compiled as one call on the backend Keras runs on
+(here, one learner per backend; learnerbase.py has the ``Learner`` interface). The store's
+``discount`` (``gamma**k`` for the ``k`` steps of an n-step return, 0 after a termination) scales
+the bootstrap; prioritized replay weights the loss by the batch's importance weights, and each
+step returns a priority per transition for ``store.update_priorities``.
 
 There is one model. The target network is the same model run on another set of weights through
 Keras' stateless API (``Model.stateless_call``), so any Keras model works (Sequential, functional,
@@ -42,6 +40,7 @@ from keras import ops
 
 from .config import TrainerError
 from .learnerbase import MAX_GRAD_NORM, TRAIN_FIELDS, Learner, WeightsInModel, target_update, td_loss
+from .rule import Rule
 from .stacks import StackSpec, tree_map
 
 # (the loss, the interface and the clip norm stay importable from here, where they were before learnerbase.py)
@@ -50,9 +49,10 @@ __all__ = ["MAX_GRAD_NORM", "TRAIN_FIELDS", "JaxLearner", "Learner", "TensorFlow
 
 def make_learner(model: keras.Model, optimizer: keras.optimizers.Optimizer, *, stacks: StackSpec | None = None,
                  stack_shape: Sequence[int] | None = None, dtype: Any = None, target_every: int, tau: float,
-                 cql_alpha: float = 0.0) -> Learner:
+                 rule: Rule | None = None) -> Learner:
     """The learner for the backend Keras runs on (``KERAS_BACKEND``: tensorflow, jax or torch), for the model's
-    input ``stacks`` (or one array of stacks shaped ``stack_shape`` of ``dtype``)."""
+    input ``stacks`` (or one array of stacks shaped ``stack_shape`` of ``dtype``), learning by ``rule``
+    (double DQN when None)."""
     if stacks is None:
         if stack_shape is None or dtype is None:
             raise TypeError("make_learner needs stacks=StackSpec(...) or stack_shape= and dtype=")
@@ -61,7 +61,7 @@ def make_learner(model: keras.Model, optimizer: keras.optimizers.Optimizer, *, s
     kinds: dict[str, type[Learner]] = {"tensorflow": TensorFlowLearner, "jax": JaxLearner, "torch": TorchLearner}
     if backend in kinds:
         return kinds[backend](model, optimizer, stacks=stacks, target_every=target_every, tau=tau,  # type: ignore[call-arg]
-                              cql_alpha=cql_alpha)
+                              rule=rule)
     raise TrainerError(f"Keras runs on {backend!r}; the DQN learner runs on 'tensorflow', 'jax' or 'torch' (set "
                        "KERAS_BACKEND before keras is imported)")
 
@@ -72,14 +72,14 @@ class TensorFlowLearner(WeightsInModel):
     backend = "tensorflow"
 
     def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer, *, stacks: StackSpec,
-                 target_every: int, tau: float, cql_alpha: float = 0.0) -> None:
+                 target_every: int, tau: float, rule: Rule | None = None) -> None:
         import tensorflow as tf
 
-        super().__init__(model, optimizer, target_every=target_every, tau=tau, cql_alpha=cql_alpha)
+        super().__init__(model, optimizer, target_every=target_every, tau=tau, rule=rule)
         self.variables = list(model.trainable_variables)
         self.target = [tf.Variable(v.value, trainable=False) for v in model.trainable_variables]
         self.target_frozen = [tf.Variable(v.value, trainable=False) for v in model.non_trainable_variables]
-        self._q = tf.function(lambda x: model(x), input_signature=[stacks.tf_signature()])
+        self._q = tf.function(lambda x: self.rule.values(model(x)), input_signature=[stacks.tf_signature()])
         self._train = tf.function(self._train_block, reduce_retracing=True)
 
     def q_values(self, stacks: Any) -> np.ndarray:
@@ -102,7 +102,7 @@ class TensorFlowLearner(WeightsInModel):
         for i in tf.range(k):  # autograph: a tf.while_loop
             batch = {name: tf.nest.map_structure(lambda v: v[i], value) for name, value in block.items()}
             with tf.GradientTape() as tape:
-                loss, (q_mean, abs_td) = td_loss(model, target, batch, cql_alpha=self.cql_alpha)
+                loss, (q_mean, abs_td) = self.loss(model, target, batch)
             optimizer.apply_gradients(zip(tape.gradient(loss, self.variables), self.variables, strict=True))
             if optimizer.iterations % self.target_every == 0:
                 for t, o in zip(self.target, self.variables, strict=True):
@@ -129,8 +129,8 @@ class TorchLearner(WeightsInModel):
     backend = "torch"
 
     def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer, *, stacks: StackSpec,
-                 target_every: int, tau: float, cql_alpha: float = 0.0) -> None:
-        super().__init__(model, optimizer, target_every=target_every, tau=tau, cql_alpha=cql_alpha)
+                 target_every: int, tau: float, rule: Rule | None = None) -> None:
+        super().__init__(model, optimizer, target_every=target_every, tau=tau, rule=rule)
         self.variables = list(model.trainable_variables)
         self.target = [v.value.detach().clone() for v in model.trainable_variables]
         self.target_frozen = [v.value.detach().clone() for v in model.non_trainable_variables]
@@ -154,7 +154,7 @@ class TorchLearner(WeightsInModel):
         import torch
 
         with torch.no_grad():
-            return self.model(self._tensors(stacks)).cpu().numpy()
+            return self.rule.values(self.model(self._tensors(stacks))).cpu().numpy()
 
     def train_block(self, block: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         import torch
@@ -171,7 +171,7 @@ class TorchLearner(WeightsInModel):
         step = self.train_steps  # (read once: on a GPU each read of the counter waits for the device)
         for i in range(int(fields["action"].shape[0])):
             batch = {name: tree_map(lambda v: v[i], value) for name, value in fields.items()}
-            loss, (q_mean, abs_td) = td_loss(model, target, batch, cql_alpha=self.cql_alpha)
+            loss, (q_mean, abs_td) = self.loss(model, target, batch)
             grads = torch.autograd.grad(loss, parameters)
             with torch.no_grad():
                 optimizer.apply(list(grads), variables)
@@ -199,15 +199,15 @@ class JaxLearner(Learner):
     backend = "jax"
 
     def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer, *, stacks: StackSpec,
-                 target_every: int, tau: float, cql_alpha: float = 0.0) -> None:
+                 target_every: int, tau: float, rule: Rule | None = None) -> None:
         import jax
 
-        super().__init__(model, optimizer, target_every=target_every, tau=tau, cql_alpha=cql_alpha)
+        super().__init__(model, optimizer, target_every=target_every, tau=tau, rule=rule)
         self._iteration = [v.path for v in optimizer.variables].index(optimizer.iterations.path)
         self._from_model()
         self.target_params = [ops.copy(p) for p in self.params]
         self.target_frozen = [ops.copy(p) for p in self.frozen]
-        self._q = jax.jit(lambda params, stacks: model.stateless_call(params, self.frozen, stacks)[0])
+        self._q = jax.jit(lambda params, stacks: self.rule.values(model.stateless_call(params, self.frozen, stacks)[0]))
         # The target weights and the optimizer's variables are updated in place on a GPU; the online
         # weights are not, since an acting thread may be reading them. The CPU backend cannot reuse them.
         donate = (1, 2) if jax.default_backend() != "cpu" else ()
@@ -234,9 +234,8 @@ class JaxLearner(Learner):
         model, frozen, target_frozen = self.model, self.frozen, self.target_frozen
 
         def loss(params: list[Any], target_params: list[Any], batch: dict[str, Any]) -> tuple[Any, Any]:
-            return td_loss(lambda x: model.stateless_call(params, frozen, x)[0],
-                           lambda x: model.stateless_call(target_params, target_frozen, x)[0], batch,
-                           cql_alpha=self.cql_alpha)
+            return self.loss(lambda x: model.stateless_call(params, frozen, x)[0],
+                             lambda x: model.stateless_call(target_params, target_frozen, x)[0], batch)
 
         grad = jax.value_and_grad(loss, has_aux=True)
         tau = self.tau

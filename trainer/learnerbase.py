@@ -1,5 +1,6 @@
-"""What every learner shares: the double-DQN loss written once in ``keras.ops`` (``td_loss``), the
-``Learner`` interface the run uses, and ``WeightsInModel``, the part of a learner whose online
+"""What every learner shares: the ``Learner`` interface the run uses (a learning rule's loss,
+rule.py, compiled into k gradient steps per call, and acting through the rule's Q-values), the
+target network's update written once (``target_update``), and ``WeightsInModel``, the part of a learner whose online
 weights are the model's own variables (TensorFlow's and PyTorch's). The learners per backend, and
 ``make_learner``, are learner.py's.
 """
@@ -7,47 +8,21 @@ weights are the model's own variables (TensorFlow's and PyTorch's). The learners
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
 from typing import Any
 
 import keras
 import numpy as np
-from keras import ops
 
 from .config import TrainerError
+from .rule import DoubleDQN, Forward, Rule, td_loss
 from .stacks import one_of
+
+__all__ = ["MAX_GRAD_NORM", "TRAIN_FIELDS", "Forward", "Learner", "WeightsInModel", "target_update", "td_loss"]
 
 #: Fields of a block the gradient step reads (``index`` stays on the host, for the priorities).
 TRAIN_FIELDS = ("obs", "next_obs", "action", "reward", "discount", "weight")
 #: Clip the global gradient norm (cleanrl's practice keeps early updates sane), for the default optimizer.
 MAX_GRAD_NORM = 10.0
-
-Forward = Callable[[Any], Any]  # stacks -> Q-values
-
-
-def td_loss(online: Forward, target: Forward, batch: dict[str, Any], *,
-            cql_alpha: float = 0.0) -> tuple[Any, tuple[Any, Any]]:
-    """The double-DQN Huber loss of one batch, given the online and the target network's forward
-    passes; returns it and (the mean Q(s, a), ``|td|`` of each transition).
-
-    With ``cql_alpha`` > 0 the loss adds conservative Q-learning's term (CQL(H) for discrete
-    actions, Kumar et al. 2020): ``cql_alpha`` times the mean of ``logsumexp(Q(s, .)) - Q(s, a)``,
-    which pushes down the values of actions the data never took, so that an offline learner does not
-    bootstrap from their overestimates."""
-    q_all = online(batch["obs"])
-    next_action = ops.expand_dims(ops.argmax(online(batch["next_obs"]), axis=1), 1)
-    next_value = ops.take_along_axis(target(batch["next_obs"]), next_action, axis=1)[:, 0]
-    bootstrap = ops.stop_gradient(batch["reward"] + batch["discount"] * next_value)
-    action = ops.expand_dims(ops.cast(batch["action"], "int32"), 1)
-    q = ops.take_along_axis(q_all, action, axis=1)[:, 0]
-    abs_td = ops.abs(bootstrap - q)
-    quadratic = ops.minimum(abs_td, 1.0)
-    huber = 0.5 * ops.square(quadratic) + (abs_td - quadratic)
-    loss = ops.mean(batch["weight"] * huber)
-    if cql_alpha:
-        loss = loss + cql_alpha * ops.mean(ops.logsumexp(q_all, axis=1) - q)
-    return loss, (ops.mean(q), ops.stop_gradient(abs_td))
-
 
 def target_update(online: Any, target: Any, tau: float) -> Any:
     """A target weight's new value, written once for every backend: the online weight itself (a hard
@@ -61,19 +36,23 @@ class Learner(abc.ABC):
     backend: str
 
     def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer, *, target_every: int,
-                 tau: float, cql_alpha: float = 0.0) -> None:
+                 tau: float, rule: Rule | None = None) -> None:
         self.model, self.optimizer = model, optimizer
         self.target_every = max(1, int(target_every))
         self.tau = float(tau)
-        self.cql_alpha = float(cql_alpha)
+        self.rule = rule if rule is not None else DoubleDQN()
         optimizer.build(model.trainable_variables)
+
+    def loss(self, online: Forward, target: Forward, batch: dict[str, Any]) -> tuple[Any, tuple[Any, Any]]:
+        """The rule's loss of one batch (what each backend's compiled step differentiates)."""
+        return self.rule.loss(online, target, batch)
 
     # Acting -------------------------------------------------------------------------------------
 
     @abc.abstractmethod
     def q_values(self, stacks: Any) -> np.ndarray:
         """Q-values of ``(n, frame_stack, *frame_shape)`` stacks (a dict of them for a Dict store), in
-        one forward pass."""
+        one forward pass (the rule's ``values`` of the model's outputs)."""
 
     def act(self, stack: Any) -> int:
         """The greedy action for one stack ``(frame_stack, *frame_shape)`` (or dict of them)."""

@@ -28,6 +28,7 @@ from keras import layers
 from replaystore.format import nesting
 
 from .config import TrainerError
+from .rule import DoubleDQN, Rule
 from .stacks import StackSpec
 
 
@@ -250,11 +251,13 @@ def _reload_fix(exc: BaseException, loading: Loading) -> str:
             "and DQN.load")
 
 
-def check_model(model: Any, stacks: StackSpec, n_actions: int) -> None:
+def check_model(model: Any, stacks: StackSpec, n_actions: int, rule: Rule | None = None) -> None:
     """Refuse, with one line saying why and what to do, a model ``DQN`` cannot train on these stacks
     (``(batch, frame_stack, *frame_shape)`` arrays, or a dict of them) and actions: not a Keras model, one that cannot take the
-    stacks, one whose output is not one Q-value per action, one with nothing to train, or one with
-    state that training updates outside its trainable weights (the loss would leave it stale)."""
+    stacks, one whose output is not what the learning ``rule`` reads (double DQN's: one Q-value per
+    action), one with nothing to train, or one with state that training updates outside its
+    trainable weights (the loss would leave it stale)."""
+    rule = rule if rule is not None else DoubleDQN()
     if not isinstance(model, keras.Model):
         raise ModelError(f"the model is a {type(model).__name__}, not a keras.Model; build one that maps "
                          f"stacks of {stacks.describe()} to {n_actions} Q-values (replaystore.trainer.nature_cnn, mlp "
@@ -273,9 +276,9 @@ def check_model(model: Any, stacks: StackSpec, n_actions: int) -> None:
         raise ModelError(f"the model cannot take the store's stacks, {given} ({type(exc).__name__}: "
                          f"{str(exc).splitlines()[0][:200]}); its input must be {what}") from exc
     shape = tuple(int(d) for d in keras.ops.shape(out))
-    if shape != (2, n_actions):
+    if shape != (2, *rule.output_shape(n_actions)):
         raise ModelError(f"the model outputs shape {shape[1:]} per stack, but the environment has {n_actions} actions: "
-                         f"its last layer must give one Q-value per action (Dense({n_actions}))")
+                         f"{rule.output_help(n_actions)}")
     if not model.trainable_variables:
         raise ModelError("the model has no trainable weights; DQN learns its Q-values by gradient steps")
     frozen = [v.value for v in model.non_trainable_variables]

@@ -22,6 +22,8 @@ from replaystore.storage.outside import check_not_in_store
 from . import checkpoint
 from .config import TrainerError
 from .models import Loading, check_reloads
+from .rule import DoubleDQN
+from .rules import rule_from_json, rule_to_json
 from .state import RunState
 from .stores import place, store_at, store_ref
 
@@ -59,7 +61,8 @@ def save(agent: Any, directory: Path) -> Path:
            "optimizer": keras.optimizers.serialize(agent.optimizer), "buffer_size": agent.replay.buffer_size,
            "frame_stack": agent.replay.frame_stack, "storage_options": agent.replay.storage_options,
            "stacks": agent.stacks.to_json(agent.n_actions) if agent.stacks is not None else None,
-           "holds": agent.holds, "best": agent.best[1] if agent.best is not None else None}
+           "holds": agent.holds, "best": agent.best[1] if agent.best is not None else None,
+           "rule": None if isinstance(agent.rule, DoubleDQN) else rule_to_json(agent.rule)}
     if agent.best is not None:
         kept = checkpoint.load_best(directory) if (directory / checkpoint.BEST).is_file() else None
         if kept is None or kept[1] != agent.best[1]:
@@ -78,7 +81,8 @@ def load(cls: Any, directory: Path, *, store: Any, loading: Loading, best: bool)
     agent = cls(model, store if store is not None else store_at(doc["store"], directory), optimizer=doc["optimizer"],
                 buffer_size=doc.get("buffer_size", 1_000_000), frame_stack=doc.get("frame_stack"),
                 storage_options=doc.get("storage_options"), custom_objects=loading.custom_objects,
-                safe_mode=loading.safe_mode, **doc["config"])
+                safe_mode=loading.safe_mode, rule=rule_from_json(doc.get("rule"), str(directory / "agent.json")),
+                **doc["config"])
     agent.reloads = True  # (it was just loaded as loading says)
     stacks = checkpoint.saved_stacks(directory, doc)  # (None from agents saved before: made from the store)
     if agent.learner is None and stacks is not None:
