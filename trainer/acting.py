@@ -21,7 +21,6 @@ from the env's info where it holds that key, else zeros (``info_extras``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -30,9 +29,10 @@ from replaystore import ReplayStore
 
 from .config import TrainerError
 from .envs import FrameStacker, vector_frames
+from .explore import Act, epsilon_greedy, lives_in, lost_life
 from .stacks import StackSpec, one_of, push_frames, stacks_of
 
-Act = Callable[[Any], np.ndarray]  # (n, frame_stack, *frame) stacks (a Dict env's: a dict of them) -> n greedy actions
+__all__ = ["Act", "EnvActing", "PipelinedActing", "VectorActing", "acting_on", "info_extras"]
 
 
 def info_extras(store: ReplayStore, info: Any, n: int | None = None) -> dict[str, Any] | None:
@@ -71,7 +71,7 @@ class EnvActing:
         self.obs, info = env.reset(seed=seed)
         env.action_space.seed(seed)
         self.stacker.reset(self.obs)
-        self.lives = info.get("lives")
+        self.lives = lives_in(info)
         self.ep_return, self.ep_length = 0.0, 0
 
     waits = True  # the run waits here while a decoupled learner is too far behind
@@ -80,13 +80,10 @@ class EnvActing:
         pass
 
     def step(self, act: Act, epsilon: float, rng: np.random.Generator) -> tuple[int, list[tuple[float, int]]]:
-        if rng.random() < epsilon:
-            action = int(rng.integers(self.n_actions))
-        else:
-            action = int(act(one_of(self.stacker.stack))[0])
+        action = int(epsilon_greedy(act, one_of(self.stacker.stack), None, self.n_actions, epsilon, rng)[0])
         next_obs, reward, terminated, truncated, info = self.env.step(action)
-        lives = info.get("lives")
-        lost = lives is not None and self.lives is not None and int(lives) < int(self.lives)
+        lives = lives_in(info)
+        lost = lost_life(self.lives, lives)
         self.lives = lives
         end = bool(terminated) or (self.life_loss and lost)
         self.store.add(self.obs, action, float(np.sign(reward)) if self.clip else float(reward), next_obs, end,
@@ -98,7 +95,7 @@ class EnvActing:
             ended.append((self.ep_return, self.ep_length))
             self.ep_return, self.ep_length = 0.0, 0
             self.obs, info = self.env.reset()
-            self.lives = info.get("lives")
+            self.lives = lives_in(info)
             self.stacker.reset(self.obs)
         elif end:  # a lost life: the store's episode ends, the game goes on
             self.obs = next_obs
@@ -134,7 +131,7 @@ class VectorActing:
         obs, info = envs.reset(seed=seed)
         self.obs = vector_frames(obs)
         self.stacks = stacks_of(self.obs, store.frame_stack)
-        self.lives = np.asarray(info["lives"]) if "lives" in info else None
+        self.lives = lives_in(info)
         self.resetting = np.zeros(self.n, dtype=bool)  # rows the vector env answers with a reset, not a move
         self.ep_return = np.zeros(self.n)
         self.ep_length = np.zeros(self.n, dtype=np.int64)
@@ -150,12 +147,7 @@ class VectorActing:
 
     def choose(self, act: Act, epsilon: float, rng: np.random.Generator) -> np.ndarray:
         """Each env's next action: greedy on its stack, or random with probability ``epsilon``."""
-        n = self.n
-        explore = rng.random(n) < epsilon
-        actions = rng.integers(self.n_actions, size=n)
-        if not explore.all():
-            actions = np.where(explore, actions, act(self.stacks))
-        return actions
+        return epsilon_greedy(act, self.stacks, self.n, self.n_actions, epsilon, rng)
 
     def record(self, actions: np.ndarray, next_obs: Any, reward: np.ndarray, terminated: np.ndarray,
                truncated: np.ndarray, info: dict[str, Any]) -> tuple[int, list[tuple[float, int]]]:
@@ -163,8 +155,8 @@ class VectorActing:
         n = self.n
         next_obs = vector_frames(next_obs)
         env_done = terminated | truncated
-        now = np.asarray(info["lives"]) if "lives" in info else None
-        lost = (now < self.lives) & ~self.resetting if now is not None and self.lives is not None else np.zeros(n, bool)
+        now = lives_in(info)
+        lost = lost_life(self.lives, now, self.resetting)
         end_learning = terminated | (self.life_loss & lost)
         self.store.add_batch(self.obs, actions, np.sign(reward) if self.clip else reward, next_obs, end_learning,
                              truncated & ~end_learning, info, env_done=env_done, autoreset_mode=self.mode,

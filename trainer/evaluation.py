@@ -14,6 +14,7 @@ import numpy as np
 
 from .config import TrainerError, check_count
 from .envs import FrameStacker, env_spaces, vector_frames
+from .explore import epsilon_greedy, lives_in, lost_life
 from .learnerbase import Learner
 from .stacks import StackSpec, one_of, push_frames, stacks_of
 from .stores import check_for_network
@@ -49,10 +50,11 @@ def evaluate_env(env: Any, learner: Learner, episodes: int, epsilon: float, rng:
     played = Played()
     for i in range(episodes):
         obs, info = env.reset(seed=int(rng.integers(2**31)) if i == 0 else None)
-        lives, total = info.get("lives"), 0.0
+        lives, total = lives_in(info), 0.0
         stacker.reset(obs)
         while True:
-            action = int(rng.integers(env.action_space.n)) if rng.random() < epsilon else int(learner.act_batch(one_of(stacker.stack))[0])
+            action = int(epsilon_greedy(learner.act_batch, one_of(stacker.stack), None, int(env.action_space.n), epsilon,
+                                        rng)[0])
             obs, reward, terminated, truncated, info = env.step(action)
             total += float(reward)
             if terminated or truncated:
@@ -62,8 +64,8 @@ def evaluate_env(env: Any, learner: Learner, episodes: int, epsilon: float, rng:
                 if on_game is not None:
                     on_game(total)
                 break
-            now = info.get("lives")
-            if life_loss and now is not None and lives is not None and now < lives:
+            now = lives_in(info)
+            if life_loss and lost_life(lives, now):
                 stacker.reset(obs)  # the agent learned on stacks that restart at a lost life
             else:
                 stacker.push(obs)
@@ -82,11 +84,9 @@ def evaluate_vector(envs: Any, learner: Learner, episodes: int, epsilon: float, 
     counts = np.zeros(n, dtype=np.int64)
     totals, out = np.zeros(n), Played()
     resetting = np.zeros(n, dtype=bool)
-    lives = np.asarray(info["lives"]) if "lives" in info else None
+    lives = lives_in(info)
     while len(out.returns) < episodes:
-        actions = learner.act_batch(batch)
-        explore = rng.random(n) < epsilon
-        actions = np.where(explore, rng.integers(int(envs.single_action_space.n), size=n), actions)
+        actions = epsilon_greedy(learner.act_batch, batch, n, int(envs.single_action_space.n), epsilon, rng)
         obs, reward, terminated, truncated, info = envs.step(actions)
         frames = vector_frames(obs)
         totals += np.where(resetting, 0.0, reward)
@@ -101,8 +101,8 @@ def evaluate_vector(envs: Any, learner: Learner, episodes: int, epsilon: float, 
                 if on_game is not None:
                     on_game(float(totals[i]))
         totals[done] = 0.0
-        now = np.asarray(info["lives"]) if "lives" in info else None
-        lost = (now < lives) & ~resetting if life_loss and now is not None and lives is not None else np.zeros(n, bool)
+        now = lives_in(info)
+        lost = lost_life(lives, now, resetting) if life_loss else np.zeros(n, bool)
         push_frames(batch, frames, resetting | lost)
         resetting, lives = done, now
     return out
