@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -290,15 +291,38 @@ def test_resume_with_a_damaged_checkpoint_is_one_line(tmp_path: Path, capsys: py
     assert not (tmp_path / "replay.zarr").exists()
 
 
-@pytest.mark.parametrize(("message", "said"), [
-    ("n_step is 3 with her_n_sampled_goal 4; use n_step=1", "--n-step is 3 with --her-n-sampled-goal 4; use --n-step 1"),
-    ("gamma is 2; it must be in [0, 1]", "--gamma is 2; it must be in [0, 1]"),
-    ("replay_ratio is 'batch_size'; give a number", "--replay-ratio is 'batch_size'; give a number"),
-    ("the observations are {batch_size: (1, 2) float32} (or set her_n_sampled_goal=0)",
-     "the observations are {batch_size: (1, 2) float32} (or set --her-n-sampled-goal 0)"),
-    ("cannot open runs/run_dir/x, nor env.seed; no seed here", "cannot open runs/run_dir/x, nor env.seed; no seed here"),
-], ids=["keywords", "first-word", "quoted", "dict-key", "path-and-dotted"])
-def test_api_messages_name_the_flags(message: str, said: str) -> None:
-    from replaystore.trainer.args import as_flags
+@pytest.mark.parametrize(("values", "keyword", "flag"), [
+    ({"n_step": 3, "her_n_sampled_goal": 4}, "n_step is 3 with her_n_sampled_goal 4; .* use n_step=1",
+     "--n-step is 3 with --her-n-sampled-goal 4; .* use --n-step 1"),
+    ({"gamma": 2}, r"^gamma is 2; it must be a number in \[0, 1\]", r"--gamma is 2; it must be a number in \[0, 1\]"),
+    ({"replay_ratio": "batch_size"}, "replay_ratio is 'batch_size'; give a number", "--replay-ratio is 'batch_size'"),
+], ids=["two-names", "one-name", "ratio"])
+def test_one_check_names_the_keyword_for_the_api_and_the_flag_for_the_command_line(
+        values: dict[str, Any], keyword: str, flag: str) -> None:
+    """The hyperparameters are declared once (config.Hyperparameters) and checked once: the API's
+    message names the keyword, the command line's the flag, with no rewriting of messages."""
+    from replaystore.trainer.config import FLAGS, DQNConfig
 
-    assert as_flags(message) == said
+    with pytest.raises(TrainerError, match=keyword):
+        DQNConfig(**values).check()
+    with pytest.raises(TrainerError, match=flag):
+        DQNConfig(**values).check(FLAGS)
+
+
+def test_every_hyperparameter_is_a_flag_with_its_one_help_and_default() -> None:
+    import dataclasses
+
+    from replaystore.trainer.args import Args
+    from replaystore.trainer.cmdline import build_parser
+    from replaystore.trainer.config import DQNConfig, Hyperparameters
+
+    declared = {f.name: f for f in dataclasses.fields(Hyperparameters)}
+    assert {f.name for f in dataclasses.fields(DQNConfig)} == set(declared)
+    flags = {f.name: f for f in dataclasses.fields(Args)}
+    assert set(declared) <= set(flags)
+    helps = {action.dest: action.help for action in build_parser()._actions}
+    for name, field in declared.items():
+        assert flags[name].metadata["help"] == field.metadata["help"]
+        assert str(field.metadata["help"]) in str(helps[name])
+        if name not in ("clip_reward", "terminal_on_life_loss"):  # (on by default for ALE ids on the command line)
+            assert flags[name].default == field.default, name

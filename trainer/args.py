@@ -3,7 +3,9 @@ and what they mean for a run (``config``, ``env_kwargs``, ``extras``, the store'
 run's ``args.json`` (``save``, ``load``). The parser, and which flags a new run, ``--resume`` and
 ``--evaluate`` take, are cmdline.py's.
 
-The hyperparameters among the flags are ``DQNConfig``'s (config.py); ``config(args)`` makes one.
+The hyperparameters among the flags are declared once, in config.py (``Hyperparameters``: each
+one's default and help), which ``Args`` extends with the run's own flags; ``config(args)`` makes a
+``DQNConfig`` of them, whose checks name the flags (``config.FLAGS``).
 The run's length and buffer default to a real Atari run on a GPU machine (cleanrl's dqn_atari.py:
 10M steps, a 1M buffer); the hyperparameters not given take their preset's values (config.PRESETS)
 once the env's observations are known (``fill_presets``): cleanrl's for image frames (learning from
@@ -15,19 +17,22 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from replaystore.storage.readfile import read_text
 
-from .config import FROM_PRESET, PRESETS, DQNConfig, TrainerError, image_frames, preset
+from .config import FLAGS, PRESETS, DQNConfig, Hyperparameters, TrainerError, help_of, image_frames, preset
 from .envs import atari_settings, is_atari
 
 
 @dataclasses.dataclass
-class Args:
+class Args(Hyperparameters):
+    """The command line's flags: the hyperparameters (declared once, with their help, in config.py's
+    ``Hyperparameters``) and the run's own flags below. Reward clipping and life loss default to on
+    here, for ALE ids only (``config``)."""
+
     env_id: str = dataclasses.field(default="ALE/Breakout-v5", metadata={"help": "gymnasium id with a Discrete action space"})
     env_kwargs: str = dataclasses.field(default="", metadata={"help": "keywords for gym.make, as a JSON object, such as '{\"is_slippery\": false}'; ALE ids take repeat_action_probability (sticky actions; 0.25), full_action_space (false), max_num_frames_per_episode (108000), noop_max (30), frameskip (4)"})
     total_timesteps: int = dataclasses.field(default=10_000_000, metadata={"help": "environment steps of the whole run"})
@@ -37,47 +42,19 @@ class Args:
     gradient_steps: int = dataclasses.field(default=100_000, metadata={"help": "with --offline: gradient steps of the whole run"})
     init_from: str = dataclasses.field(default="", metadata={"help": "start a new run from the online and target weights of an earlier one (its RUN_DIR, online or --offline, or a directory DQN.save wrote), with a fresh optimizer and counters: pretrain with --offline, then fine-tune online"})
     lease_ttl: float = dataclasses.field(default=30.0, metadata={"help": "with --store URL: seconds a writer's lease on its streams lasts unrenewed; a crashed writer's streams are taken over after that"})
-    seed: int = dataclasses.field(default=1, metadata={"help": "seeds the network, the environment and exploration"})
-    learning_rate: float = dataclasses.field(default=FROM_PRESET, metadata={"help": "Adam's learning rate"})
     buffer_size: int = dataclasses.field(default=1_000_000, metadata={"help": "replay store capacity in steps (on disk)"})
     num_envs: int = dataclasses.field(default=1, metadata={"help": "environments stepped together, each writing its own stream of the store (ALE ids: ale-py's AtariVectorEnv)"})
     overlap_envs: str = dataclasses.field(default="auto", metadata={"help": "ALE ids with --num-envs >= 2: on steps the envs as two halves in turn, one half's envs stepping while the other half's moves are written and its next actions picked (the forward pass); off steps them all at once; auto is on where Keras computes on a GPU"})
-    gamma: float = dataclasses.field(default=0.99, metadata={"help": "discount factor"})
-    tau: float = dataclasses.field(default=1.0, metadata={"help": "target update rate (1.0 = hard copy)"})
-    target_network_frequency: int = dataclasses.field(default=FROM_PRESET, metadata={"help": "steps between target updates"})
-    batch_size: int = dataclasses.field(default=FROM_PRESET, metadata={"help": "transitions per gradient step"})
-    start_e: float = dataclasses.field(default=1.0, metadata={"help": "epsilon at the start"})
-    end_e: float = dataclasses.field(default=FROM_PRESET, metadata={"help": "epsilon after the schedule"})
-    exploration_fraction: float = dataclasses.field(default=0.10, metadata={"help": "fraction of total_timesteps over which epsilon falls"})
-    learning_starts: int = dataclasses.field(default=FROM_PRESET, metadata={"help": "steps of acting before learning"})
-    train_frequency: int = dataclasses.field(default=FROM_PRESET, metadata={"help": "steps between gradient steps"})
-    n_step: int = dataclasses.field(default=FROM_PRESET, metadata={"help": "n-step returns (sampled by the store)"})
-    prioritized: bool = dataclasses.field(default=False, metadata={"help": "prioritized replay (proportional)"})
-    alpha: float = dataclasses.field(default=0.6, metadata={"help": "priority exponent (with --prioritized)"})
-    beta: float = dataclasses.field(default=0.4, metadata={"help": "importance-weight exponent (with --prioritized)"})
-    cql_alpha: float = dataclasses.field(default=0.0, metadata={"help": "conservative Q-learning's weight (1.0 is usual with --offline); 0: plain DQN"})
     info_keys: str = dataclasses.field(default="", metadata={"help": "keep these keys of the env's infos with each move, as the store's extras (replaystore episodes shows them at each episode's end, inspect their statistics): NAME[:DTYPE],... such as is_success:bool,lives:int32 (DTYPE float32 unless given; a move whose info lacks a key keeps 0)"})
-    her_n_sampled_goal: int = dataclasses.field(default=0, metadata={"help": "a goal env's Dict observations (achieved_goal, desired_goal): hindsight experience replay, this many transitions relabelled with a goal the episode reached for each real one (4 is HER's usual), their rewards from the env's compute_reward; 0: no relabelling"})
-    her_strategy: str = dataclasses.field(default="future", metadata={"help": "with --her-n-sampled-goal: where a relabelled goal comes from: future (a later step of the episode), final or episode"})
     model: str = dataclasses.field(default="", metadata={"help": "your own Q-network: module:function, called as function(observation_space, n_actions, frame_stack) for a keras.Model from the store's stacks (batch, frame_stack, *frame) to one Q-value per action (the module is imported: put its folder on PYTHONPATH); default: nature_cnn for images, mlp for vectors (--hidden-sizes), embedded_mlp for a Discrete, dict_mlp for Dicts and Tuples"})
     dueling: bool = dataclasses.field(default=False, metadata={"help": "the default Q-network with a dueling head (Wang et al. 2016: a state value and each action's advantage over their mean); not with --model, whose function builds its own head"})
     hidden_sizes: str = dataclasses.field(default="120,84", metadata={"help": "MLP layer widths for vector, Dict and Tuple observations"})
     frame_stack: int = dataclasses.field(default=0, metadata={"help": "frames per observation (default: 4 for images, 1 for vectors)"})
-    terminal_on_life_loss: bool = dataclasses.field(default=True, metadata={"help": "Atari: a lost life ends the episode for learning"})
-    clip_reward: bool = dataclasses.field(default=True, metadata={"help": "Atari: learn from sign(reward)"})
     checkpoint_frequency: int = dataclasses.field(default=100_000, metadata={"help": "steps between checkpoints"})
     eval_frequency: int = dataclasses.field(default=0, metadata={"help": "steps between evaluations (0: only at the end)"})
     eval_episodes: int = dataclasses.field(default=0, metadata={"help": "episodes per evaluation (0: no evaluation); with --num-envs > 1 played side by side on up to 32 envs"})
     eval_epsilon: float = dataclasses.field(default=0.0, metadata={"help": "epsilon while evaluating"})
     cache_mb: int = dataclasses.field(default=256, metadata={"help": "the store's compressed-chunk cache in MiB"})
-    sample_threads: int = dataclasses.field(default=2, metadata={"help": "threads that sample batches ahead of the learner"})
-    replay_ratio: str = dataclasses.field(default="auto", metadata={
-        "help": "sampled per inserted transitions, held by running the learner on its own thread beside acting; "
-                "auto: batch-size / train-frequency (8 for images, 64 for vectors with the defaults: the data reuse of lockstep DQN); "
-                "0: lockstep (acting stops for a gradient step every --train-frequency env steps)"})
-    steps_per_call: int = dataclasses.field(default=0, metadata={
-        "help": "gradient steps per compiled call, on one block of that many batches (default: the backend's, "
-                "8 on TensorFlow and PyTorch, 32 on JAX)"})
     actors: int = dataclasses.field(default=0, metadata={
         "help": "Ray actor processes that act, each stepping --num-envs envs into its own streams of the store, "
                 "while this process learns (0: act in this process)"})
@@ -87,6 +64,8 @@ class Args:
     ray_address: str = dataclasses.field(default="", metadata={
         "help": "with --actors: the address of a running Ray cluster to join (default: start a local Ray)"})
     progress: bool = dataclasses.field(default=True, metadata={"help": "show a live progress bar on a terminal (elsewhere, and with --no-progress: a log line every 30 s)"})
+    clip_reward: bool = dataclasses.field(default=True, metadata=help_of("clip_reward"))
+    terminal_on_life_loss: bool = dataclasses.field(default=True, metadata=help_of("terminal_on_life_loss"))
 
 
 ARGS_FILE = "args.json"
@@ -102,10 +81,7 @@ def check(args: Args) -> None:
         if getattr(args, name) < 0:
             raise TrainerError(f"--{name.replace('_', '-')} is {getattr(args, name)}; it must be >= 0")
     check_playing(args)
-    try:
-        settings = config(args)
-    except TrainerError as exc:
-        raise TrainerError(as_flags(str(exc))) from None
+    settings = config(args)
     if args.overlap_envs not in OVERLAP:
         raise TrainerError(f"--overlap-envs is {args.overlap_envs!r}; it must be one of {', '.join(OVERLAP)}")
     if not 0 <= args.actors <= 256:
@@ -256,32 +232,16 @@ def extras(args: Args) -> dict[str, str] | None:
     return out
 
 
-def as_flags(message: str) -> str:
-    """An API message in the command line's words: a keyword it names (its first word, or any
-    ``snake_case`` one, ``name=value`` too) becomes the flag (``--name-with-dashes [value]``); a
-    word inside quotes, a path or a dotted name, or a key before ``:``, stays as it is."""
-    known = {field.name for field in dataclasses.fields(Args)}
-
-    def flag(match: re.Match[str]) -> str:
-        name, value = match.group(1), match.group(2)
-        if name not in known or ("_" not in name and match.start()):
-            return match.group(0)
-        return "--" + name.replace("_", "-") + (f" {value}" if value is not None else "")
-
-    # (not inside a quoted value, a path, a dotted name or as a key: 'batch_size', runs/run_dir/x, env.seed,
-    # {batch_size: ...})
-    return re.sub(r"(?<![\w/'\".-])([a-z]+(?:_[a-z]+)*)(?![\w/'\":])(?:=(\S+?)(?=[,;:)\s]|$))?", flag, message)
-
-
 def config(args: Args) -> DQNConfig:
-    """The hyperparameters among the flags, checked (reward clipping and life loss for ALE ids only)."""
+    """The hyperparameters among the flags, checked, a bad value named by its flag (reward clipping
+    and life loss for ALE ids only)."""
     atari = is_atari(args.env_id)
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(DQNConfig) if hasattr(args, f.name)}
     values.update(clip_reward=atari and args.clip_reward, terminal_on_life_loss=atari and args.terminal_on_life_loss)
     settings = DQNConfig(**values)
-    settings.check()
+    settings.check(FLAGS)
     if settings.replay_ratio != "auto":
-        settings.replay_ratio = settings.ratio()
+        settings.replay_ratio = settings.ratio(FLAGS)
     return settings
 
 
@@ -341,9 +301,10 @@ def load(run_dir: Path) -> Args:
         fields = {f.name: f.type if isinstance(f.type, str) else f.type.__name__ for f in dataclasses.fields(Args)}
         for name, value in saved.items():
             kind = fields.get(name)
-            if kind == "str" and isinstance(value, int | float) and not isinstance(value, bool):
+            if kind in ("str", "str | float") and isinstance(value, int | float) and not isinstance(value, bool):
                 saved[name] = value = str(value)  # (--replay-ratio was a number in releases before "auto")
-            wanted = {"bool": (bool,), "int": (int,), "float": (int, float), "str": (str,)}.get(str(kind), ())
+            wanted = {"bool": (bool,), "int": (int,), "float": (int, float), "str": (str,),
+                      "str | float": (str, int, float)}.get(str(kind), ())
             if value is None and name in PRESETS["images"]:
                 continue  # (left to the observations' preset: filled in when the run sees them)
             if kind is not None and (not isinstance(value, wanted) or (kind != "bool" and isinstance(value, bool))):

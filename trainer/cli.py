@@ -39,7 +39,7 @@ from replaystore import ReplayStore, ReplayStoreError
 from . import args as arguments
 from . import checkpoint, cmdline
 from .args import Args
-from .config import TrainerError
+from .config import FLAGS, TrainerError
 from .envs import default_frame_stack, env_spaces, make_env, make_vector_env
 from .evalrun import evaluate_run, evaluation_env
 from .process import import_keras, peak_rss_mb, stop_signals
@@ -323,10 +323,7 @@ def _hindsight_reward(args: Args, settings: Any, env: Any,
     from .stacks import StackSpec
 
     space = store.observation_space if store is not None else env_spaces(env)[0]
-    try:
-        check_goals(StackSpec.of_space(space, store.frame_stack if store is not None else args.frame_stack))
-    except TrainerError as exc:
-        raise TrainerError(arguments.as_flags(str(exc))) from None
+    check_goals(StackSpec.of_space(space, store.frame_stack if store is not None else args.frame_stack), FLAGS)
     reward = reward_function(env)
     if reward is None:
         raise TrainerError(f"--her-n-sampled-goal is {args.her_n_sampled_goal}, but {args.env_id} has no "

@@ -16,7 +16,7 @@ from typing import Any
 from replaystore.storage.where import is_url, normalized
 
 from .args import Args, check, check_code_given, check_playing, env_kwargs, load
-from .config import PRESETS, TrainerError, described
+from .config import PRESETS, Hyperparameters, TrainerError, described
 
 #: Flags that ``--resume`` accepts: how long to go on and how to report, not what is learned.
 RESUMABLE = ("total_timesteps", "gradient_steps", "checkpoint_frequency", "eval_frequency", "eval_episodes", "progress", "sample_threads",
@@ -51,13 +51,16 @@ def _help(field: dataclasses.Field[Any]) -> str:
 
 
 def _add_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per ``Args`` field (``--flag`` / ``--no-flag`` for booleans)."""
-    for field in dataclasses.fields(Args):
+    """One flag per ``Args`` field (``--flag`` / ``--no-flag`` for booleans): the run's own flags,
+    then the hyperparameters (config.py declares them, with their help)."""
+    hyper = {field.name for field in dataclasses.fields(Hyperparameters)}
+    for field in sorted(dataclasses.fields(Args), key=lambda field: field.name in hyper):
         flag = "--" + field.name.replace("_", "-")
         if field.type in (bool, "bool"):
             parser.add_argument(flag, dest=field.name, action=argparse.BooleanOptionalAction, help=_help(field))
         else:
-            kind = {"int": int, "float": float, "str": str}[field.type if isinstance(field.type, str) else field.type.__name__]
+            kind = {"int": int, "float": float, "str": str, "str | float": str}[
+                field.type if isinstance(field.type, str) else field.type.__name__]
             parser.add_argument(flag, dest=field.name, type=kind, metavar=field.name.upper(), help=_help(field))
 
 

@@ -57,35 +57,79 @@ def described(name: str) -> str:
     return f"{PRESETS['images'][name]:_} for images, {PRESETS['vectors'][name]:_} for vectors"
 
 
-@dataclasses.dataclass
-class DQNConfig:
-    """What DQN learns with (``DQN(model, store, **these)``). Those left None take ``PRESETS``'
-    values when the agent first sees the observations (``fill``): cleanrl's dqn_atari.py settings for
-    image frames, the classic-control ones for anything else."""
+@dataclasses.dataclass(frozen=True)
+class Names:
+    """How a message names a hyperparameter: as the API's keyword (``batch_size``, ``n_step=1``) or
+    as the command line's flag (``--batch-size``, ``--n-step 1``)."""
 
-    gamma: float = 0.99  # discount factor
-    n_step: int = FROM_PRESET  # n-step returns (sampled by the store); images 1, vectors 3
-    batch_size: int = FROM_PRESET  # transitions per gradient step; images 32, vectors 128
-    learning_starts: int = FROM_PRESET  # env steps of acting before the first gradient step; images 80k, vectors 1k
-    train_frequency: int = FROM_PRESET  # env steps per gradient step; images 4, vectors 2
-    target_network_frequency: int = FROM_PRESET  # env steps between target updates; images 1000, vectors 500
-    tau: float = 1.0  # target update rate (1.0: a hard copy)
-    learning_rate: float = FROM_PRESET  # Adam's, when no optimizer is given; images 1e-4, vectors 2.5e-4
-    start_e: float = 1.0  # epsilon at the start
-    end_e: float = FROM_PRESET  # epsilon after the schedule; images 0.01, vectors 0.02
-    exploration_fraction: float = 0.10  # fraction of total_timesteps over which epsilon falls
-    prioritized: bool = False  # proportional prioritized replay
-    alpha: float = 0.6  # priority exponent
-    beta: float = 0.4  # importance-weight exponent
-    replay_ratio: str | float = "auto"  # sampled per inserted transition on the learner's own thread; 0: lockstep
-    steps_per_call: int = 0  # gradient steps per compiled call (0: the backend's default)
-    sample_threads: int = 2  # threads (and decode processes) sampling blocks ahead of the learner
-    clip_reward: bool = False  # learn from sign(reward) (Atari)
-    terminal_on_life_loss: bool = False  # a lost life (info["lives"]) ends the episode for learning (Atari)
-    seed: int = 1  # seeds exploration and the environments
-    cql_alpha: float = 0.0  # conservative Q-learning's weight (offline learning, fit_offline); 0: plain DQN
-    her_n_sampled_goal: int = 0  # hindsight relabelled transitions per real one (a goal env's Dict store); 0: no HER
-    her_strategy: str = "future"  # where a relabelled goal comes from: future, final or episode
+    flags: bool = False
+
+    def __call__(self, name: str) -> str:
+        return "--" + name.replace("_", "-") if self.flags else name
+
+    def given(self, name: str, value: Any) -> str:
+        """``name`` set to ``value``, as its user would write it."""
+        return f"{self(name)} {value}" if self.flags else f"{name}={value}"
+
+
+KEYWORDS, FLAGS = Names(flags=False), Names(flags=True)
+
+
+def hyperparameter(default: Any, help: str) -> Any:  # noqa: A002 - (argparse's word)
+    """A hyperparameter's one declaration: its default, and its help, which the command line's flag shows."""
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+def help_of(name: str) -> Any:
+    """A hyperparameter's declared metadata (its help), for a flag that gives it another default."""
+    return next(f.metadata for f in dataclasses.fields(Hyperparameters) if f.name == name)
+
+
+@dataclasses.dataclass
+class Hyperparameters:
+    """What DQN learns with, declared once: ``DQN(model, store, **these)`` takes them as keywords
+    (``DQNConfig``) and ``replaystore-train`` as flags (``Args``, args.py, with their help from here).
+    Those left None take ``PRESETS``' values when the agent first sees the observations."""
+
+    gamma: float = hyperparameter(0.99, "discount factor")
+    n_step: int = hyperparameter(FROM_PRESET, "n-step returns (sampled by the store)")
+    batch_size: int = hyperparameter(FROM_PRESET, "transitions per gradient step")
+    learning_starts: int = hyperparameter(FROM_PRESET, "steps of acting before learning")
+    train_frequency: int = hyperparameter(FROM_PRESET, "env steps between gradient steps")
+    target_network_frequency: int = hyperparameter(FROM_PRESET, "env steps between target updates")
+    tau: float = hyperparameter(1.0, "target update rate (1.0 = hard copy)")
+    learning_rate: float = hyperparameter(FROM_PRESET, "Adam's learning rate (when no optimizer is given)")
+    start_e: float = hyperparameter(1.0, "epsilon at the start")
+    end_e: float = hyperparameter(FROM_PRESET, "epsilon after the schedule")
+    exploration_fraction: float = hyperparameter(0.10, "fraction of total_timesteps over which epsilon falls")
+    prioritized: bool = hyperparameter(False, "prioritized replay (proportional)")
+    alpha: float = hyperparameter(0.6, "priority exponent (with prioritized replay)")
+    beta: float = hyperparameter(0.4, "importance-weight exponent (with prioritized replay)")
+    replay_ratio: str | float = hyperparameter(
+        "auto", "sampled per inserted transitions, held by running the learner on its own thread beside acting; "
+                "auto: batch-size / train-frequency (8 for images, 64 for vectors with the defaults: the data reuse "
+                "of lockstep DQN); 0: lockstep (acting stops for a gradient step every train-frequency env steps)")
+    steps_per_call: int = hyperparameter(0, "gradient steps per compiled call, on one block of that many batches "
+                                            "(default: the backend's, 8 on TensorFlow and PyTorch, 32 on JAX)")
+    sample_threads: int = hyperparameter(2, "threads that sample batches ahead of the learner")
+    clip_reward: bool = hyperparameter(False, "Atari: learn from sign(reward)")
+    terminal_on_life_loss: bool = hyperparameter(False, "Atari: a lost life ends the episode for learning")
+    seed: int = hyperparameter(1, "seeds the network, the environment and exploration")
+    cql_alpha: float = hyperparameter(0.0, "conservative Q-learning's weight (1.0 is usual when learning offline); "
+                                           "0: plain DQN")
+    her_n_sampled_goal: int = hyperparameter(
+        0, "a goal env's Dict observations (achieved_goal, desired_goal): hindsight experience replay, this many "
+           "transitions relabelled with a goal the episode reached for each real one (4 is HER's usual), their "
+           "rewards from the env's compute_reward; 0: no relabelling")
+    her_strategy: str = hyperparameter("future", "with hindsight relabelling: where a relabelled goal comes from: "
+                                                 "future (a later step of the episode), final or episode")
+
+
+@dataclasses.dataclass
+class DQNConfig(Hyperparameters):
+    """The hyperparameters of one agent (``DQN(model, store, **these)``), checked. Those left None
+    take ``PRESETS``' values when the agent first sees the observations (``fill``): cleanrl's
+    dqn_atari.py settings for image frames, the classic-control ones for anything else."""
 
     def fill(self, images: bool) -> None:
         """Give the hyperparameters left None their preset's values (image frames or not), and check."""
@@ -99,63 +143,65 @@ class DQNConfig:
         """Whether every hyperparameter has its value (none left to the observations)."""
         return all(getattr(self, name) is not None for name in PRESETS["images"])
 
-    def check(self) -> None:
-        """Refuse values no run can use, naming the keyword and its range (those left None are
-        checked once ``fill`` gives them their values)."""
+    def check(self, names: Names = KEYWORDS) -> None:
+        """Refuse values no run can use, naming each as ``names`` says (the API's keywords, or the
+        command line's flags) with its range (those left None are checked once ``fill`` gives them
+        their values)."""
         for name in ("n_step", "batch_size", "train_frequency", "target_network_frequency", "sample_threads"):
             value = getattr(self, name)
             if value is None and name in PRESETS["images"]:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise TrainerError(f"{name} is {value!r}; it must be a positive integer")
+                raise TrainerError(f"{names(name)} is {value!r}; it must be a positive integer")
         if self.steps_per_call > MAX_STEPS_PER_CALL:
-            raise TrainerError(f"steps_per_call is {self.steps_per_call}; it must be at most {MAX_STEPS_PER_CALL} (a "
-                               "block of that many batches is sampled ahead: 8 to 64 is usual)")
+            raise TrainerError(f"{names('steps_per_call')} is {self.steps_per_call}; it must be at most "
+                               f"{MAX_STEPS_PER_CALL} (a block of that many batches is sampled ahead: 8 to 64 is usual)")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**32:
-            raise TrainerError(f"seed is {self.seed!r}; it must be an integer from 0 to 2**32 - 1")
+            raise TrainerError(f"{names('seed')} is {self.seed!r}; it must be an integer from 0 to 2**32 - 1")
         if self.sample_threads > MAX_SAMPLE_THREADS:  # (each starts a thread and a decode process)
-            raise TrainerError(f"sample_threads is {self.sample_threads}; it must be at most {MAX_SAMPLE_THREADS} (a "
-                               "thread and a decode process each: one or two per core)")
+            raise TrainerError(f"{names('sample_threads')} is {self.sample_threads}; it must be at most "
+                               f"{MAX_SAMPLE_THREADS} (a thread and a decode process each: one or two per core)")
         for name in ("learning_starts", "steps_per_call"):
             value = getattr(self, name)
             if value is None and name in PRESETS["images"]:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise TrainerError(f"{name} is {value!r}; it must be an integer >= 0")
+                raise TrainerError(f"{names(name)} is {value!r}; it must be an integer >= 0")
         for name in ("gamma", "tau", "start_e", "end_e", "exploration_fraction", "alpha", "beta"):
             value = getattr(self, name)
             if value is None and name in PRESETS["images"]:
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
-                raise TrainerError(f"{name} is {value!r}; it must be a number in [0, 1]")
+                raise TrainerError(f"{names(name)} is {value!r}; it must be a number in [0, 1]")
         if self.learning_rate is not None and (isinstance(self.learning_rate, bool)
                                                or not isinstance(self.learning_rate, int | float)
                                                or not self.learning_rate > 0):
-            raise TrainerError(f"learning_rate is {self.learning_rate!r}; it must be > 0")
+            raise TrainerError(f"{names('learning_rate')} is {self.learning_rate!r}; it must be > 0")
         if (isinstance(self.cql_alpha, bool) or not isinstance(self.cql_alpha, int | float)
                 or not 0.0 <= self.cql_alpha < math.inf):
-            raise TrainerError(f"cql_alpha is {self.cql_alpha!r}; it must be a finite number >= 0 (0: no "
+            raise TrainerError(f"{names('cql_alpha')} is {self.cql_alpha!r}; it must be a finite number >= 0 (0: no "
                                "conservative term; 1.0 is CQL's usual weight for offline learning)")
         if self.replay_ratio != "auto" or self.filled:
-            self.ratio()
-        self.check_her()
+            self.ratio(names)
+        self.check_her(names)
 
-    def check_her(self) -> None:
+    def check_her(self, names: Names = KEYWORDS) -> None:
         """Refuse hindsight settings no run can use (sampling/hindsight.py samples 1-step, uniformly)."""
         k, strategy = self.her_n_sampled_goal, self.her_strategy
         if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= 1000:
-            raise TrainerError(f"her_n_sampled_goal is {k!r}; it must be an integer from 0 (no hindsight relabelling) "
-                               "to 1000 (4 is HER's usual k: 80% of each batch relabelled)")
+            raise TrainerError(f"{names('her_n_sampled_goal')} is {k!r}; it must be an integer from 0 (no hindsight "
+                               "relabelling) to 1000 (4 is HER's usual k: 80% of each batch relabelled)")
         if strategy not in HER_STRATEGIES:
-            raise TrainerError(f"her_strategy is {strategy!r}; it must be one of {', '.join(HER_STRATEGIES)}")
+            raise TrainerError(f"{names('her_strategy')} is {strategy!r}; it must be one of {', '.join(HER_STRATEGIES)}")
         if k and self.n_step not in (1, None):
-            raise TrainerError(f"n_step is {self.n_step} with her_n_sampled_goal {k}; hindsight relabelling samples "
-                               "1-step transitions (a relabelled reward is one move's): use n_step=1")
+            raise TrainerError(f"{names('n_step')} is {self.n_step} with {names('her_n_sampled_goal')} {k}; hindsight "
+                               "relabelling samples 1-step transitions (a relabelled reward is one move's): use "
+                               f"{names.given('n_step', 1)}")
         if k and self.prioritized:
-            raise TrainerError(f"prioritized replay with her_n_sampled_goal {k}; hindsight relabelling draws "
-                               "transitions uniformly: turn one of them off")
+            raise TrainerError(f"prioritized replay with {names('her_n_sampled_goal')} {k}; hindsight relabelling "
+                               "draws transitions uniformly: turn one of them off")
 
-    def ratio(self) -> float:
+    def ratio(self, names: Names = KEYWORDS) -> float:
         """``replay_ratio`` as a number: ``auto`` is batch_size / train_frequency; 0 means lockstep."""
         value = self.replay_ratio
         if value == "auto":
@@ -165,8 +211,8 @@ class DQNConfig:
         except (TypeError, ValueError):
             ratio = float("nan")
         if not ratio >= 0 or math.isinf(ratio):
-            raise TrainerError(f"replay_ratio is {value!r}; give a number >= 0 (sampled per inserted transition; 0 "
-                               "for lockstep) or 'auto'")
+            raise TrainerError(f"{names('replay_ratio')} is {value!r}; give a number >= 0 (sampled per inserted "
+                               "transition; 0 for lockstep) or 'auto'")
         return ratio
 
     def calls(self, backend: str) -> int:

@@ -18,7 +18,7 @@ from typing import Any
 from replaystore import HindsightSampler, ReplayStore, ReplayStoreError
 from replaystore.format import nesting
 
-from .config import DQNConfig, TrainerError
+from .config import KEYWORDS, DQNConfig, Names, TrainerError
 from .stacks import StackSpec
 
 ACHIEVED, DESIRED = "achieved_goal", "desired_goal"
@@ -61,14 +61,14 @@ def choose_reward(config: DQNConfig, given: Callable[..., Any] | None, *envs: An
                        "compute_reward, vectorised over a batch")
 
 
-def check_goals(stacks: StackSpec) -> None:
+def check_goals(stacks: StackSpec, names: Names = KEYWORDS) -> None:
     """Refuse stacks that are not a goal env's: Dict observations with ``achieved_goal`` and
     ``desired_goal`` entries of one shape and dtype (nested ones: of one structure, leaf for leaf)."""
     achieved, desired = _goal(stacks, ACHIEVED), _goal(stacks, DESIRED)
     if achieved is None or desired is None:
-        raise TrainerError(f"her_n_sampled_goal is set, but the observations are {stacks.describe()}; hindsight "
-                           f"relabelling needs a goal env's Dict observations, with {ACHIEVED!r} and {DESIRED!r} "
-                           "entries (or set her_n_sampled_goal=0)")
+        raise TrainerError(f"{names('her_n_sampled_goal')} is set, but the observations are {stacks.describe()}; "
+                           f"hindsight relabelling needs a goal env's Dict observations, with {ACHIEVED!r} and "
+                           f"{DESIRED!r} entries (or set {names.given('her_n_sampled_goal', 0)})")
     if achieved != desired:
         raise TrainerError(f"{ACHIEVED} is {_told(achieved)} but {DESIRED} is {_told(desired)}; a relabelled goal is "
                            "copied from one to the other, so they must have one shape and dtype (one structure)")
