@@ -1,12 +1,18 @@
-"""Acting in Ray actor processes: ``replaystore-train --actors N``.
+"""Acting in Ray actor processes: ``DQN.fit(env, ..., actors=N)`` and ``replaystore-train --actors N``.
 
-Each of N Ray actors (``ActorProcess``) steps ``--num-envs`` environments into its own streams of the
-run's store (actor ``a`` writes streams ``a*E .. a*E+E-1``, opened with
-``ReplayStore.open(path, mode="a", streams=...)``), acting epsilon-greedily with the newest weights
-it was sent (acting.py's ``VectorActing``, a learner of its own for the forward pass). The trainer's
-own process is the learner: ``DQN.fit`` runs its one loop with an ``ActorSource`` as the source of
-env steps, which follows the actors' commits with ``store.refresh()`` while the learner thread
-(feeding.py) samples across every stream, held to ``--replay-ratio`` as with acting in-process.
+What an actor needs is an ``ActorPlan``, plain data made by the process that learns: the store's
+location, how to make its envs (the env's gymnasium ``EnvSpec``, wrappers included, or the command
+line's env id), the Q-network as its saved ``.keras`` file (read back in safe mode, with the
+caller's ``custom_objects``) and the learning rule, so any model the agent can save acts in the
+actors, and the command line goes the same way.
+
+Each of N Ray actors (``ActorProcess``) steps its envs into its own streams of the run's store
+(actor ``a`` of E envs writes streams ``a*E .. a*E+E-1``, opened with ``ReplayStore.open(path,
+mode="a", streams=...)``), acting epsilon-greedily with the newest weights it was sent (acting.py's
+``VectorActing``, a learner of its own for the forward pass). The trainer's own process is the
+learner: ``DQN.fit`` runs its one loop with an ``ActorSource`` as the source of env steps, which
+follows the actors' commits with ``store.refresh()`` while the learner thread (feeding.py) samples
+across every stream, held to the replay ratio as with acting in-process.
 
 A small Ray actor, the ``Coordinator``, sits between the two sides:
 
@@ -23,7 +29,7 @@ than the learner's weights, and the ratio overshoots its slack by at most ``SYNC
 Actors commit their streams every ``COMMIT_SECONDS``, before they wait for the learner, and when
 they stop; the learner samples what was committed. An actor that dies (its process killed, its environment raising) is replaced by a new one on
 the same streams: reopening them closes the unfinished episode as truncated, and every transition
-the dead actor committed stays. More than ``--actor-restarts`` (3) deaths of one actor end the run
+the dead actor committed stays. More than ``actor_restarts`` (3) deaths of one actor end the run
 with an error. ``--ray-address`` joins an existing cluster; without it a local Ray is started and stopped.
 """
 
@@ -33,6 +39,7 @@ import dataclasses
 import logging
 import os
 import signal
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,8 +47,8 @@ from typing import Any
 
 import numpy as np
 
-from .args import Args
 from .config import TrainerError, linear_schedule
+from .stores import open_streams
 
 SYNC_STEPS = 50
 #: An actor commits its streams at least this often (the learner samples what was committed).
@@ -49,11 +56,52 @@ COMMIT_SECONDS = 2.0
 PUBLISH_SECONDS = 1.0
 #: The compressed-chunk cache of an actor's store handle (actors write; they sample nothing).
 ACTOR_CACHE_BYTES = 8 * 2**20
+#: The most actor processes a run may start.
+MAX_ACTORS = 256
 
 
-def actor_streams(args: Args, index: int) -> list[int]:
-    """The streams actor ``index`` writes."""
-    return list(range(index * args.num_envs, (index + 1) * args.num_envs))
+@dataclasses.dataclass
+class ActorPlan:
+    """Everything an actor process needs, as data (Ray sends it to each): where the store is, how
+    to make the envs, the Q-network's ``.keras`` bytes, the rule, and the acting schedule."""
+
+    store: str  # a local path (absolute) or a URL
+    storage_options: dict[str, Any] | None
+    envs_per_actor: int
+    actors: int
+    model: bytes  # the Q-network's .keras file, read back with custom_objects and safe_mode
+    rule: dict[str, Any] | None  # rules.rule_to_json's (None: double DQN)
+    frame_stack: int
+    total_timesteps: int
+    start_e: float
+    end_e: float
+    exploration_fraction: float
+    clip_reward: bool
+    terminal_on_life_loss: bool
+    seed: int
+    learning_starts: int
+    batch_size: int
+    env_spec: Any = None  # gymnasium's EnvSpec of the env passed to fit (gym.make(spec) makes its copies)
+    env_id: str = ""  # else the command line's id and keywords (envs.make_vector_env)
+    env_kwargs: dict[str, Any] | None = None
+    custom_objects: dict[str, Any] | None = None
+    safe_mode: bool = True
+    imports: tuple[str, ...] = ()  # modules the caller named to import first (--model's, registering its layers)
+    actor_restarts: int = 3
+    ray_address: str = ""
+    lease_wait: float = 0.0  # seconds to wait for a dead writer's lease on its streams (a store at a URL)
+
+    def streams(self, index: int) -> list[int]:
+        """The streams actor ``index`` writes."""
+        return list(range(index * self.envs_per_actor, (index + 1) * self.envs_per_actor))
+
+
+def saved_model(model: Any) -> bytes:
+    """The model's ``.keras`` file, as bytes (what the actors load)."""
+    with tempfile.TemporaryDirectory(prefix="replaystore-actor-model-") as tmp:
+        path = Path(tmp) / "model.keras"
+        model.save(path)
+        return path.read_bytes()
 
 
 class Coordinator:
@@ -96,35 +144,44 @@ class Coordinator:
 
 
 class ActorProcess:
-    """One acting process: ``--num-envs`` envs writing its streams, with the learner's weights (a Ray actor)."""
+    """One acting process: its envs writing its streams, with the learner's weights (a Ray actor)."""
 
-    def __init__(self, args_dict: dict[str, Any], index: int, coordinator: Any, incarnation: int) -> None:
+    def __init__(self, plan: ActorPlan, index: int, coordinator: Any, incarnation: int) -> None:
+        import importlib
+
+        import gymnasium as gym
         import keras
 
-        from . import args as arguments
         from .acting import VectorActing
-        from .envs import make_env, make_vector_env
+        from .envs import make_vector_env
         from .learner import make_learner
-        from .rundir import open_writing
+        from .models import Loading
+        from .rules import rule_from_json
         from .stacks import StackSpec
 
-        self.args = args = Args(**args_dict)
-        self.index, self.coordinator = index, coordinator
-        env = make_env(args.env_id, arguments.env_kwargs(args))
-        space, n_actions = env.observation_space, int(getattr(env.action_space, "n"))  # (make_env checked them)
-        env.close()
-        self.store = open_writing(args, streams=actor_streams(args, index), cache_bytes=ACTOR_CACHE_BYTES)
+        self.plan, self.index, self.coordinator = plan, index, coordinator
+        for module in plan.imports:
+            importlib.import_module(module)
+        options = {"storage_options": plan.storage_options} if plan.storage_options else {}
+        self.store = open_streams(plan.store, streams=plan.streams(index), cache_bytes=ACTOR_CACHE_BYTES,
+                                  lease_wait=plan.lease_wait, options=options)
         self.store.end_episode()  # after a crash or a resume: the episode in progress ends as truncated
-        keras.utils.set_random_seed(args.seed + 1009 * (index + 1) + incarnation)
-        model = arguments.q_network(args, space, args.frame_stack, n_actions)
-        self.learner = make_learner(model, keras.optimizers.Adam(), stacks=StackSpec.of_space(space, args.frame_stack),
-                                    target_every=1, tau=1.0)  # it only acts: its weights come from the learner
-        seed = args.seed + 104_729 * (index + 1) + 7919 * incarnation
+        keras.utils.set_random_seed(plan.seed + 1009 * (index + 1) + incarnation)
+        with tempfile.TemporaryDirectory(prefix="replaystore-actor-") as tmp:
+            (Path(tmp) / "model.keras").write_bytes(plan.model)
+            model = Loading(plan.custom_objects, plan.safe_mode).load(Path(tmp) / "model.keras")
+        stacks = StackSpec.of_space(self.store.observation_space, plan.frame_stack)
+        self.learner = make_learner(model, keras.optimizers.Adam(), stacks=stacks, target_every=1, tau=1.0,
+                                    rule=rule_from_json(plan.rule, "the actor plan"))  # it acts: weights come from the learner
+        seed = plan.seed + 104_729 * (index + 1) + 7919 * incarnation
         self.rng = np.random.default_rng(seed)
-        settings = arguments.config(args)
-        envs = make_vector_env(args.env_id, args.num_envs, kwargs=arguments.env_kwargs(args))
-        self.acting = VectorActing(envs, self.store, seed=seed, owned=True, clip_reward=settings.clip_reward,
-                                   terminal_on_life_loss=settings.terminal_on_life_loss)
+        if plan.env_spec is not None:
+            spec = plan.env_spec
+            envs = gym.vector.SyncVectorEnv([lambda: gym.make(spec)] * plan.envs_per_actor)
+        else:
+            envs = make_vector_env(plan.env_id, plan.envs_per_actor, kwargs=plan.env_kwargs)
+        self.acting = VectorActing(envs, self.store, seed=seed, owned=True, clip_reward=plan.clip_reward,
+                                   terminal_on_life_loss=plan.terminal_on_life_loss)
         self.version = -1
 
     def run(self) -> int:
@@ -132,8 +189,8 @@ class ActorProcess:
         env steps this actor took."""
         import ray
 
-        args = self.args
-        duration = args.exploration_fraction * args.total_timesteps
+        plan = self.plan
+        duration = plan.exploration_fraction * plan.total_timesteps
         taken = pending = uncommitted = 0
         committed = time.monotonic()
         episodes: list[tuple[float, int]] = []
@@ -145,7 +202,7 @@ class ActorProcess:
                 if box is not None:
                     self.learner.set_online_weights(ray.get(box[0]))
                     self.version = version
-                if stopping or total >= args.total_timesteps:
+                if stopping or total >= plan.total_timesteps:
                     return taken
                 if not go:  # the learner is behind: let it see everything this actor has, then wait
                     if uncommitted:
@@ -154,7 +211,7 @@ class ActorProcess:
                     time.sleep(0.01)
                     continue
                 for _ in range(SYNC_STEPS):
-                    epsilon = linear_schedule(args.start_e, args.end_e, duration, total + pending)
+                    epsilon = linear_schedule(plan.start_e, plan.end_e, duration, total + pending)
                     moved, ended = self.acting.step(self.learner.act_batch, epsilon, self.rng)
                     pending += moved
                     episodes.extend(ended)
@@ -172,7 +229,7 @@ class ActorProcess:
 
 
 class ActorSource:
-    """``DQN.fit``'s source of env steps with ``--actors N`` (run.py's ``Source``): each ``step``
+    """``DQN.fit``'s source of env steps with actors (run.py's ``Source``): each ``step``
     waits briefly for news from the actors, refreshes the store to their commits, sends them the
     learner's weights (every ``PUBLISH_SECONDS``) and the insert limit, and returns the env steps
     they inserted and the games they finished. The actors hold themselves to the replay ratio
@@ -180,20 +237,20 @@ class ActorSource:
 
     waits = False
 
-    def __init__(self, args: Args, store: Any, learner: Any, inserted: int, say: Callable[[str], None]) -> None:
-        self.args, self.store = args, store
+    def __init__(self, plan: ActorPlan, store: Any, learner: Any, inserted: int, say: Callable[[str], None]) -> None:
+        self.plan, self.store = plan, store
         self.total = inserted
         self.learning: Any = None
-        self.pool = ActorPool(args, learner, inserted, say)
+        self.pool = ActorPool(plan, learner, inserted, say)
 
     def attach(self, learning: Any) -> None:
         self.learning = learning
 
     def step(self, act: Callable[[np.ndarray], np.ndarray], epsilon: float,
              rng: np.random.Generator) -> tuple[int, list[tuple[float, int]]]:
-        args, learning = self.args, self.learning
+        plan, learning = self.plan, self.learning
         if not self.pool.running:
-            raise TrainerError("every actor stopped before the run reached --total-timesteps")
+            raise TrainerError("every actor stopped before the run reached its total_timesteps")
         total, episodes = self.pool.poll(0.1)
         self.store.refresh()
         moved = max(0, total - self.total)
@@ -202,7 +259,7 @@ class ActorSource:
         if limiter is None:
             limit = float("inf")
         else:
-            limit = args.learning_starts + (limiter.learned + limiter.slack) * args.batch_size / limiter.ratio
+            limit = plan.learning_starts + (limiter.learned + limiter.slack) * plan.batch_size / limiter.ratio
         if self.pool.weights_due and learning is not None:
             with learning.paused():
                 self.pool.publish(limit, weights=True)
@@ -219,10 +276,10 @@ class ActorPool:
     """The learner's side: starts Ray, the coordinator and the actors, restarts actors that die,
     and relays counts, weights and the insert limit."""
 
-    def __init__(self, args: Args, learner: Any, inserted: int, say: Callable[[str], None]) -> None:
+    def __init__(self, plan: ActorPlan, learner: Any, inserted: int, say: Callable[[str], None]) -> None:
         import ray
 
-        self.ray, self.args, self.learner, self.say = ray, args, learner, say
+        self.ray, self.plan, self.learner, self.say = ray, plan, learner, say
         self.started_ray = False
         # Ray's core worker installs its own SIGTERM handler in this process (it logs and exits);
         # the trainer's (checkpoint, then exit) are put back once Ray is up.
@@ -230,29 +287,28 @@ class ActorPool:
         if not ray.is_initialized():
             env_vars = {"KERAS_BACKEND": os.environ.get("KERAS_BACKEND", "tensorflow"),
                         "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
-            if args.ray_address:
-                ray.init(address=args.ray_address, runtime_env={"env_vars": env_vars}, logging_level=logging.WARNING)
+            if plan.ray_address:
+                ray.init(address=plan.ray_address, runtime_env={"env_vars": env_vars}, logging_level=logging.WARNING)
             else:
-                ray.init(num_cpus=max(args.actors + 1, os.cpu_count() or 1), include_dashboard=False,
+                ray.init(num_cpus=max(plan.actors + 1, os.cpu_count() or 1), include_dashboard=False,
                          runtime_env={"env_vars": env_vars}, logging_level=logging.WARNING)
             self.started_ray = True
         for sig, handler in handlers.items():
             if handler is not None:
                 signal.signal(sig, handler)
-        self.coordinator: Any = ray.remote(num_cpus=0)(Coordinator).remote(args.actors, inserted)
+        self.coordinator: Any = ray.remote(num_cpus=0)(Coordinator).remote(plan.actors, inserted)
         self._actor_class = ray.remote(num_cpus=1)(ActorProcess)
-        self.restarts = [0] * args.actors
-        self.actors: list[Any] = [None] * args.actors
+        self.restarts = [0] * plan.actors
+        self.actors: list[Any] = [None] * plan.actors
         self.runs: dict[Any, int] = {}
         self._weights: Any = None
         self._published = 0.0
         self.publish(limit=float("inf"), weights=True)
-        for i in range(args.actors):
+        for i in range(plan.actors):
             self._start(i)
 
     def _start(self, i: int) -> None:
-        args = {**dataclasses.asdict(self.args), "run_dir": str(Path(self.args.run_dir).resolve())}
-        self.actors[i] = self._actor_class.remote(args, i, self.coordinator, self.restarts[i])
+        self.actors[i] = self._actor_class.remote(self.plan, i, self.coordinator, self.restarts[i])
         self.runs[self.actors[i].run.remote()] = i
 
     @property
@@ -281,10 +337,10 @@ class ActorPool:
             except (ray.exceptions.RayError, Exception) as exc:  # noqa: BLE001 - any death of the actor
                 self.restarts[i] += 1
                 reason = _reason(exc)
-                if self.restarts[i] > self.args.actor_restarts:
+                if self.restarts[i] > self.plan.actor_restarts:
                     raise TrainerError(f"actor {i} died {self.restarts[i]} times; the last: {reason}") from exc
-                self.say(f"actor {i} (streams {actor_streams(self.args, i)}) died: {reason}; "
-                                  f"restarting it (restart {self.restarts[i]} of at most {self.args.actor_restarts})")
+                self.say(f"actor {i} (streams {self.plan.streams(i)}) died: {reason}; "
+                         f"restarting it (restart {self.restarts[i]} of at most {self.plan.actor_restarts})")
                 ray.kill(self.actors[i], no_restart=True)
                 self._start(i)
         return ray.get(self.coordinator.take.remote())
@@ -321,3 +377,43 @@ def _reason(exc: BaseException) -> str:
         text = f"{type(cause).__name__}: {cause}"
     first = text.split(". ")[0]
     return (first[:200] + "...") if len(first) > 200 else first or type(exc).__name__
+
+
+def check_actors(actors: Any, env: Any, source: Any, config: Any) -> None:
+    """Refuse ``fit(..., actors=N)`` where actors cannot act for the agent, saying what to pass."""
+    if isinstance(actors, bool) or not isinstance(actors, int) or not 0 <= actors <= MAX_ACTORS:
+        raise TrainerError(f"actors is {actors!r}; it must be an integer from 0 (act in this process) to {MAX_ACTORS}")
+    if not actors:
+        return
+    if source is not None:
+        raise TrainerError("pass actors or source, not both")
+    if hasattr(env, "num_envs") or getattr(env, "spec", None) is None:
+        raise TrainerError("with actors, pass one env made by gymnasium.make (wrappers too): each actor makes its own "
+                           "copy with gymnasium.make(env.spec); this env has no spec" if not hasattr(env, "num_envs")
+                           else "with actors, pass one env made by gymnasium.make, not a vector env: each actor "
+                           "makes its own copy of it with gymnasium.make(env.spec)")
+    if config.replay_ratio != "auto" and config.ratio() <= 0:
+        raise TrainerError("actors act beside the learner, held to the replay ratio: give replay_ratio 'auto' or a "
+                           "number > 0, not 0 (lockstep)")
+
+
+def plan_for(agent: Any, actors: int, envs_per_actor: int, total_timesteps: int, **how: Any) -> ActorPlan:
+    """The plan of ``agent``'s actors: its store, its model as saved, its rule and hyperparameters;
+    ``how`` names the envs (``env_spec``, or ``env_id`` and ``env_kwargs``) and the command line's
+    own settings (``imports``, ``actor_restarts``, ``ray_address``, ``lease_wait``, ``storage_options``)."""
+    from .models import check_reloads_once
+    from .rule import DoubleDQN
+    from .rules import rule_to_json
+    from .stores import place
+
+    check_reloads_once(agent)  # (the actors load the model as saved: one that does not load back is refused here)
+    config, learner = agent.config, agent.built()
+    learner.sync_model()  # (on JAX the model's variables take the learner's weights)
+    how.setdefault("storage_options", agent.replay.storage_options)
+    return ActorPlan(store=place(agent.location), envs_per_actor=envs_per_actor, actors=actors,
+                     model=saved_model(agent.model), rule=None if isinstance(agent.rule, DoubleDQN) else rule_to_json(agent.rule),
+                     frame_stack=agent.stacks.frame_stack, total_timesteps=total_timesteps, start_e=config.start_e,
+                     end_e=config.end_e, exploration_fraction=config.exploration_fraction,
+                     clip_reward=config.clip_reward, terminal_on_life_loss=config.terminal_on_life_loss,
+                     seed=config.seed, learning_starts=config.learning_starts, batch_size=config.batch_size,
+                     custom_objects=agent.loading.custom_objects, safe_mode=agent.loading.safe_mode, **how)

@@ -22,6 +22,7 @@ learner beside it and calls the Keras callbacks (callbacks.py). docs/trainer.md 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from replaystore import ReplayStore
 
 from . import persist
 from .acting import acting_on
+from .actors import ActorSource, check_actors, plan_for
 from .callbacks import Hooks, keeping_best, kept_best
 from .config import PRESETS, TrainerError, check_count, check_run_arguments, config_from
 from .envs import env_spaces
@@ -40,14 +42,14 @@ from .evaluation import Played, play
 from .feeding import Learning
 from .hindsight import check_goals, choose_reward, hindsight_sampler
 from .learner import MAX_GRAD_NORM, Learner, make_learner
-from .models import Loading, check_model
-from .offline import OfflineRun
+from .models import Loading, check_model, check_reloads_once
+from .offline import learn_offline
 from .rule import DoubleDQN, Rule
 from .rules import check_rule
 from .run import Run, Source
 from .stacks import RecentFrames, StackSpec
 from .state import RunState
-from .stores import AgentStore, check_dataset, check_for_network, check_not_dataset, place
+from .stores import AgentStore, check_for_network, check_not_dataset, place
 
 
 class DQN:
@@ -185,7 +187,7 @@ class DQN:
             checkpoint_frequency: int = 100_000, verbose: int = 0,
             compute_reward: Callable[..., Any] | None = None, source: Source | None = None,
             should_stop: Callable[[], bool] | None = None, checkpoint_writer: Callable[[], None] | None = None,
-            restore_best_weights: bool = False) -> keras.callbacks.History:
+            restore_best_weights: bool = False, actors: int = 0) -> keras.callbacks.History:
         """Act on ``env`` (a gymnasium env, or a vector env whose envs write one stream each) until the
         run has taken ``total_timesteps`` env steps in all (a loaded agent goes on from its count;
         one that took them already returns at once), learning from the store as it goes; returns
@@ -195,8 +197,11 @@ class DQN:
         games and an epoch ends (callbacks.py). With ``checkpoint_dir`` the agent is saved there
         every ``checkpoint_frequency`` env steps, at the end, on a callback's stop and on Ctrl-C, so
         ``DQN.load`` resumes it after a crash with every transition committed. ``compute_reward``
-        relabels a goal env's batches (``her_n_sampled_goal``; by default the env's). ``source``,
-        ``should_stop`` and ``checkpoint_writer`` are ``replaystore-train``'s.
+        relabels a goal env's batches (``her_n_sampled_goal``; by default the env's). With ``actors``
+        N, N Ray processes act instead (a local Ray), each on its own copy of ``env``
+        (``gymnasium.make(env.spec)``) into its own stream, with the model as ``save`` writes it, while
+        this process learns (actors.py). ``source``, ``should_stop`` and ``checkpoint_writer`` are
+        ``replaystore-train``'s.
 
         What the agent is left with: the last step's weights, as Keras leaves a model; with
         ``restore_best_weights`` (and ``eval_env``) its best evaluation's, as ``EarlyStopping(
@@ -208,9 +213,9 @@ class DQN:
             raise TrainerError("pass checkpoint_dir or checkpoint_writer, not both")
         callbacks = keeping_best(callbacks, self, eval_env, checkpoint_dir, restore_best_weights)
         config, state = self.config, self.state
-        vector = hasattr(env, "num_envs")
+        check_actors(actors, env, source, config)
         spaces = env_spaces(env)
-        streams = int(env.num_envs) if vector else 1
+        streams = actors or (int(env.num_envs) if hasattr(env, "num_envs") else 1)
         check_not_dataset(self.location, state.datasets)
         opened = self.store is None
         if source is not None and self.store is None:
@@ -219,8 +224,8 @@ class DQN:
             if source is None:  # an existing store is checked against the env before the model is
                 self.replay.for_append(*spaces, streams, create=False)
             learner = self.build(*spaces)
-            if checkpoint_dir is not None:  # (save writes the model; refused now, not after a crash)
-                persist.check_reloads_once(self)
+            if checkpoint_dir is not None or actors:  # (save writes the model, the actors load it: refused now)
+                check_reloads_once(self)
             reward = choose_reward(config, compute_reward, env)
             if eval_env is not None:  # refused now, not at the first evaluation
                 assert self.stacks is not None
@@ -233,6 +238,9 @@ class DQN:
                 self.replay.close()
             raise
         store = self.replay.for_append(*spaces, streams, create=True) if source is None else self.store
+        if actors:  # the actors write the streams; this process learns from them, read-only
+            self.replay.close()
+            store = self.replay.for_reading()
         assert store is not None
         sampler = hindsight_sampler(config, store, reward)
         stop = should_stop or (lambda: False)
@@ -251,7 +259,10 @@ class DQN:
         hooks = Hooks(callbacks, learner, verbose=verbose, start_step=state.global_step, total=total_timesteps,
                       every=eval_frequency, evaluating=eval_env is not None, replay_ratio=learning.replay_ratio)
         owned = source is None
-        if source is None:
+        if actors:
+            source = ActorSource(plan_for(self, actors, 1, total_timesteps, env_spec=env.spec), store, learner,
+                                 state.global_step, lambda line: print(line, file=sys.stderr, flush=True))
+        elif source is None:
             source = acting_on(env, store, config, seed=config.seed + 7919 * state.resumes)
         evaluate = self._evaluator(eval_env, eval_episodes, eval_epsilon, eval_seed)
         run = Run(config, store, learning, state, hooks, act=learner.act_batch, rng=self.rng,
@@ -299,43 +310,11 @@ class DQN:
         if checkpoint_dir is not None and checkpoint_writer is not None:
             raise TrainerError("pass checkpoint_dir or checkpoint_writer, not both")
         callbacks = keeping_best(callbacks, self, eval_env, checkpoint_dir, restore_best_weights)
-        opened = self.store is None
-        store = self.replay.for_reading()
-        assert store is not None
-        config = self.config
-        try:
-            self.replay.check_stacks(store)
-            learner = self.build(store.observation_space, store.action_space)
-            if checkpoint_dir is not None:
-                persist.check_reloads_once(self)
-            spaces = None if eval_env is None else env_spaces(eval_env)
-            check_dataset(store, config.batch_size, config.n_step, spaces)
-            sampler = hindsight_sampler(config, store, choose_reward(config, compute_reward, eval_env))
-        except BaseException:
-            if opened:  # leave the store as it was found: closed
-                self.replay.close()
-            raise
-        where = place(self.location)
-        if where not in self.state.written and where not in self.state.datasets:
-            self.state.datasets.append(where)  # a dataset: fit will not append to it (check_not_dataset)
-        learning = Learning(config, store, learner, self.state, sampler=sampler)
-        done = learning.learned
-        if done >= gradient_steps:  # nothing to do: the weights stay as they are
-            return Hooks(callbacks, learner, verbose=verbose, start_step=done, total=done, every=0,
-                         evaluating=False).history
-        hooks = Hooks(callbacks, learner, verbose=verbose, start_step=done, total=gradient_steps, every=eval_frequency,
-                      evaluating=eval_env is not None, unit="gradient step")
-        write = checkpoint_writer or self._saver(checkpoint_dir)
-        run = OfflineRun(config, store, learning, self.state, hooks, act=learner.act_batch, rng=self.rng,
-                         total_timesteps=gradient_steps,
-                         evaluate=self._evaluator(eval_env, eval_episodes, eval_epsilon, eval_seed),
-                         eval_frequency=eval_frequency, checkpoint=write, checkpoint_frequency=checkpoint_frequency,
-                         should_stop=should_stop or (lambda: False))
-        hooks.train_begin()
-        run.through(run.learn)
-        hooks.train_end(learning.learned)
-        kept_best(callbacks, self)
-        return hooks.history
+        return learn_offline(self, gradient_steps, callbacks, eval_env=eval_env, eval_frequency=eval_frequency,
+                             verbose=verbose, checkpoint_frequency=checkpoint_frequency, compute_reward=compute_reward,
+                             should_stop=should_stop, check_reloads=checkpoint_dir is not None,
+                             write=checkpoint_writer or self._saver(checkpoint_dir),
+                             evaluate=self._evaluator(eval_env, eval_episodes, eval_epsilon, eval_seed))
 
     def _saver(self, directory: str | Path | None) -> Callable[[], object] | None:
         return None if directory is None else (lambda: self.save(directory))

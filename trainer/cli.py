@@ -43,7 +43,7 @@ from .config import FLAGS, TrainerError
 from .envs import default_frame_stack, env_spaces, make_env, make_vector_env
 from .evalrun import evaluate_run, evaluation_env
 from .process import import_keras, peak_rss_mb, stop_signals
-from .rundir import new_run_dir, open_store
+from .rundir import lease_wait, new_run_dir, open_store
 from .stores import check_dataset, open_to_read
 
 
@@ -123,9 +123,14 @@ def _fit(args: Args, settings: Any, env: Any, store: ReplayStore, saved: Any, st
             if saved is None:
                 write_checkpoint()  # as soon as the networks exist: --resume needs one
             if args.actors:
-                from .actors import ActorSource
+                from .actors import ActorSource, plan_for
 
-                source = ActorSource(args, store, agent.learner, start, report.print)
+                plan = plan_for(agent, args.actors, args.num_envs, args.total_timesteps, env_id=args.env_id,
+                                env_kwargs=arguments.env_kwargs(args), actor_restarts=args.actor_restarts,
+                                imports=(args.model.partition(":")[0],) if args.model else (),
+                                ray_address=args.ray_address, lease_wait=lease_wait(args),
+                                storage_options=arguments.store_options(args).get("storage_options"))
+                source = ActorSource(plan, store, agent.learner, start, report.print)
             elif args.num_envs > 1:
                 envs = make_vector_env(args.env_id, args.num_envs, halves=_overlap(args, keras),
                                        kwargs=arguments.env_kwargs(args))

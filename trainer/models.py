@@ -227,6 +227,15 @@ def check_reloads(model: Any, stacks: StackSpec, loading: Loading) -> None:
                          "stacks); build every layer from its config (get_config returning each __init__ argument)")
 
 
+def check_reloads_once(agent: Any) -> None:
+    """``check_reloads`` of the agent's model, once per agent (a loaded model passed it)."""
+    if not agent.reloads:
+        assert agent.stacks is not None
+        agent.built().sync_model()  # (the model's variables take the learner's weights: on JAX they were donated)
+        check_reloads(agent.model, agent.stacks, agent.loading)
+        agent.reloads = True
+
+
 def _first_line(exc: BaseException) -> str:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     text = next((line for line in lines if not line.startswith("Exception encountered")), lines[0] if lines else "")

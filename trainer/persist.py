@@ -21,7 +21,7 @@ from replaystore.storage.outside import check_not_in_store
 
 from . import checkpoint
 from .config import TrainerError
-from .models import Loading, check_reloads
+from .models import Loading, check_reloads_once
 from .rule import DoubleDQN
 from .rules import rule_from_json, rule_to_json
 from .state import RunState
@@ -39,15 +39,6 @@ def checkpoint_arrays(agent: Any) -> tuple[dict[str, list[np.ndarray]], dict[str
     agent.state.train_steps = learner.train_steps
     agent.state.stored = len(agent.store) if agent.store is not None else 0
     return learner.state(), agent.state.to_json()
-
-
-def check_reloads_once(agent: Any) -> None:
-    """``check_reloads`` of the agent's model, once per agent (a loaded model passed it)."""
-    if not agent.reloads:
-        assert agent.stacks is not None
-        agent.built().sync_model()  # (the model's variables take the learner's weights: on JAX they were donated)
-        check_reloads(agent.model, agent.stacks, agent.loading)
-        agent.reloads = True
 
 
 def save(agent: Any, directory: Path) -> Path:

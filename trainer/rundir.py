@@ -1,16 +1,15 @@
-"""A run directory's store: created with the run, or reopened in place to resume (``replaystore-train``
-and its Ray actors); and ``load_run``, the run's agent in Python."""
+"""A run directory's store: created with the run, or reopened in place to resume
+(``replaystore-train``); and ``load_run``, the run's agent in Python."""
 
 from __future__ import annotations
 
 import contextlib
 import shutil
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from replaystore import ReplayStore, StoreLockedError, StoreNotFoundError
+from replaystore import ReplayStore, StoreNotFoundError
 from replaystore.storage.outside import check_not_in_store
 
 from . import args as arguments
@@ -18,23 +17,21 @@ from . import checkpoint
 from .args import Args
 from .config import TrainerError
 from .envs import env_spaces, make_env
-from .stores import same_frames
+from .stores import open_streams, same_frames
 
 STORE = "replay.zarr"
 
 
 def open_writing(args: Args, *, streams: Any, cache_bytes: int) -> ReplayStore:
-    """Open the run's store (``streams`` of it) for writing. On object storage the streams of a
-    process that died stay leased until the lease expires (``--lease-ttl``): wait for that."""
-    deadline = time.monotonic() + (args.lease_ttl + 15 if args.store else 0)
-    while True:
-        try:
-            return ReplayStore.open(arguments.store_path(args), mode="a", streams=streams, cache_bytes=cache_bytes,
-                                    **arguments.store_options(args))
-        except StoreLockedError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(1.0)
+    """Open the run's store (``streams`` of it) for writing, waiting out a dead writer's lease on a
+    store at a URL (``--lease-ttl``)."""
+    return open_streams(arguments.store_path(args), streams=streams, cache_bytes=cache_bytes,
+                        lease_wait=lease_wait(args), options=arguments.store_options(args))
+
+
+def lease_wait(args: Args) -> float:
+    """How long to wait for a dead writer's streams: its lease (``--lease-ttl``) and a margin, at a URL."""
+    return args.lease_ttl + 15 if args.store else 0.0
 
 
 def open_store(args: Args, env: Any, *, resuming: bool) -> ReplayStore:

@@ -5,10 +5,11 @@ nothing in it changes), and how ``agent.json`` refers to it."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
-from replaystore import ReplayStore, StoreNotFoundError
+from replaystore import ReplayStore, StoreLockedError, StoreNotFoundError
 from replaystore.storage.where import is_url, normalized
 
 from .config import TrainerError
@@ -21,6 +22,20 @@ def open_to_append(location: str | Path, *, cache_bytes: int, options: dict[str,
         return ReplayStore.open(location, mode="a", cache_bytes=cache_bytes, **options)
     except StoreNotFoundError:
         return None
+
+
+def open_streams(location: str | Path, *, streams: Any, cache_bytes: int, lease_wait: float,
+                 options: dict[str, Any]) -> ReplayStore:
+    """The store at ``location`` opened to write ``streams``. On object storage the streams of a
+    process that died stay leased until the lease expires: wait up to ``lease_wait`` seconds for that."""
+    deadline = time.monotonic() + lease_wait
+    while True:
+        try:
+            return ReplayStore.open(location, mode="a", streams=streams, cache_bytes=cache_bytes, **options)
+        except StoreLockedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
 
 
 def open_to_read(location: str | Path, *, cache_bytes: int, options: dict[str, Any]) -> ReplayStore:
