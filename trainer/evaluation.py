@@ -1,5 +1,6 @@
 """Evaluation: whole games (all lives, raw rewards) played greedily, or with ``epsilon``-random
-moves, by a learner on a gymnasium env or a vector env (``DQN.evaluate``). On a vector env each env
+moves, by a learner on a gymnasium env or a vector env (``DQN.evaluate``), on one path: one env is
+played as a vector of one (gymnasium's ``SyncVectorEnv`` over it). On a vector env each env
 plays its share of the games, so that short games are not over-counted. A goal env's games also say
 whether they reached their goal (``info["is_success"]`` at a game's last step, as gymnasium-robotics
 and SB3's goal envs report it): ``Played.successes``."""
@@ -10,13 +11,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 
 from .config import TrainerError, check_count
-from .envs import FrameStacker, env_spaces, vector_frames
+from .envs import env_spaces, vector_frames
 from .explore import epsilon_greedy, lives_in, lost_life
 from .learnerbase import Learner
-from .stacks import StackSpec, one_of, push_frames, stacks_of
+from .stacks import StackSpec, push_frames, stacks_of
 from .stores import check_for_network
 
 
@@ -41,36 +43,8 @@ def play(env: Any, learner: Learner, stacks: StackSpec, n_actions: int, episodes
     rng = np.random.default_rng(seed)
     if hasattr(env, "num_envs"):
         return evaluate_vector(env, learner, episodes, epsilon, rng, stacks, life_loss, on_game)
-    return evaluate_env(env, learner, episodes, epsilon, rng, stacks, life_loss, on_game)
-
-
-def evaluate_env(env: Any, learner: Learner, episodes: int, epsilon: float, rng: np.random.Generator,
-                 stacks: StackSpec, life_loss: bool, on_game: Callable[[float], None] | None = None) -> Played:
-    stacker = FrameStacker(stacks)
-    played = Played()
-    for i in range(episodes):
-        obs, info = env.reset(seed=int(rng.integers(2**31)) if i == 0 else None)
-        lives, total = lives_in(info), 0.0
-        stacker.reset(obs)
-        while True:
-            action = int(epsilon_greedy(learner.act_batch, one_of(stacker.stack), None, int(env.action_space.n), epsilon,
-                                        rng)[0])
-            obs, reward, terminated, truncated, info = env.step(action)
-            total += float(reward)
-            if terminated or truncated:
-                played.returns.append(total)
-                if "is_success" in info:
-                    played.successes.append(bool(info["is_success"]))
-                if on_game is not None:
-                    on_game(total)
-                break
-            now = lives_in(info)
-            if life_loss and lost_life(lives, now):
-                stacker.reset(obs)  # the agent learned on stacks that restart at a lost life
-            else:
-                stacker.push(obs)
-            lives = now
-    return played
+    one = gym.vector.SyncVectorEnv([lambda: env])  # one env played as a vector of one (not closed: it is the caller's)
+    return evaluate_vector(one, learner, episodes, epsilon, rng, stacks, life_loss, on_game)
 
 
 def evaluate_vector(envs: Any, learner: Learner, episodes: int, epsilon: float, rng: np.random.Generator,
