@@ -34,7 +34,8 @@ from replaystore import ReplayStore
 
 from . import persist
 from .acting import acting_on
-from .actors import ActorSource, check_actors, plan_for
+from .actorplan import check_actors, plan_for
+from .actors import ActorSource
 from .callbacks import Hooks, keeping_best, kept_best
 from .config import PRESETS, TrainerError, check_count, check_run_arguments, config_from
 from .envs import env_spaces

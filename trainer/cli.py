@@ -123,7 +123,8 @@ def _fit(args: Args, settings: Any, env: Any, store: ReplayStore, saved: Any, st
             if saved is None:
                 write_checkpoint()  # as soon as the networks exist: --resume needs one
             if args.actors:
-                from .actors import ActorSource, plan_for
+                from .actorplan import plan_for
+                from .actors import ActorSource
 
                 plan = plan_for(agent, args.actors, args.num_envs, args.total_timesteps, env_id=args.env_id,
                                 env_kwargs=arguments.env_kwargs(args), actor_restarts=args.actor_restarts,
