@@ -129,13 +129,15 @@ def child(run: dict[str, Any]) -> None:
     else:
         import keras
 
-        from replaystore.trainer import DQN, QRDQN
+        from replaystore.trainer import DQN
 
         keras.utils.set_random_seed(run["seed"])
         env = gym.make(run["env"])
         n_inputs, n_actions = int(env.observation_space.shape[0]), int(env.action_space.n)
         where = Path(tempfile.mkdtemp(prefix="reference-")) / "replay.zarr"
         if quantiles:  # sb3-contrib's QR-DQN optimizer: Adam with epsilon 0.01 / batch, no gradient clipping
+            from replaystore.trainer import QRDQN  # (here: a checkout from before rules runs --algo dqn as well)
+
             settings = ours(zoo)
             optimizer = keras.optimizers.Adam(settings.pop("learning_rate"), epsilon=0.01 / zoo["batch_size"])
             agent = DQN(sb3_network(n_inputs, n_actions, quantiles), where, seed=run["seed"], rule=QRDQN(quantiles),
