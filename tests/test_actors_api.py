@@ -27,6 +27,7 @@ def quantiles_model() -> keras.Model:
     return keras.Model(inputs, keras.layers.Reshape((2, 8))(keras.layers.Dense(16)(x)))
 
 
+@pytest.mark.slow  # ~45 s: Ray and two actor processes (the default run keeps test_actors.py's CLI actors, the same path)
 def test_actors_act_for_a_functional_qr_dqn_model_on_a_wrapped_env(tmp_path: Path) -> None:
     env = gym.wrappers.TimeAwareObservation(gym.make("CartPole-v1"))
     agent = DQN(quantiles_model(), tmp_path / "replay.zarr", rule=QRDQN(8), buffer_size=4_000, seed=3,
