@@ -13,7 +13,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("replaystore", "trainer")
 #: private names of other libraries that replaystore reaches for, knowingly, and why
-THIRD_PARTY = {"_variant_tensor": "tf.data's own: feed/tfdata.py wraps a pipeline's graph (TensorFlow is pinned)"}
+THIRD_PARTY = {"_variant_tensor": "tf.data's own: feed/tfdata.py wraps a pipeline's graph (TensorFlow is pinned)",
+               "_make_wrapper_subclass": "torch's way to make a tensor of a shape and dtype that holds no data (its "
+                                         "own fake and distributed tensors are made so): integrations/torchrl/lazy.py"}
 
 
 def _modules() -> list[Path]:

@@ -126,9 +126,14 @@ def test_a_collectors_transitions_come_back_as_lazy_memmap_gives_them(tmp_path: 
     assert {e.name for e in store.schema.extras} >= {"td.next.reward", "td.collector.traj_ids", "rb.index"}
 
 
-def test_catframes_stacks_are_stored_a_frame_a_step_and_rebuilt_exactly(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def pong() -> list[Any]:
+    return pong_batches()
+
+
+def test_catframes_stacks_are_stored_a_frame_a_step_and_rebuilt_exactly(tmp_path: Path, pong: list[Any]) -> None:
     memmap, ours = both(tmp_path, 300, batch_size=8)
-    fill(pong_batches(), memmap, ours)
+    fill(pong, memmap, ours)
     assert_same(memmap[:], ours[:])
     store = ours.storage.store
     assert store.frame_stack == 4 and store.schema.observation.shape == (1, 84, 84)
@@ -163,12 +168,53 @@ def test_prioritized_sampling_and_rb_dumps_loads(tmp_path: Path, cartpole: list[
 
 @pytest.mark.parametrize("where", [{"traj_key": ("collector", "traj_ids")}, {"end_key": ("next", "done")}])
 def test_slice_sampler_windows_equal_lazy_memmaps(tmp_path: Path, cartpole: list[Any], where: dict[str, Any]) -> None:
-    """SliceSampler finds the trajectories from the collector's ids or the done flags (it reads the
-    whole storage to do so: every transition decoded, see docs/torchrl.md)."""
+    """SliceSampler finds the trajectories from the collector's ids or the done flags (from
+    ``storage[:]``, whose leaves are read when used: lazy.py)."""
     memmap, ours = both(tmp_path, 250, sampler=lambda: SliceSampler(slice_len=8, **where), batch_size=32)
     fill(cartpole, memmap, ours)
     for step in range(3):
         sampled_alike(memmap, ours, step)
+
+
+def test_a_read_by_a_slice_reads_only_the_rows_a_leaf_is_indexed_by(tmp_path: Path, cartpole: list[Any]) -> None:
+    """``storage[a:b]`` gives Columns: indexing one along its first axis reads those rows; anything
+    else reads the whole column once; every result equals the eager read's."""
+    memmap, ours = both(tmp_path, 250)
+    fill(cartpole, memmap, ours)
+    lazy, eager = ours.storage[:], memmap.storage[:]
+    mask = torch.arange(250) % 3 == 0
+    for key in eager.keys(True, True):
+        column, values = lazy[key], eager[key]
+        assert type(column).__name__ == "Column" and column.shape == values.shape and column.dtype == values.dtype
+        for item in (slice(3, 9), 7, -1, torch.tensor([5, 1, 5]), torch.tensor([[0, 2], [4, 6]]), [8, 9], mask,
+                     (slice(None, 4), ...)):
+            assert torch.equal(column[item], values[item]), (key, item)
+        assert column.whole is None  # (rows only, so far)
+        assert torch.equal(column.squeeze(), values.squeeze()) and column.whole is not None
+    lazy = ours.storage[10:20]
+    assert lazy["observation"].shape[0] == 10 and torch.equal(lazy["observation"].clone(), eager["observation"][10:20])
+    assert torch.equal(torch.stack([lazy["action"], lazy["action"]]), torch.stack([eager["action"][10:20]] * 2))
+    assert np.array_equal(ours.storage[:]["observation"].numpy(), eager["observation"].numpy())
+    assert_same(ours.storage[:][torch.tensor([4, 2])], eager[torch.tensor([4, 2])])
+
+
+def test_slice_sampler_reads_the_frames_of_its_windows_only(tmp_path: Path, pong: list[Any]) -> None:
+    """SliceSampler reads ``storage[:]`` for every batch to find the trajectories: the frames stay in
+    the store, and only the rows of the windows it draws are read through it."""
+    memmap, ours = both(tmp_path, 300, sampler=lambda: SliceSampler(slice_len=4, end_key=("next", "done")),
+                        batch_size=16)
+    fill(pong, memmap, ours)
+    records, rows = ours.storage.records, []
+    read = records.read
+
+    def counted(index: Any) -> Any:
+        rows.append(int(np.size(index)))
+        return read(index)
+
+    records.read = counted
+    for step in range(3):
+        sampled_alike(memmap, ours, step)
+    assert rows == [16, 16, 16]  # (one read of each batch's 4 windows of 4; none of the whole storage)
 
 
 def test_reopening_the_store_resumes_and_loads_goes_back_to_dumps(tmp_path: Path, cartpole: list[Any]) -> None:

@@ -107,7 +107,7 @@ def finish_memory(out: dict) -> dict:
     return out
 
 
-def fill(name: str, where: Path, raw: Path, rows: Path, n: int, batches: int) -> dict:
+def fill(name: str, where: Path, raw: Path, rows: Path, n: int, batches: int, slice_batches: int) -> dict:
     """Fill a fresh buffer, then time warm batches in the same process."""
     t = Transitions(raw, rows, n)
     c = MAKERS[name](where, n)
@@ -127,6 +127,8 @@ def fill(name: str, where: Path, raw: Path, rows: Path, n: int, batches: int) ->
     if name in ON_DISK:
         c.reopen()
     out["warm_per_s"] = rate(c.sample, batches, warmup=100)
+    if c.slices and slice_batches:
+        out["slices_warm_per_s"] = rate(c.sample_slices, slice_batches, warmup=5)
     if isinstance(c, Store):
         out["blocks_warm_per_s"] = c.blocks_rate(batches, warmup=100 // c.per_block)
     return finish_memory(out)
@@ -175,8 +177,8 @@ def table(results: list[dict]) -> str:
     def gb(x: float) -> str:
         return f"{x / 1e9:.2f} GB"
 
-    rows = ["| contender | writes/s | on disk | RAM it holds | batches/s warm | batches/s cold | peak RSS: fill, cold |",
-            "|---|---|---|---|---|---|---|"]
+    rows = ["| contender | writes/s | on disk | RAM it holds | batches/s warm | batches/s cold | windows: batches/s warm "
+            "| peak RSS: fill, cold |", "|---|---|---|---|---|---|---|---|"]
     for name in CONTENDERS:
         rs = [r for r in results if r["name"] == name]
         if not rs:
@@ -186,10 +188,10 @@ def table(results: list[dict]) -> str:
             peak += ", " + gb(max(r["cold_peak_rss_mb"] for r in rs) * 2**20)
         rows.append(f"| {name} | {each(rs, 'write_per_s')} | {gb(max(r['disk_bytes'] for r in rs))} | "
                     f"{gb(max(r['anon_grown_bytes'] for r in rs))} | {each(rs, 'warm_per_s')} | "
-                    f"{each(rs, 'cold_per_s')} | {peak} |")
+                    f"{each(rs, 'cold_per_s')} | {each(rs, 'slices_warm_per_s')} | {peak} |")
         if name == "replaystore":
             rows.append(f"| replaystore `blocks` | | | | {each(rs, 'blocks_warm_per_s')} | "
-                        f"{each(rs, 'blocks_cold_per_s')} | |")
+                        f"{each(rs, 'blocks_cold_per_s')} | | |")
     return "\n".join(rows)
 
 
@@ -198,6 +200,8 @@ def main() -> None:
     ap.add_argument("--transitions", type=int, default=500_000)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--batches", type=int, default=2000, help="batches timed warm")
+    ap.add_argument("--slice-batches", type=int, default=100,
+                    help="batches of 4 windows of 8 timed warm (TorchRL's SliceSampler; the store's sample_sequences)")
     ap.add_argument("--cold-batches", type=int, default=200, help="batches timed after dropping the page cache")
     ap.add_argument("--only", nargs="+", choices=CONTENDERS, default=list(CONTENDERS))
     ap.add_argument("--dir", type=Path, default=OUT, help="where the buffers are written (a local disk)")
@@ -207,7 +211,8 @@ def main() -> None:
     if args.child:
         what, name, where = args.child[0], args.child[1], Path(args.child[2])
         if what == "fill":
-            res = fill(name, where, Path(args.child[3]), Path(args.child[4]), args.transitions, args.batches)
+            res = fill(name, where, Path(args.child[3]), Path(args.child[4]), args.transitions, args.batches,
+                       args.slice_batches)
         else:
             res = cold(name, where, args.transitions, args.cold_batches)
         report(res)
@@ -223,6 +228,7 @@ def main() -> None:
             where = Path(tempfile.mkdtemp(prefix=f"peers-{name}-", dir=args.dir))
             try:
                 common = [f"--transitions={args.transitions}", f"--batches={args.batches}",
+                          f"--slice-batches={args.slice_batches}",
                           f"--cold-batches={args.cold_batches}"]
                 res = child(["--child", "fill", name, str(where), str(raw), str(rows), *common])
                 if name in ON_DISK:

@@ -116,6 +116,17 @@ class Contender(abc.ABC):
     @abc.abstractmethod
     def sample(self) -> object: ...
 
+    #: whether ``sample_slices`` (windows of consecutive transitions) is measured
+    slices = False
+
+    def sample_slices(self) -> object:
+        """One batch of ``SLICES`` windows of ``SLICE_LEN`` consecutive transitions (32 in all)."""
+        raise TypeError(f"{self.name}: windows are not measured")
+
+
+#: windows per batch, and their length: 32 transitions a batch
+SLICES, SLICE_LEN = 4, 8
+
 
 class TorchRL(Contender):
     name = "torchrl"
@@ -169,12 +180,24 @@ class TorchRL(Contender):
     def sample(self):
         return self.rb.sample()
 
+    slices = True
+
+    def sample_slices(self):
+        """TorchRL's ``SliceSampler`` over the same storage, trajectories found from the done flags."""
+        if getattr(self, "slice_rb", None) is None or self.slice_rb.storage is not self.storage:
+            from torchrl.data import SliceSampler, TensorDictReplayBuffer
+
+            self.slice_rb = TensorDictReplayBuffer(storage=self.storage, batch_size=SLICES * SLICE_LEN,
+                                                   sampler=SliceSampler(num_slices=SLICES, end_key=("next", "done")))
+        return self.slice_rb.sample()
+
 
 class TorchRLCompressed(TorchRL):
     """TorchRL's in-RAM ``CompressedListStorage`` (each transition's TensorDict compressed), filled as
     ``torchrl`` is."""
 
     name = "torchrl-compressed"
+    slices = False  # (SliceSampler reads storage[:]: every transition decompressed, each batch)
 
     def finish(self):
         pass
@@ -325,6 +348,12 @@ class Store(Contender):
 
     def sample(self):
         return self.store.sample(32)
+
+    slices = True
+
+    def sample_slices(self):
+        """The store's own windows: ``sample_sequences``."""
+        return self.store.sample_sequences(SLICES, SLICE_LEN)
 
     def blocks_rate(self, batches: int, warmup: int = 0) -> float:
         with self.store.blocks(32, batches_per_block=self.per_block, seed=0) as feed:

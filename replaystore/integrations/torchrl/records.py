@@ -53,12 +53,9 @@ from replaystore.integrations.torchrl.leaves import (
     leaf_name,
     reward_of,
 )
+from replaystore.integrations.torchrl.reads import At, live_slots
 from replaystore.integrations.torchrl.streams import Chains, continues, count_envs
-from replaystore.sampling.assemble import Batch, prepare
-from replaystore.sampling.pending import Pending
-from replaystore.sampling.samplers import UniformSampler
-from replaystore.storage.reader import FrameReader
-from replaystore.storage.rings import SHIFT, Rings
+from replaystore.storage.rings import SHIFT
 from replaystore.storage.where import normalized
 from replaystore.store import ReplayStore
 
@@ -323,17 +320,10 @@ class Records:
 
     def read(self, index: np.ndarray) -> Leaves:
         """The transitions at TorchRL's ``index`` (any shape; the leaves have it as their batch shape)."""
-        store, layout = self.store, self.layout
-        if store is None or layout is None:
-            raise SampleError("this ReplayStoreStorage holds nothing yet: extend it first")
+        store, layout = self._opened()
         index = np.asarray(index, dtype=np.int64)
-        flat = index.reshape(-1)
-        if flat.size and (flat.min() < 0 or flat.max() >= self.max_size):
-            raise SampleError(f"index {int(flat.min())}..{int(flat.max())} is outside 0..{self.max_size - 1}")
-        at = self.positions[flat]
-        if (at < 0).any():
-            raise SampleError(f"index {int(flat[at < 0][0])} holds no transition (the storage holds {self.length})")
-        batch = store.sample(flat.size, sampler=_At(at)) if flat.size else None
+        at = self.at(index.reshape(-1))
+        batch = store.sample(at.size, sampler=At(at)) if at.size else None
         lead = index.shape
         out: Leaves = {}
         if batch is None:
@@ -346,24 +336,49 @@ class Records:
             out[key] = value.reshape(*lead, *value.shape[1:])
         return out
 
+    def column(self, key: Key, rows: np.ndarray, slots: np.ndarray | None = None) -> np.ndarray:
+        """Leaf ``key`` of the transitions at TorchRL's indices ``rows`` (1-D): the observations read
+        through the store (``read``), every other leaf from the store's columns in RAM, no frame read
+        (at the store's ``slots`` of the rows, ``slots(rows)``, when given)."""
+        store, _ = self._opened()
+        shape, dtype = self.specs()[key]
+        if not rows.size:
+            return np.empty((0, *shape), dtype=dtype)
+        if key in (self.obs_key, self.next_key):
+            return self.read(rows)[key]
+        if slots is None:
+            slots = self.slots(rows)
+        rings = store.rings
+        values = rings.action[slots] if key == ACTION else rings.extras["extras/" + leaf_name(key)][slots]
+        return values.astype(dtype, copy=False).reshape(len(rows), *shape)
 
-class _At(UniformSampler):
-    """The transitions at given store positions (TorchRL's indices mapped), read as a uniform batch."""
+    def slots(self, rows: np.ndarray) -> np.ndarray:
+        """The store's slots of the transitions at TorchRL's indices ``rows``; ``SampleError`` for one
+        that holds nothing, or was overwritten."""
+        store, _ = self._opened()
+        return live_slots(store.rings, self.at(rows))
 
-    def __init__(self, positions: np.ndarray) -> None:
-        super().__init__()
-        self.positions = positions
+    def specs(self) -> dict[Key, tuple[tuple[int, ...], np.dtype]]:
+        """Each leaf's shape (one transition's) and dtype, as ``read`` gives them, in its order."""
+        store, layout = self._opened()
+        frames = (tuple(layout.obs_shape), np.dtype(store.schema.observation.dtype))
+        out = {self.obs_key: frames, ACTION: (tuple(store.rings.action.shape[1:]), store.rings.action_dtype),
+               self.next_key: frames}
+        for spec in store.schema.extras:
+            if spec.name.startswith(LEAF):
+                out[leaf_key(spec.name)] = (tuple(spec.shape), np.dtype(spec.dtype))
+        return {key: out[key] for key in (self.obs_key, ACTION, self.next_key, *self.keys)}
 
-    def plan(self, rings: Rings, reader: FrameReader, batch_size: int, rng: np.random.Generator, *,
-             batches: int = 1, out: list[np.ndarray] | None = None) -> Pending:
-        at = self.positions
-        slots = rings.slots(at)
-        stream = at >> SHIFT if rings.num_streams > 1 else np.zeros_like(at)
-        lo = np.array([ring.lo for ring in rings.streams], dtype=np.int64)[stream]
-        gone = ~rings.valid[slots] | ((at & ((1 << SHIFT) - 1)) < lo)
-        if gone.any():
-            raise SampleError("a transition TorchRL still indexes was overwritten in the store (a stream filled "
-                              "faster than the others); pass streams= the number of envs your collector steps")
-        return prepare(rings, reader, at, n_step=1, result=Batch)
+    def at(self, flat: np.ndarray) -> np.ndarray:
+        """The store positions of TorchRL's indices ``flat``; ``SampleError`` for one that holds nothing."""
+        if flat.size and (flat.min() < 0 or flat.max() >= self.max_size):
+            raise SampleError(f"index {int(flat.min())}..{int(flat.max())} is outside 0..{self.max_size - 1}")
+        at = self.positions[flat]
+        if (at < 0).any():
+            raise SampleError(f"index {int(flat[at < 0][0])} holds no transition (the storage holds {self.length})")
+        return at
 
-
+    def _opened(self) -> tuple[ReplayStore, StackLayout]:
+        if self.store is None or self.layout is None:
+            raise SampleError("this ReplayStoreStorage holds nothing yet: extend it first")
+        return self.store, self.layout

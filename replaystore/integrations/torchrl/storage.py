@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from replaystore.errors import ConfigError
+from replaystore.integrations.torchrl.lazy import ColumnReads, column_class
 from replaystore.integrations.torchrl.records import Records
 
 _CLASSES: dict[str, Any] = {}
@@ -152,6 +153,26 @@ def _define(torch: Any, TensorDict: Any, is_tensor_collection: Any, StorageCheck
             for key, value in leaves.items():
                 td.set(key, torch.from_numpy(np.ascontiguousarray(value)).to(self.device))
             return td[0] if single else td
+
+        def __getitem__(self, index: Any) -> Any:
+            """``storage[index]``, as TorchRL's samplers read it (``storage[:]`` to find trajectories,
+            ``storage[idx]`` for a window's done flags): a TensorDict of ``Column``s, read from the
+            store when used (lazy.py). An int, or indices of more than one axis, are read at once,
+            as ``get`` (which the buffer's ``sample`` calls) reads."""
+            if isinstance(index, (int, np.integer)) or (isinstance(index, torch.Tensor) and index.ndim == 0):
+                return self.get(index)
+            if not self.initialized:
+                raise RuntimeError("Cannot get elements out of a non-initialized storage.")
+            idx = _index(index, len(self), stop=len(self))
+            if idx.ndim != 1:
+                return self.get(index)
+            records, column = self.records, column_class()
+            loads = ColumnReads(records, idx)  # (refused now, as a read at once would be, if any holds nothing)
+            td = TensorDict({}, batch_size=list(idx.shape), device=self.device)
+            for key, (shape, dtype) in records.specs().items():
+                tensor_dtype = torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+                td.set(key, column(idx, shape, tensor_dtype, td.device, lambda rows, key=key: loads(key, rows)))
+            return td
 
         def __len__(self) -> int:
             return self._len
