@@ -34,6 +34,10 @@ is the env wrapper's work, not the buffer's. Measured per contender:
   anonymous RSS from before the buffer was made to the end of the fill;
 - batches of 32 per second, warm: in the filling process, after 100 warm-up batches (for TorchRL the
   page cache then holds whatever of its 28 GB the kernel kept);
+- windows, batches per second, warm: 4 windows of 8 consecutive transitions (32), after 5 warm-up
+  batches: TorchRL's ``SliceSampler(num_slices=4, end_key=("next", "done"))`` over each TorchRL
+  storage but ``CompressedListStorage`` (where it decompresses the whole buffer for every batch), the
+  store's own ``sample_sequences(4, 8)`` (``--slice-batches``; 0 leaves them out);
 - batches of 32 per second, cold: a fresh process drops the buffer's files from the page cache
   (``POSIX_FADV_DONTNEED`` on each, checked with ``fincore``), opens the buffer again and times its
   first ``--cold-batches`` batches (disk-backed contenders only);

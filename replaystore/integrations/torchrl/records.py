@@ -273,8 +273,10 @@ class Records:
         counts = np.bincount(assigned, minlength=len(self.chains.streams))
         firsts = np.concatenate([[0], np.cumsum(counts)[:-1]])
         rank[order] = np.arange(rows) - firsts[assigned[order]]
-        for r in range(int(rank.max()) + 1 if rows else 0):
-            at = np.flatnonzero(rank == r)
+        by_round = np.argsort(rank, kind="stable")  # (each round's rows in batch order)
+        bounds = [0, *np.cumsum(np.bincount(rank, minlength=1)).tolist()] if rows else [0]
+        for lo, hi in zip(bounds, bounds[1:]):
+            at = by_round[lo:hi]
             streams = assigned[at].tolist()
             ending = [s for s, i in zip(streams, at.tolist()) if ends[i]]
             if ending:
