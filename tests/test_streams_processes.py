@@ -77,7 +77,7 @@ WRITER = """
 import sys, time
 import numpy as np
 from replaystore import ReplayStore
-path, k, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+path, k, seed, pause = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
 s = ReplayStore.open(path, mode="a", streams=[k])
 ring = s.rings.streams[k]
 f = lambda p: np.full(3, (7 * p + k) % 256, np.uint8)
@@ -92,16 +92,17 @@ while True:
     if now != last:
         last = now
         print("committed", now, flush=True)
-    time.sleep(0.0005)
+    time.sleep(pause)
 """
 
 
-def _start_writer(path: Path, k: int, seed: int = 0) -> tuple[subprocess.Popen, list[str]]:
-    """A process writing stream ``k``, its episode ends drawn from ``seed`` (each restart its own)."""
+def _start_writer(path: Path, k: int, seed: int = 0, pause: float = 0.0005) -> tuple[subprocess.Popen, list[str]]:
+    """A process writing stream ``k``, its episode ends drawn from ``seed`` (each restart its own),
+    ``pause`` seconds between moves."""
     import threading
 
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path), str(k), str(seed)], stdout=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path), str(k), str(seed), str(pause)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
     threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True).start()
     return proc, lines
@@ -125,7 +126,10 @@ def test_killing_one_writer_loses_nothing_of_the_others(tmp_path: Path) -> None:
     path = tmp_path / "k.zarr"
     ReplayStore.create(path, 3 * 8192, gym.spaces.Box(0, 255, (3,), np.uint8), gym.spaces.Discrete(3), 2,
                        num_streams=3, layout=Layout(shard_len=32, obs_chunk_len=8)).close()
-    others = [_start_writer(path, k) for k in (1, 2)]
+    # (the other two at a pace that does not lap their 8,192-step rings while stream 0's writer opens
+    # the store on a loaded machine: opening reads every stream's scalars, and starts again when a
+    # writer has lapped what it read; at 0.5 ms a move, a 3x-loaded machine lapped it for over 60 s)
+    others = [_start_writer(path, k, pause=0.005) for k in (1, 2)]
     reader = ReplayStore.open(path)
     rng = np.random.default_rng(0)
     live_kills = 0
@@ -134,7 +138,7 @@ def test_killing_one_writer_loses_nothing_of_the_others(tmp_path: Path) -> None:
             proc, lines = _start_writer(path, 0, seed=attempt)
             deadline = time.monotonic() + 60
             while not any(line.startswith("committed") for line in lines):  # the handshake: it is writing
-                assert proc.poll() is None and time.monotonic() < deadline, "the writer did not start"
+                assert proc.poll() is None and time.monotonic() < deadline, f"the writer did not start: {lines}"
                 time.sleep(0.01)
             time.sleep(rng.uniform(0.0, 0.3))
             live_kills += proc.poll() is None
