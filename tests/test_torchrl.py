@@ -17,7 +17,7 @@ pytest.importorskip("torchrl")
 
 from tensordict import TensorDict  # noqa: E402
 from torchrl.collectors import Collector  # noqa: E402
-from torchrl.data import LazyMemmapStorage, TensorDictReplayBuffer  # noqa: E402
+from torchrl.data import HERReplayBuffer, LazyMemmapStorage, TensorDictReplayBuffer  # noqa: E402
 from torchrl.data.replay_buffers.samplers import PrioritizedSampler, SliceSampler  # noqa: E402
 from torchrl.envs import (  # noqa: E402
     CatFrames,
@@ -215,6 +215,40 @@ def test_slice_sampler_reads_the_frames_of_its_windows_only(tmp_path: Path, pong
     for step in range(3):
         sampled_alike(memmap, ours, step)
     assert rows == [16, 16, 16]  # (one read of each batch's 4 windows of 4; none of the whole storage)
+
+
+def goal_episodes(lengths: list[int]) -> Any:
+    """Goal-conditioned transitions of one env (HER's keys), one episode after another."""
+    g = torch.Generator().manual_seed(0)
+    parts = []
+    for t in lengths:
+        obs = torch.randn(t + 1, 4, generator=g)
+        goal, achieved = torch.randn(3, generator=g).expand(t + 1, 3), obs[:, :3] * 2
+        done = torch.zeros(t, 1, dtype=torch.bool)
+        done[-1] = True
+        parts.append(TensorDict({"observation": obs[:-1], "desired_goal": goal[:-1].clone(), "achieved_goal": achieved[:-1],
+                                 "action": torch.randn(t, 2, generator=g),
+                                 "next": {"observation": obs[1:], "desired_goal": goal[1:].clone(),
+                                          "achieved_goal": achieved[1:], "reward": torch.zeros(t, 1), "done": done,
+                                          "terminated": done.clone()}}, [t]))
+    return torch.cat(parts)
+
+
+def test_her_replay_buffer_relabels_as_over_lazy_memmap(tmp_path: Path) -> None:
+    """TorchRL's HERReplayBuffer finds the episodes from ``storage[:]`` and relabels goals from
+    ``get``: the same batches as over LazyMemmapStorage, relabelled ones among them."""
+    def reward_fn(td: Any) -> Any:
+        return ((td["achieved_goal"] - td["desired_goal"]).norm(dim=-1, keepdim=True) < 0.5).float()
+
+    memmap = HERReplayBuffer(reward_fn=reward_fn, storage=LazyMemmapStorage(100, scratch_dir=tmp_path / "mm"),
+                             batch_size=16)
+    ours = HERReplayBuffer(reward_fn=reward_fn, storage=ReplayStoreStorage(tmp_path / "rb.zarr", max_size=100),
+                           batch_size=16)
+    data = goal_episodes([7, 12, 5, 9])
+    fill([data], memmap, ours)
+    for step in range(4):
+        _, batch = sampled_alike(memmap, ours, step)
+    assert (batch["desired_goal"] != data["desired_goal"][batch["index"]]).any()  # (some were relabelled)
 
 
 def test_reopening_the_store_resumes_and_loads_goes_back_to_dumps(tmp_path: Path, cartpole: list[Any]) -> None:
