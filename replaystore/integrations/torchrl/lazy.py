@@ -54,6 +54,7 @@ class ColumnReads:
 def _same(a: np.ndarray, b: np.ndarray) -> bool:
     return a is b or (a.shape == b.shape and bool(np.array_equal(a, b)))
 
+
 #: a column of at most this many values is read to be printed (a larger one says what it is)
 REPR_MOST = 1 << 20
 #: what a column answers from its shape alone (properties are ``__get__``)
@@ -73,7 +74,7 @@ def _define(torch: Any) -> Any:
     from torch.utils._pytree import tree_map
 
     class Column(torch.Tensor):
-        """One leaf of a read by a slice, read from the store when used (module docstring)."""
+        """One leaf of ``storage[...]``, read from the store when used (module docstring)."""
 
         rows: np.ndarray
         loads: Callable[[np.ndarray], np.ndarray]

@@ -40,5 +40,3 @@ class At(UniformSampler):
         at = self.positions
         live_slots(rings, at)
         return prepare(rings, reader, at, n_step=1, result=Batch)
-
-
