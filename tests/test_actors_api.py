@@ -11,12 +11,13 @@ from typing import Any
 
 import gymnasium as gym
 import keras
+import numpy as np
 import pytest
 from gymnasium.envs.classic_control import CartPoleEnv
 
 from replaystore import ReplayStore
 from replaystore.cli import main as cli_main
-from replaystore.trainer import DQN, QRDQN, TrainerError, mlp
+from replaystore.trainer import DQN, QRDQN, SAC, TrainerError, mlp, sac_mlp
 
 pytest.importorskip("ray")
 
@@ -41,6 +42,21 @@ def test_actors_act_for_a_functional_qr_dqn_model_on_a_wrapped_env(tmp_path: Pat
     assert cli_main(["verify", str(tmp_path / "replay.zarr"), "--quiet"]) == 0
     again = DQN.load(tmp_path / "agent")
     assert again.rule == QRDQN(8) and again.state.global_step == agent.state.global_step
+
+
+@pytest.mark.slow  # ~40 s: Ray and one actor process
+def test_actors_act_for_sac_in_a_box(tmp_path: Path) -> None:
+    """An actor loads SAC's model (its entropy weight's layer too) and rule, samples the policy's
+    actions within the Box's bounds, and writes them as the env took them."""
+    agent = DQN(sac_mlp((1, 3), 1, hidden_sizes=(32, 32)), tmp_path / "replay.zarr", rule=SAC(), buffer_size=4_000,
+                seed=2, batch_size=32)
+    agent.fit(gym.make("Pendulum-v1"), 800, actors=1)
+    assert agent.state.global_step >= 800 and agent.train_steps > 0
+    agent.close()
+    with ReplayStore.open(tmp_path / "replay.zarr") as store:
+        batch = store.sample(256, rng=np.random.default_rng(0))
+        assert batch.action.shape == (256, 1) and np.abs(batch.action).max() <= 2.0
+        assert np.unique(batch.action).size > 100  # samples of the policy, not its mean alone
 
 
 @pytest.mark.parametrize(("make_env", "actors", "values", "message"), [

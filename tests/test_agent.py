@@ -139,7 +139,7 @@ def test_bad_models_are_refused_in_one_line_before_anything_is_written(tmp_path:
      "learning_starts is 100, not below total_timesteps 100"),
     (lambda path: DQN(cartpole_model(), path, **SMALL).fit(gym.make("CartPole-v1"), 0), "total_timesteps is 0"),
     (lambda path: DQN(cartpole_model(), path, **SMALL).fit(gym.make("Pendulum-v1"), 300),
-     "DQN needs a Discrete one"),
+     "the environment has Box actions of shape (1,) in [-2, 2]; DQN learns a Discrete action space"),
     (lambda path: DQN(cartpole_model(), 42), "store is a int; pass a ReplayStore or the path or URL of one"),
 ], ids=["gamma", "unknown", "batch", "ratio", "learning-starts", "total", "continuous", "store"])
 def test_bad_arguments_are_refused_in_one_line_before_anything_is_written(tmp_path: Path, make: Any,
@@ -159,7 +159,8 @@ def test_a_store_of_continuous_actions_is_refused_by_dqn(tmp_path: Path) -> None
     with ReplayStore.create(path, 64, env.observation_space, env.action_space) as store:
         store.add(np.zeros(3, np.float32), np.ones(1, np.float32), 0.5, np.ones(3, np.float32), False, False)
     before = snapshot(path)
-    with ReplayStore.open(path, mode="a") as store, pytest.raises(TrainerError, match="DQN needs a Discrete action"):
+    refused = r"holds Box actions of shape \(1,\) in \[-2, 2\]; DQN learns a Discrete action space .*rule=SAC\(\)"
+    with ReplayStore.open(path, mode="a") as store, pytest.raises(TrainerError, match=refused):
         DQN(cartpole_model(), store)
     with pytest.raises(TrainerError, match="do not match"):
         DQN(cartpole_model(), path, **SMALL).fit(gym.make("CartPole-v1"), 300)

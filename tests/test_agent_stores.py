@@ -175,9 +175,10 @@ def test_envs_the_network_or_the_store_cannot_take_are_refused_in_one_line(tmp_p
     assert agent.store is not None
     before = agent.store.added
     for env, message in ((gym.make("MountainCar-v0"), r"the env gives frames of Box.*\(2,\).* with Discrete\(3\), but "
-                                                      r"this agent's Q-network takes stacks of \(1, 4\) float32 and "
-                                                      r"gives 2 Q-values"),
-                         (gym.make("Pendulum-v1"), "action space is Box.*DQN needs a Discrete one")):
+                                                      r"this agent's model takes stacks of \(1, 4\) float32 and "
+                                                      r"acts in 2 actions"),
+                         (gym.make("Pendulum-v1"), r"with Box\(-2\.0, 2\.0, \(1,\), float32\), but this agent's model .* acts "
+                                                   r"in 2 actions")):
         with pytest.raises(TrainerError, match=message):
             agent.evaluate(env, 1)
         with pytest.raises(TrainerError, match=message):  # before a step is taken, not at the first evaluation

@@ -132,7 +132,7 @@ def cartpole_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (["--evaluate", "{run}", "--video", "{tmp}"], "is a directory; give a file name ending in .mp4 or .gif"),
     (["--evaluate", "{run}", "--env-id", "goal_env:BitFlip-v0", "--video", "{tmp}/x.gif"],
      "goal_env:BitFlip-v0 cannot show its screen: its constructor takes no render_mode; leave out --video"),
-    (["--evaluate", "{run}", "--env-id", "FrozenLake-v1"], "the env gives frames of Discrete(16) with Discrete(4), but this agent's Q-network takes stacks of (1, 4)"),
+    (["--evaluate", "{run}", "--env-id", "FrozenLake-v1"], "the env gives frames of Discrete(16) with Discrete(4), but this agent's model takes stacks of (1, 4)"),
     (["--best"], "--best plays a run's best weights with --evaluate RUN_DIR; give --evaluate too"),
     (["--evaluate", "{run}", "--best"], "{run} holds no best.npz: a run keeps its best evaluation's weights only when "
                                         "it evaluates (--eval-episodes)"),

@@ -16,7 +16,9 @@ import numpy as np
 import pytest
 
 from replaystore.trainer import DQN, QRDQN, ModelError, StackSpec, TrainerError, check_model, mlp
+from replaystore.trainer.actions import ActionSpec
 from replaystore.trainer.learner import make_learner
+from replaystore.trainer.rule import Nets
 
 
 def quantile_model(n_actions: int = 2, n: int = 5, inputs: int = 4) -> keras.Model:
@@ -34,8 +36,9 @@ def test_the_loss_is_sb3_contribs_on_the_same_quantiles() -> None:
     batch = {"obs": np.zeros((b, 1)), "next_obs": np.zeros((b, 1)), "action": rng.integers(0, a, b),
              "reward": rng.normal(size=b).astype(np.float32),
              "discount": (0.99 * (rng.random(b) < 0.7)).astype(np.float32), "weight": np.ones(b, np.float32)}
-    loss, (q_mean, priority) = QRDQN(n).loss(lambda _: keras.ops.convert_to_tensor(now),
-                                             lambda _: keras.ops.convert_to_tensor(following), batch)
+    nets = Nets(lambda _: keras.ops.convert_to_tensor(now), lambda _: keras.ops.convert_to_tensor(following),
+                lambda _: keras.ops.convert_to_tensor(now), ActionSpec(n=a))
+    loss, (q_mean, priority) = QRDQN(n).loss(nets, batch)
     # sb3-contrib's QR-DQN train step, on its (batch, n_quantiles, n_actions) layout
     nxt = torch.as_tensor(following).transpose(1, 2)
     greedy = nxt.mean(dim=1, keepdim=True).argmax(dim=2, keepdim=True).expand(b, n, 1)
@@ -50,8 +53,7 @@ def test_the_loss_is_sb3_contribs_on_the_same_quantiles() -> None:
     np.testing.assert_allclose(keras.ops.convert_to_numpy(priority), delta.abs().mean(dim=(1, 2)).numpy(), rtol=1e-5)
     # prioritized replay's importance weights scale each transition's share
     weighted = dict(batch, weight=np.arange(1, b + 1, dtype=np.float32))
-    heavy, _ = QRDQN(n).loss(lambda _: keras.ops.convert_to_tensor(now),
-                             lambda _: keras.ops.convert_to_tensor(following), weighted)
+    heavy, _ = QRDQN(n).loss(nets, weighted)
     per = [float(quantile_huber_loss(current[i:i + 1], target[i:i + 1])) for i in range(b)]
     np.testing.assert_allclose(float(keras.ops.convert_to_numpy(heavy)), np.mean(np.arange(1, b + 1) * per), rtol=1e-5)
 

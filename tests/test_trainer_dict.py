@@ -151,7 +151,7 @@ def single_input_model() -> Any:
     (lambda p: DQN(goal_model(BitFlip(6)), p, her_n_sampled_goal=4, **SMALL).fit(BitFlip(6), 200, compute_reward=3),
      "compute_reward is 3"),
     (lambda p: DQN(goal_model(BitFlip(6)), p, **SMALL).fit(BitFlip(6), 200, eval_env=BitFlip(7)),
-     "Q-network takes stacks of \\{achieved_goal: \\(1, 6\\) float32"),
+     "model takes stacks of \\{achieved_goal: \\(1, 6\\) float32"),
     (lambda p: DQN(goal_model(BitFlip(6)), p, **SMALL).fit(
         gym.wrappers.TransformObservation(BitFlip(6), lambda o: {"inner": o}, gym.spaces.Dict({"inner": BitFlip(6).observation_space})),
         200), "cannot take the store's stacks, batches of \\{inner: \\{achieved_goal: .*that structure of stacks"),

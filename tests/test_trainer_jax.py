@@ -32,8 +32,21 @@ stack_shape = tuple(int(x) for x in data["stack_shape"])
 from replaystore.trainer.learner import make_learner
 from replaystore.trainer.models import q_network
 from replaystore.trainer.qrdqn import QRDQN
+from replaystore.trainer.actions import ActionSpec
+from replaystore.trainer.sac import SAC, sac_model
 n = int(data["quantiles"])
-if n:  # QR-DQN's head: n quantiles per action
+rule, actions = (QRDQN(n) if n > 0 else None), None
+if n < 0:  # SAC: Box actions of 2 values in [-1, 2] (frames scaled: saturated tanh's rounding differs by backend)
+    def critic(name):
+        stack, action = keras.Input(stack_shape, dtype="uint8"), keras.Input((2,))
+        x = keras.layers.Concatenate()([keras.layers.Flatten()(keras.layers.Rescaling(1 / 255)(stack)), action])
+        return keras.Model([stack, action], keras.layers.Dense(1)(keras.layers.Dense(16, activation="relu")(x)), name=name)
+    actor = keras.Sequential([keras.Input(stack_shape, dtype="uint8"), keras.layers.Rescaling(1 / 255),
+                              keras.layers.Flatten(), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(4),
+                              keras.layers.Reshape((2, 2))], name="actor")
+    model = sac_model(actor, critic("critic"), critic("twin"))
+    rule, actions = SAC(), ActionSpec(shape=(2,), low=(-1.0, -1.0), high=(2.0, 2.0))
+elif n:  # QR-DQN's head: n quantiles per action
     model = keras.Sequential([keras.Input(stack_shape, dtype="uint8"), keras.layers.Rescaling(1 / 255),
                               keras.layers.Flatten(), keras.layers.Dense(16, activation="relu"),
                               keras.layers.Dense(3 * n), keras.layers.Reshape((3, n))])
@@ -43,11 +56,13 @@ else:
 # with 1e-7 a gradient element near zero (a conv weight behind a dead unit) turns a 1e-8 difference
 # between the backends' float sums into a 1e-3 difference in the weight (it failed 44 of 8192 once)
 agent = make_learner(model, keras.optimizers.Adam(1e-3, epsilon=1e-3, global_clipnorm=10.0), stack_shape=stack_shape,
-                     dtype=np.uint8, target_every=1000, tau=1.0, rule=QRDQN(n) if n else None)
+                     dtype=np.uint8, target_every=1000, tau=1.0, rule=rule, actions=actions, seed=5)
 if "online/0" in data:
     agent.load_state({part: [data[f"{part}/{i}"] for i in range(int(data[f"{part}_n"]))]
                       for part in ("online", "target", "optimizer")})
 batch = {k[6:]: data[k] for k in data.files if k.startswith("batch/")}
+if n < 0:
+    batch["action"] = np.random.default_rng(3).uniform(-1, 2, (len(batch["reward"]), 2)).astype(np.float32)
 out = {}
 for part, arrays in agent.state().items():
     out[f"{part}_n"] = len(arrays)
@@ -76,12 +91,13 @@ def _batch(stack_shape: tuple[int, ...], n: int, seed: int) -> dict[str, np.ndar
 
 
 @pytest.mark.parametrize(("stack_shape", "quantiles"), [
-    pytest.param((2, 5), 0, id="mlp"), pytest.param((2, 5), 4, id="qr-dqn"),
+    pytest.param((2, 5), 0, id="mlp"), pytest.param((2, 5), 4, id="qr-dqn"), pytest.param((2, 5), -1, id="sac"),
     pytest.param((4, 84, 84), 0, id="nature-cnn", marks=pytest.mark.slow)])  # (~25 s)
 def test_jax_torch_and_tensorflow_steps_agree(tmp_path: Path, stack_shape: tuple[int, ...], quantiles: int) -> None:
     """TensorFlow makes the weights and takes a step; JAX and PyTorch load the same weights and take
     the same step: the same loss, |td| and weights after (the same optimizer arithmetic, to float
-    tolerance), for double DQN's rule and QR-DQN's."""
+    tolerance), for double DQN's rule, QR-DQN's and SAC's (its networks kept to their own losses by
+    each backend's stop_gradient)."""
     batch = {f"batch/{k}": v for k, v in _batch(stack_shape, 8, 0).items()}
     np.savez(tmp_path / "in.npz", stack_shape=np.array(stack_shape), quantiles=quantiles, **batch)
     _python(STEP, str(tmp_path / "in.npz"), str(tmp_path / "tf.npz"), backend="tensorflow")

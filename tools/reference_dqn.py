@@ -6,14 +6,17 @@ hyperparameters, mapped onto its names (``ours``, below), and the same network (
 Goal: our median >= SB3's on each env. With ``--algo qrdqn`` the same for QR-DQN: sb3-contrib's
 ``QRDQN`` with the zoo's hyperparams/qrdqn.yml (dqn.yml's values for these envs, and
 ``n_quantiles``), beside ``DQN(..., rule=QRDQN(n_quantiles))`` with sb3-contrib's optimizer (Adam,
-epsilon ``0.01 / batch_size``, no gradient clipping) and its quantile network. The lib ``defaults`` is ours as a user meets it: the
+epsilon ``0.01 / batch_size``, no gradient clipping) and its quantile network. With ``--algo sac``
+(``--envs Pendulum-v1``) SB3's ``SAC`` with the zoo's hyperparams/sac.yml beside ``DQN(...,
+rule=SAC())`` with the same hyperparameters and SB3's networks (``sac_network``), a gradient step
+after each env step as SB3 takes it. The lib ``defaults`` is ours as a user meets it: the
 README's model (256x256, Keras' initialization) and no hyperparameter given but the seed, so the
 classic-control preset (config.PRESETS) and a 1M-step store, on the same budget.
 docs/benchmarks.md, "DQN beside Stable-Baselines3", has the tables.
 
     python tools/reference_dqn.py --out tools/out/reference_dqn.jsonl [--envs CartPole-v1,Acrobot-v1,MountainCar-v0]
         [--seeds 1,2,3,4,5] [--libs replaystore,sb3[,defaults]] [--backend jax] [--jobs 2] [--scale 1.0]
-        [--algo dqn|qrdqn]
+        [--algo dqn|qrdqn|sac]
 
 ``--scale`` multiplies every budget (0.05 for a rehearsal). ``--backend`` is the Keras backend ours
 runs on (JAX by default: the same learning as TensorFlow's, in about half the time here).
@@ -47,6 +50,10 @@ ZOO: dict[str, dict[str, Any]] = {
 
 #: rl-baselines3-zoo's hyperparams/qrdqn.yml: dqn.yml's values for these envs, with these quantiles
 QUANTILES = {"CartPole-v1": 10, "Acrobot-v1": 25, "MountainCar-v0": 25}
+
+#: rl-baselines3-zoo's hyperparams/sac.yml (SB3's SAC defaults otherwise: batch 256, buffer 1M, learning
+#: from step 100, tau 0.005, gamma 0.99, a gradient step per env step, ent_coef "auto", 256x256 networks)
+ZOO_SAC: dict[str, dict[str, Any]] = {"Pendulum-v1": {"n_timesteps": 20_000, "learning_rate": 1e-3}}
 
 
 def ours(zoo: dict[str, Any]) -> dict[str, Any]:
@@ -94,6 +101,73 @@ def sb3_network(n_inputs: int, n_actions: int, quantiles: int = 0) -> Any:
                              dense(256, 256, "relu"), *head])
 
 
+def sac_network(n_inputs: int, size: int, *, torch_init: bool = True) -> Any:
+    """SB3's SAC networks as ``sac_model``'s parts: an actor and two critics of 256x256 ReLU, each
+    layer initialized as PyTorch's ``nn.Linear`` is (``torch_init``; else Keras' own, ``sac_mlp``)."""
+    import keras
+
+    from replaystore.trainer import sac_mlp, sac_model
+
+    if not torch_init:
+        return sac_mlp((1, n_inputs), size)
+
+    def dense(units: int, fan_in: int, activation: str | None = None) -> Any:
+        bound = 1 / fan_in ** 0.5
+        return keras.layers.Dense(units, activation=activation,
+                                  kernel_initializer=keras.initializers.VarianceScaling(1 / 3, "fan_in", "uniform"),
+                                  bias_initializer=keras.initializers.RandomUniform(-bound, bound))
+
+    def critic(name: str) -> Any:
+        stack, action = keras.Input((1, n_inputs), name="stack"), keras.Input((size,), name="action")
+        x = keras.layers.Concatenate()([keras.layers.Flatten()(stack), action])
+        x = dense(256, 256, "relu")(dense(256, n_inputs + size, "relu")(x))
+        return keras.Model([stack, action], dense(1, 256)(x), name=name)
+
+    actor = keras.Sequential([keras.Input((1, n_inputs)), keras.layers.Flatten(), dense(256, n_inputs, "relu"),
+                              dense(256, 256, "relu"), dense(2 * size, 256), keras.layers.Reshape((2, size))],
+                             name="actor")
+    return sac_model(actor, critic("critic"), critic("critic_twin"))
+
+
+def sac_child(run: dict[str, Any], steps: int) -> list[float]:
+    """One SAC run (SB3's, or ours on SB3's schedule) and its final greedy returns."""
+    import gymnasium as gym
+
+    zoo = ZOO_SAC[run["env"]]
+    if run["lib"] == "sb3":
+        import torch
+        import triton  # noqa: F401  (as in child)
+        from stable_baselines3 import SAC as SB3SAC
+        from stable_baselines3.common.evaluation import evaluate_policy
+
+        torch.set_num_threads(1)
+        model = SB3SAC("MlpPolicy", gym.make(run["env"]), seed=run["seed"], learning_rate=zoo["learning_rate"])
+        model.learn(steps)
+        eval_env = gym.make(run["env"])
+        eval_env.reset(seed=10_000 + run["seed"])
+        returns, _ = evaluate_policy(model, eval_env, n_eval_episodes=run["episodes"], deterministic=True,
+                                     return_episode_rewards=True)
+        return [float(r) for r in returns]
+    import keras
+
+    from replaystore.trainer import DQN, SAC
+
+    keras.utils.set_random_seed(run["seed"])
+    env = gym.make(run["env"])
+    n_inputs, size = int(env.observation_space.shape[0]), int(env.action_space.shape[0])
+    where = Path(tempfile.mkdtemp(prefix="reference-")) / "replay.zarr"
+    if run["lib"] == "defaults":
+        agent = DQN(sac_network(n_inputs, size, torch_init=False), where, rule=SAC(), seed=run["seed"],
+                    learning_rate=zoo["learning_rate"])
+    else:  # SB3's schedule: one gradient step after each env step, in lockstep
+        agent = DQN(sac_network(n_inputs, size), where, rule=SAC(), seed=run["seed"],
+                    learning_rate=zoo["learning_rate"], replay_ratio=0, steps_per_call=1)
+    agent.fit(env, steps)
+    returns = agent.evaluate(gym.make(run["env"]), episodes=run["episodes"], seed=10_000 + run["seed"])
+    agent.close()
+    return returns
+
+
 def readme_network(n_inputs: int, n_actions: int) -> Any:
     """The README's Q-network: 256x256 ReLU with Keras' initialization, on stacks of one frame."""
     import keras
@@ -106,9 +180,15 @@ def readme_network(n_inputs: int, n_actions: int) -> Any:
 def child(run: dict[str, Any]) -> None:
     import gymnasium as gym
 
+    t0 = time.perf_counter()
+    if run.get("algo") == "sac":
+        steps = int(ZOO_SAC[run["env"]]["n_timesteps"] * run["scale"])
+        returns = sac_child(run, steps)
+        print(json.dumps({"score": float(sum(returns) / len(returns)), "steps": steps,
+                          "fit_s": round(time.perf_counter() - t0, 1)}))
+        return
     zoo, steps = ZOO[run["env"]], int(ZOO[run["env"]]["n_timesteps"] * run["scale"])
     quantiles = QUANTILES[run["env"]] if run.get("algo") == "qrdqn" else 0
-    t0 = time.perf_counter()
     if run["lib"] == "sb3":
         import torch
         import triton  # noqa: F401  (torch's triton before SB3 loads TensorFlow: both bundle LLVM; tests/conftest.py)
@@ -157,18 +237,19 @@ def child(run: dict[str, Any]) -> None:
 
 def main() -> int:
     p = seeds.parser(__doc__.split("\n\n")[0])
-    p.add_argument("--envs", default=",".join(ZOO))
+    p.add_argument("--envs", default="", help="comma-separated env ids (default: the algorithm's zoo envs)")
     p.add_argument("--libs", default="replaystore,sb3")
     p.add_argument("--scale", type=float, default=1.0)
     p.add_argument("--backend", default="jax", choices=["jax", "tensorflow", "torch"])
-    p.add_argument("--algo", default="dqn", choices=["dqn", "qrdqn"])
+    p.add_argument("--algo", default="dqn", choices=["dqn", "qrdqn", "sac"])
     args = p.parse_args()
     if args.child:
         child(json.loads(args.child))
         return 0
+    envs = args.envs or ",".join(ZOO_SAC if args.algo == "sac" else ZOO)
     runs = [{"env": e, "lib": lib, "seed": int(s), "scale": args.scale, "episodes": args.episodes,
              **({"backend": args.backend} if lib != "sb3" else {}), **({"algo": args.algo} if args.algo != "dqn" else {})}
-            for e in args.envs.split(",") for s in args.seeds.split(",") for lib in args.libs.split(",")]
+            for e in envs.split(",") for s in args.seeds.split(",") for lib in args.libs.split(",")]
     rows = seeds.run_all(Path(__file__), runs, args.out, args.jobs,
                          env=lambda run: {"TF_CPP_MIN_LOG_LEVEL": "3", "OMP_NUM_THREADS": "1",
                                           "KERAS_BACKEND": run.get("backend", "tensorflow")})

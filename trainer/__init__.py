@@ -3,7 +3,8 @@
     from replaystore.trainer import DQN, nature_cnn, mlp
 
 ``DQN`` (agent.py) fits a Keras model on a gymnasium env (or a vector env) with Keras callbacks, by
-double DQN or, with ``rule=QRDQN(...)`` (qrdqn.py), quantile regression;
+double DQN or, with ``rule=QRDQN(...)`` (qrdqn.py), quantile regression, or on ``Box`` actions with
+``rule=SAC()`` (sac.py: soft actor-critic, its model made by ``sac_model`` or ``sac_mlp``);
 ``nature_cnn``, ``mlp``, ``embedded_mlp`` and ``dict_mlp`` (models.py) are ready-made Q-networks;
 ``make_vector_env`` (envs.py) the command line's vector envs (``halves=True``: a ``HalvedVectorEnv``,
 which ``fit`` steps a half at a time); ``replaystore-train`` (cli.py) is
@@ -29,15 +30,18 @@ if TYPE_CHECKING:
     from .models import Dueling, ModelError, check_model, dict_mlp, embedded_mlp, mlp, nature_cnn
     from .qrdqn import QRDQN
     from .rundir import load_run
+    from .sac import SAC, EntropyWeight, sac_actor, sac_critic, sac_mlp, sac_model
     from .stacks import StackSpec
 
-__all__ = ["DQN", "DQNConfig", "Dueling", "HalvedVectorEnv", "ModelError", "QRDQN", "StackSpec", "TrainerError", "check_model",
-           "dict_mlp", "embedded_mlp", "load_run", "make_vector_env", "mlp", "nature_cnn"]
+__all__ = ["DQN", "DQNConfig", "Dueling", "EntropyWeight", "HalvedVectorEnv", "ModelError", "QRDQN", "SAC", "StackSpec",
+           "TrainerError", "check_model", "dict_mlp", "embedded_mlp", "load_run", "make_vector_env", "mlp", "nature_cnn",
+           "sac_actor", "sac_critic", "sac_mlp", "sac_model"]
 
 _WHERE = {"DQN": "agent", "DQNConfig": "config", "TrainerError": "config", "ModelError": "models", "Dueling": "models",
           "check_model": "models", "mlp": "models", "nature_cnn": "models", "embedded_mlp": "models",
           "dict_mlp": "models", "load_run": "rundir", "StackSpec": "stacks", "HalvedVectorEnv": "envs",
-          "make_vector_env": "envs", "QRDQN": "qrdqn"}
+          "make_vector_env": "envs", "QRDQN": "qrdqn", "SAC": "sac", "EntropyWeight": "sac", "sac_actor": "sac",
+          "sac_critic": "sac", "sac_mlp": "sac", "sac_model": "sac"}
 
 
 def __getattr__(name: str) -> Any:

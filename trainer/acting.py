@@ -11,7 +11,7 @@ episode that ended])`` and ``close()``.
   the streams, in turn: one half's envs step while the other's moves are written and its next
   actions picked (the forward pass on a GPU was 41-57% of acting time when it waited for the envs).
 
-Both act epsilon-greedily on frame stacks built exactly as the store builds them at sample time (the
+Both act epsilon-greedily (a policy: on its own samples, explore.py) on frame stacks built exactly as the store builds them at sample time (the
 episode's first frame repeated as padding). With ``clip_reward`` the store learns from the sign of
 the reward; with ``terminal_on_life_loss`` a lost life (``info["lives"]``) ends the store's episode
 while the game goes on. The returns reported are raw game scores over all lives (what the
@@ -27,12 +27,13 @@ import numpy as np
 
 from replaystore import ReplayStore
 
+from .actions import ActionSpec
 from .config import TrainerError
 from .envs import FrameStacker, vector_frames
-from .explore import Act, epsilon_greedy, lives_in, lost_life
+from .explore import Act, epsilon_greedy, exploring, lives_in, lost_life
 from .stacks import StackSpec, one_of, push_frames, stacks_of
 
-__all__ = ["Act", "EnvActing", "PipelinedActing", "VectorActing", "acting_on", "info_extras"]
+__all__ = ["Act", "EnvActing", "PipelinedActing", "VectorActing", "acting_on", "exploring", "info_extras"]
 
 
 def info_extras(store: ReplayStore, info: Any, n: int | None = None) -> dict[str, Any] | None:
@@ -66,7 +67,7 @@ class EnvActing:
                  seed: int) -> None:
         self.env, self.store = env, store
         self.clip, self.life_loss = clip_reward, terminal_on_life_loss
-        self.n_actions = int(env.action_space.n)
+        self.actions = ActionSpec.of_space(env.action_space)
         self.stacker = FrameStacker(StackSpec.of_space(env.observation_space, store.frame_stack))
         self.obs, info = env.reset(seed=seed)
         env.action_space.seed(seed)
@@ -80,7 +81,7 @@ class EnvActing:
         pass
 
     def step(self, act: Act, epsilon: float, rng: np.random.Generator) -> tuple[int, list[tuple[float, int]]]:
-        action = int(epsilon_greedy(act, one_of(self.stacker.stack), None, self.n_actions, epsilon, rng)[0])
+        action = self.actions.one(epsilon_greedy(act, one_of(self.stacker.stack), None, self.actions, epsilon, rng))
         next_obs, reward, terminated, truncated, info = self.env.step(action)
         lives = lives_in(info)
         lost = lost_life(self.lives, lives)
@@ -120,7 +121,7 @@ class VectorActing:
         self.envs, self.store, self.owned = envs, store, owned
         self.n = int(envs.num_envs)
         self.streams = None if streams is None or len(streams) == len(store.writing) else list(streams)
-        self.n_actions = int(envs.single_action_space.n)
+        self.actions = ActionSpec.of_space(envs.single_action_space)
         self.clip, self.life_loss = clip_reward, terminal_on_life_loss
         mode = envs.metadata.get("autoreset_mode", "next_step")
         self.mode = str(getattr(mode, "value", mode)).lower().replace("nextstep", "next_step").replace("samestep",
@@ -147,7 +148,7 @@ class VectorActing:
 
     def choose(self, act: Act, epsilon: float, rng: np.random.Generator) -> np.ndarray:
         """Each env's next action: greedy on its stack, or random with probability ``epsilon``."""
-        return epsilon_greedy(act, self.stacks, self.n, self.n_actions, epsilon, rng)
+        return epsilon_greedy(act, self.stacks, self.n, self.actions, epsilon, rng)
 
     def record(self, actions: np.ndarray, next_obs: Any, reward: np.ndarray, terminated: np.ndarray,
                truncated: np.ndarray, info: dict[str, Any]) -> tuple[int, list[tuple[float, int]]]:

@@ -106,7 +106,8 @@ class ActorProcess:
         import gymnasium as gym
         import keras
 
-        from .acting import VectorActing
+        from .acting import VectorActing, exploring
+        from .actions import ActionSpec
         from .envs import make_vector_env
         from .learner import make_learner
         from .models import Loading
@@ -126,9 +127,11 @@ class ActorProcess:
             model = Loading(plan.custom_objects, plan.safe_mode).load(Path(tmp) / "model.keras")
         stacks = StackSpec.of_space(self.store.observation_space, plan.frame_stack)
         self.learner = make_learner(model, keras.optimizers.Adam(), stacks=stacks, target_every=1, tau=1.0,
-                                    rule=rule_from_json(plan.rule, "the actor plan"))  # it acts: weights come from the learner
+                                    rule=rule_from_json(plan.rule, "the actor plan"),
+                                    actions=ActionSpec.of_space(self.store.action_space))  # it acts: weights come from the learner
         seed = plan.seed + 104_729 * (index + 1) + 7919 * incarnation
         self.rng = np.random.default_rng(seed)
+        self.act = exploring(self.learner, self.rng)
         if plan.env_spec is not None:
             spec = plan.env_spec
             envs = gym.vector.SyncVectorEnv([lambda: gym.make(spec)] * plan.envs_per_actor)
@@ -166,7 +169,7 @@ class ActorProcess:
                     continue
                 for _ in range(SYNC_STEPS):
                     epsilon = linear_schedule(plan.start_e, plan.end_e, duration, total + pending)
-                    moved, ended = self.acting.step(self.learner.act_batch, epsilon, self.rng)
+                    moved, ended = self.acting.step(self.act, epsilon, self.rng)
                     pending += moved
                     episodes.extend(ended)
                 taken += pending

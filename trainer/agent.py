@@ -33,7 +33,8 @@ import numpy as np
 from replaystore import ReplayStore
 
 from . import persist
-from .acting import acting_on
+from .acting import acting_on, exploring
+from .actions import ActionSpec
 from .actorplan import check_actors, plan_for
 from .actors import ActorSource
 from .callbacks import Hooks, keeping_best, kept_best
@@ -70,13 +71,15 @@ class DQN:
         saved model is read back (as ``DQN.load``), checked before ``fit`` or ``save`` writes it.
         ``rule``: the learning rule, ``QRDQN(n_quantiles)`` for quantile regression (the model then
         gives ``(n_actions, n_quantiles)`` per stack); double DQN when left out."""
-        self.config = config_from(hyperparameters)
-        self.rule = check_rule(rule) if rule is not None else DoubleDQN(self.config.cql_alpha)
+        given_rule = check_rule(rule) if rule is not None else None
+        self.config = config_from({**(given_rule.defaults() if given_rule is not None else {}), **hyperparameters})
+        self.rule = given_rule if given_rule is not None else DoubleDQN(self.config.cql_alpha)
         self.rule.check_run(self.config)
         self.model = model
         given = optimizer or getattr(model, "optimizer", None)
         rate = self.config.learning_rate or PRESETS["vectors"]["learning_rate"]  # (set again once the frames are known)
-        self.optimizer = given or keras.optimizers.Adam(learning_rate=rate, global_clipnorm=MAX_GRAD_NORM)
+        self.optimizer = given or keras.optimizers.Adam(learning_rate=rate,
+                                                        global_clipnorm=MAX_GRAD_NORM if self.rule.clips else None)
         self.preset_rate = given is None and self.config.learning_rate is None
         if getattr(model, "optimizer", None) is not self.optimizer:
             model.optimizer = self.optimizer  # what compile() sets; callbacks read it (TensorBoard's learning rate)
@@ -84,7 +87,7 @@ class DQN:
                                  storage_options=storage_options)
         self.learner: Learner | None = None
         self.stacks: StackSpec | None = None  # the Q-network's input (trainer/stacks.py)
-        self.n_actions = 0
+        self.actions: ActionSpec | None = None  # what it acts in (trainer/actions.py)
         self.state = RunState(epsilon=self.config.start_e)
         self.rng = np.random.default_rng(self.config.seed)
         self.resumed = False  # loaded from a checkpoint: the next fit closes the store's unfinished episode
@@ -103,13 +106,13 @@ class DQN:
         store's stacks when it is open, else for these spaces (an env's) and the agent's frame
         stack (``load_run`` of a run directory without its store)."""
         if self.learner is None:
-            self.replay.check_learnable(observation_space, action_space)
+            actions = self.replay.check_learnable(observation_space, action_space, self.rule)
             stack = self.store.frame_stack if self.store is not None else self.replay.default_stack(observation_space)
-            self.build_for(StackSpec.of_space(observation_space, stack), int(action_space.n))
+            self.build_for(StackSpec.of_space(observation_space, stack), actions)
         assert self.learner is not None
         return self.learner
 
-    def build_for(self, stacks: StackSpec, n_actions: int) -> None:
+    def build_for(self, stacks: StackSpec, actions: ActionSpec | int) -> None:
         """Make the learner for these stacks and actions (a saved agent's: ``agent.json``); the
         hyperparameters not given take their preset's values for these frames."""
         if not self.config.filled:
@@ -118,10 +121,11 @@ class DQN:
                 self.optimizer.learning_rate = self.config.learning_rate
         if self.config.her_n_sampled_goal:
             check_goals(stacks)
-        check_model(self.model, stacks, n_actions, self.rule)
+        actions = ActionSpec.of(actions)
+        check_model(self.model, stacks, actions, self.rule)
         self.learner = make_learner(self.model, self.optimizer, stacks=stacks, target_every=self.config.target_every(),
-                                    tau=self.config.tau, rule=self.rule)
-        self.stacks, self.n_actions = stacks, n_actions
+                                    tau=self.config.tau, rule=self.rule, actions=actions, seed=self.config.seed)
+        self.stacks, self.actions = stacks, actions
         self.replay.stacks = stacks
 
     @property
@@ -145,7 +149,7 @@ class DQN:
 
     # Acting -------------------------------------------------------------------------------------
 
-    def act(self, obs: Any, *, restart: bool | np.ndarray = False) -> int | np.ndarray:
+    def act(self, obs: Any, *, restart: bool | np.ndarray = False) -> Any:
         """The greedy action for what an env returns, or for stacks as the store returns them:
 
         - one env's observation (``env.reset()``'s or ``env.step()``'s, a frame): the agent keeps
@@ -164,7 +168,7 @@ class DQN:
         else:
             batch, single = self.stacks.batch(obs)
         actions = learner.act_batch(batch)
-        return int(actions[0]) if single else actions
+        return learner.actions.one(actions) if single else actions
 
     def reset(self) -> None:  # (forget the frames act kept: the next observations begin new episodes)
         self.frames.reset()
@@ -230,7 +234,8 @@ class DQN:
             reward = choose_reward(config, compute_reward, env)
             if eval_env is not None:  # refused now, not at the first evaluation
                 assert self.stacks is not None
-                check_for_network(*env_spaces(eval_env), self.stacks, self.n_actions)
+                assert self.actions is not None
+                check_for_network(*env_spaces(eval_env), self.stacks, self.actions)
             if state.global_step < total_timesteps and config.learning_starts >= total_timesteps:
                 raise TrainerError(f"learning_starts is {config.learning_starts:,}, not below total_timesteps "
                                    f"{total_timesteps:,}: the run would take no gradient step; lower learning_starts")
@@ -266,7 +271,7 @@ class DQN:
         elif source is None:
             source = acting_on(env, store, config, seed=config.seed + 7919 * state.resumes)
         evaluate = self._evaluator(eval_env, eval_episodes, eval_epsilon, eval_seed)
-        run = Run(config, store, learning, state, hooks, act=learner.act_batch, rng=self.rng,
+        run = Run(config, store, learning, state, hooks, act=exploring(learner, self.rng), rng=self.rng,
                   total_timesteps=total_timesteps, evaluate=evaluate, eval_frequency=eval_frequency,
                   checkpoint=write, checkpoint_frequency=checkpoint_frequency, should_stop=stop)
         hooks.train_begin()
@@ -337,8 +342,8 @@ class DQN:
         """``evaluate``'s games, as ``Played``: each game's raw return, and for a goal env (one that
         reports ``info["is_success"]`` at a game's end) whether it reached its goal. ``on_game`` is
         called with each game's return as the game ends."""
-        assert self.stacks is not None
-        return play(env, self.built(), self.stacks, self.n_actions, episodes, epsilon=epsilon,
+        assert self.stacks is not None and self.actions is not None
+        return play(env, self.built(), self.stacks, self.actions, episodes, epsilon=epsilon,
                     seed=self.config.seed + 100_000 if seed is None else seed,
                     life_loss=self.config.terminal_on_life_loss, on_game=on_game)
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from replaystore.storage.readfile import npz_arrays, read_text
 
+from .actions import ActionSpec
 from .config import TrainerError
 from .stacks import StackSpec
 
@@ -182,14 +183,15 @@ def load_agent(directory: Path, loading: Any) -> tuple[
     return model, doc, saved
 
 
-def saved_stacks(directory: Path, doc: dict[str, Any]) -> tuple[StackSpec, int] | None:
+def saved_stacks(directory: Path, doc: dict[str, Any]) -> tuple[StackSpec, ActionSpec] | None:
     """The Q-network's stacks and actions as ``agent.json`` keeps them (None in an agent saved before
     they were kept); TrainerError if they are damaged."""
     stacks = doc.get("stacks")
     if stacks is None:
         return None
     try:
-        return StackSpec.from_json(stacks)
+        spec, actions = StackSpec.from_json(stacks)
+        return spec, ActionSpec.from_json(actions)
     except (KeyError, TypeError, ValueError) as exc:
         raise TrainerError(f"{directory / AGENT_FILE} is damaged: its stacks are {stacks!r} ({type(exc).__name__}); "
                            "put back a copy of the file") from None

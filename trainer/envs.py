@@ -22,6 +22,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from .actions import ActionSpec
 from .config import TrainerError, image_frames
 from .stacks import StackSpec, tree_map
 
@@ -293,13 +294,14 @@ def env_spaces(env: Any) -> tuple[Any, Any]:
     """The observation space of one frame and the action space of ``env`` (a gymnasium env or a
     vector env); TrainerError unless they are a Box (or a Discrete, MultiBinary or MultiDiscrete:
     stacks of their ints, which the model embeds; or Dicts and Tuples of those: their structure of
-    stacks) and a Discrete."""
+    stacks) and a Discrete or a bounded Box (whose rule learns them is checked when the model is built)."""
     vector = hasattr(env, "num_envs")
     observation_space = vector_frame_space(env) if vector else env.observation_space
     action_space = env.single_action_space if vector else env.action_space
-    if not isinstance(action_space, gym.spaces.Discrete):
-        raise TrainerError(f"the environment's action space is {action_space}; DQN needs a Discrete one "
-                           "(one Q-value per action)")
+    try:
+        ActionSpec.of_space(action_space)
+    except TrainerError as exc:
+        raise TrainerError(f"the environment has {exc}") from None
     if not stackable(observation_space):
         raise TrainerError(f"the environment's observation space is {observation_space}; this DQN takes Box, "
                            "Discrete, MultiBinary or MultiDiscrete observations, or Dicts and Tuples of them (stacked): "

@@ -14,6 +14,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from .actions import ActionSpec
 from .config import TrainerError, check_count
 from .envs import env_spaces, vector_frames
 from .explore import epsilon_greedy, lives_in, lost_life
@@ -31,12 +32,12 @@ class Played:
     successes: list[bool] = field(default_factory=list)
 
 
-def play(env: Any, learner: Learner, stacks: StackSpec, n_actions: int, episodes: int, *, epsilon: float, seed: int,
+def play(env: Any, learner: Learner, stacks: StackSpec, actions: ActionSpec, episodes: int, *, epsilon: float, seed: int,
          life_loss: bool, on_game: Callable[[float], None] | None = None) -> Played:
     """``episodes`` games on ``env`` (a gymnasium env or a vector env), checked
     first: an env whose frames or actions the Q-network cannot take, no games, or an ``epsilon``
     outside [0, 1] is a TrainerError. ``on_game`` gets each game's return as the game ends."""
-    check_for_network(*env_spaces(env), stacks, n_actions)
+    check_for_network(*env_spaces(env), stacks, actions)
     check_count("episodes", episodes, least=1)
     if not 0.0 <= epsilon <= 1.0:
         raise TrainerError(f"epsilon is {epsilon!r}; it must be in [0, 1]")
@@ -60,8 +61,8 @@ def evaluate_vector(envs: Any, learner: Learner, episodes: int, epsilon: float, 
     resetting = np.zeros(n, dtype=bool)
     lives = lives_in(info)
     while len(out.returns) < episodes:
-        actions = epsilon_greedy(learner.act_batch, batch, n, int(envs.single_action_space.n), epsilon, rng)
-        obs, reward, terminated, truncated, info = envs.step(actions)
+        moves = epsilon_greedy(learner.act_batch, batch, n, learner.actions, epsilon, rng)
+        obs, reward, terminated, truncated, info = envs.step(moves)
         frames = vector_frames(obs)
         totals += np.where(resetting, 0.0, reward)
         done = terminated | truncated

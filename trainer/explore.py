@@ -1,6 +1,7 @@
 """How acting picks moves and reads lives, written once for training (acting.py) and evaluation
-(evaluation.py): epsilon-greedy over the learner's greedy actions, and the life-loss rule (a game's
-``info["lives"]`` falling ends the store's episode while the game goes on)."""
+(evaluation.py): epsilon-greedy over the learner's actions (greedy ones, or a policy's samples:
+``exploring``), and the life-loss rule (a game's ``info["lives"]`` falling ends the store's
+episode while the game goes on)."""
 
 from __future__ import annotations
 
@@ -9,24 +10,32 @@ from typing import Any
 
 import numpy as np
 
-Act = Callable[[Any], np.ndarray]  # (n, frame_stack, *frame) stacks (a Dict env's: a dict of them) -> n greedy actions
+from .actions import ActionSpec
+
+Act = Callable[[Any], np.ndarray]  # (n, frame_stack, *frame) stacks (a Dict env's: a dict of them) -> n actions
 
 
-def epsilon_greedy(act: Act, stacks: Any, n: int | None, n_actions: int, epsilon: float,
+def exploring(learner: Any, rng: np.random.Generator) -> Act:
+    """The learner's actions to explore with: the greedy ones of a value rule (which explores
+    epsilon-greedily, drawing nothing from ``rng``), a policy's samples drawn from ``rng``."""
+    return lambda stacks: learner.act_batch(stacks, rng)
+
+
+def epsilon_greedy(act: Act, stacks: Any, n: int | None, actions: ActionSpec, epsilon: float,
                    rng: np.random.Generator) -> np.ndarray:
-    """Each of ``n`` envs' next action: greedy on its stack (``act``), or with probability ``epsilon``
-    uniform among ``n_actions``. ``n`` None is one env (``stacks`` a batch of one): one draw, and a
+    """Each of ``n`` envs' next action: ``act``'s on its stack, or with probability ``epsilon``
+    uniform among ``actions``. ``n`` None is one env (``stacks`` a batch of one): one draw, and a
     second only when it explores, so a seeded single-env run draws what it always drew; a vector
     env's draws ``n`` of each, and the forward pass is skipped when every env explores."""
     if n is None:
         if rng.random() < epsilon:
-            return np.array([int(rng.integers(n_actions))])
+            return actions.random(None, rng)
         return np.asarray(act(stacks))[:1]
     explore = rng.random(n) < epsilon
-    actions = rng.integers(n_actions, size=n)
+    chosen = actions.random(n, rng)
     if not explore.all():
-        actions = np.where(explore, actions, act(stacks))
-    return actions
+        chosen = np.where(explore.reshape(n, *[1] * (chosen.ndim - 1)), chosen, act(stacks))
+    return chosen
 
 
 def lives_in(info: Any) -> Any:

@@ -38,6 +38,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from .actions import ActionSpec
 from .config import TrainerError
 from .learnerbase import MAX_GRAD_NORM, TRAIN_FIELDS, Learner, WeightsInModel, target_update, td_loss
 from .rule import Rule
@@ -49,10 +50,11 @@ __all__ = ["MAX_GRAD_NORM", "TRAIN_FIELDS", "JaxLearner", "Learner", "TensorFlow
 
 def make_learner(model: keras.Model, optimizer: keras.optimizers.Optimizer, *, stacks: StackSpec | None = None,
                  stack_shape: Sequence[int] | None = None, dtype: Any = None, target_every: int, tau: float,
-                 rule: Rule | None = None) -> Learner:
+                 rule: Rule | None = None, actions: ActionSpec | None = None, seed: int = 0) -> Learner:
     """The learner for the backend Keras runs on (``KERAS_BACKEND``: tensorflow, jax or torch), for the model's
     input ``stacks`` (or one array of stacks shaped ``stack_shape`` of ``dtype``), learning by ``rule``
-    (double DQN when None)."""
+    (double DQN when None) in ``actions`` (Discrete, as many as the model's Q-values, when None);
+    ``seed`` seeds the noise of a rule that reads some (SAC's)."""
     if stacks is None:
         if stack_shape is None or dtype is None:
             raise TypeError("make_learner needs stacks=StackSpec(...) or stack_shape= and dtype=")
@@ -61,7 +63,7 @@ def make_learner(model: keras.Model, optimizer: keras.optimizers.Optimizer, *, s
     kinds: dict[str, type[Learner]] = {"tensorflow": TensorFlowLearner, "jax": JaxLearner, "torch": TorchLearner}
     if backend in kinds:
         return kinds[backend](model, optimizer, stacks=stacks, target_every=target_every, tau=tau,  # type: ignore[call-arg]
-                              rule=rule)
+                              rule=rule, actions=actions, seed=seed)
     raise TrainerError(f"Keras runs on {backend!r}; the DQN learner runs on 'tensorflow', 'jax' or 'torch' (set "
                        "KERAS_BACKEND before keras is imported)")
 
@@ -72,21 +74,23 @@ class TensorFlowLearner(WeightsInModel):
     backend = "tensorflow"
 
     def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer, *, stacks: StackSpec,
-                 target_every: int, tau: float, rule: Rule | None = None) -> None:
+                 target_every: int, tau: float, rule: Rule | None = None, actions: ActionSpec | None = None,
+                 seed: int = 0) -> None:
         import tensorflow as tf
 
-        super().__init__(model, optimizer, target_every=target_every, tau=tau, rule=rule)
+        super().__init__(model, optimizer, target_every=target_every, tau=tau, rule=rule, actions=actions, seed=seed)
         self.variables = list(model.trainable_variables)
         self.target = [tf.Variable(v.value, trainable=False) for v in model.trainable_variables]
         self.target_frozen = [tf.Variable(v.value, trainable=False) for v in model.non_trainable_variables]
-        self._q = tf.function(lambda x: self.rule.values(model(x)), input_signature=[stacks.tf_signature()])
+        self._q = tf.function(lambda x: self.rule.values(model(self.rule.inputs(x, self.actions))),
+                              input_signature=[stacks.tf_signature()])
         self._train = tf.function(self._train_block, reduce_retracing=True)
 
     def q_values(self, stacks: Any) -> np.ndarray:
         return np.asarray(self._q(stacks))
 
     def train_block(self, block: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        loss, q_mean, abs_td = self._train({name: block[name] for name in TRAIN_FIELDS})
+        loss, q_mean, abs_td = self._train(self.with_noise(block))
         return loss.numpy(), q_mean.numpy(), abs_td.numpy()
 
     def _train_block(self, block: dict[str, Any]) -> tuple[Any, Any, Any]:
@@ -97,12 +101,16 @@ class TensorFlowLearner(WeightsInModel):
         def target(stacks: Any) -> Any:
             return model.stateless_call(self.target, self.target_frozen, stacks)[0]
 
+        def fixed(stacks: Any) -> Any:
+            return model.stateless_call([tf.stop_gradient(v.value) for v in self.variables],
+                                        [v.value for v in model.non_trainable_variables], stacks)[0]
+
         k = tf.shape(block["action"])[0]
         losses, q_means, abs_tds = (tf.TensorArray(tf.float32, size=k) for _ in range(3))
         for i in tf.range(k):  # autograph: a tf.while_loop
             batch = {name: tf.nest.map_structure(lambda v: v[i], value) for name, value in block.items()}
             with tf.GradientTape() as tape:
-                loss, (q_mean, abs_td) = self.loss(model, target, batch)
+                loss, (q_mean, abs_td) = self.loss(model, target, fixed, batch)
             optimizer.apply_gradients(zip(tape.gradient(loss, self.variables), self.variables, strict=True))
             if optimizer.iterations % self.target_every == 0:
                 for t, o in zip(self.target, self.variables, strict=True):
@@ -129,8 +137,9 @@ class TorchLearner(WeightsInModel):
     backend = "torch"
 
     def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer, *, stacks: StackSpec,
-                 target_every: int, tau: float, rule: Rule | None = None) -> None:
-        super().__init__(model, optimizer, target_every=target_every, tau=tau, rule=rule)
+                 target_every: int, tau: float, rule: Rule | None = None, actions: ActionSpec | None = None,
+                 seed: int = 0) -> None:
+        super().__init__(model, optimizer, target_every=target_every, tau=tau, rule=rule, actions=actions, seed=seed)
         self.variables = list(model.trainable_variables)
         self.target = [v.value.detach().clone() for v in model.trainable_variables]
         self.target_frozen = [v.value.detach().clone() for v in model.non_trainable_variables]
@@ -154,12 +163,12 @@ class TorchLearner(WeightsInModel):
         import torch
 
         with torch.no_grad():
-            return self.rule.values(self.model(self._tensors(stacks))).cpu().numpy()
+            return self.rule.values(self.model(self.rule.inputs(self._tensors(stacks), self.actions))).cpu().numpy()
 
     def train_block(self, block: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         import torch
 
-        fields = {name: self._tensors(block[name]) for name in TRAIN_FIELDS}
+        fields = {name: self._tensors(value) for name, value in self.with_noise(block).items()}
         model, optimizer, variables = self.model, self.optimizer, self.variables
         parameters = [v.value for v in variables]
 
@@ -167,11 +176,15 @@ class TorchLearner(WeightsInModel):
             with torch.no_grad():
                 return model.stateless_call(self.target, self.target_frozen, stacks)[0]
 
+        def fixed(stacks: Any) -> Any:
+            return model.stateless_call([p.detach() for p in parameters],
+                                        [v.value for v in model.non_trainable_variables], stacks)[0]
+
         out: list[tuple[Any, Any, Any]] = []
         step = self.train_steps  # (read once: on a GPU each read of the counter waits for the device)
         for i in range(int(fields["action"].shape[0])):
             batch = {name: tree_map(lambda v: v[i], value) for name, value in fields.items()}
-            loss, (q_mean, abs_td) = self.loss(model, target, batch)
+            loss, (q_mean, abs_td) = self.loss(model, target, fixed, batch)
             grads = torch.autograd.grad(loss, parameters)
             with torch.no_grad():
                 optimizer.apply(list(grads), variables)
@@ -199,15 +212,17 @@ class JaxLearner(Learner):
     backend = "jax"
 
     def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer, *, stacks: StackSpec,
-                 target_every: int, tau: float, rule: Rule | None = None) -> None:
+                 target_every: int, tau: float, rule: Rule | None = None, actions: ActionSpec | None = None,
+                 seed: int = 0) -> None:
         import jax
 
-        super().__init__(model, optimizer, target_every=target_every, tau=tau, rule=rule)
+        super().__init__(model, optimizer, target_every=target_every, tau=tau, rule=rule, actions=actions, seed=seed)
         self._iteration = [v.path for v in optimizer.variables].index(optimizer.iterations.path)
         self._from_model()
         self.target_params = [ops.copy(p) for p in self.params]
         self.target_frozen = [ops.copy(p) for p in self.frozen]
-        self._q = jax.jit(lambda params, stacks: self.rule.values(model.stateless_call(params, self.frozen, stacks)[0]))
+        self._q = jax.jit(lambda params, stacks: self.rule.values(
+            model.stateless_call(params, self.frozen, self.rule.inputs(stacks, self.actions))[0]))
         # The target weights and the optimizer's variables are updated in place on a GPU; the online
         # weights are not, since an acting thread may be reading them. The CPU backend cannot reuse them.
         donate = (1, 2) if jax.default_backend() != "cpu" else ()
@@ -222,7 +237,7 @@ class JaxLearner(Learner):
         return np.asarray(self._q(self.params, stacks))
 
     def train_block(self, block: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        fields = {name: block[name] for name in TRAIN_FIELDS}
+        fields = self.with_noise(block)
         self.params, self.target_params, self.opt_vars, (loss, q_mean, abs_td) = self._train(
             self.params, self.target_params, self.opt_vars, fields)
         return np.asarray(loss), np.asarray(q_mean), np.asarray(abs_td)
@@ -234,8 +249,10 @@ class JaxLearner(Learner):
         model, frozen, target_frozen = self.model, self.frozen, self.target_frozen
 
         def loss(params: list[Any], target_params: list[Any], batch: dict[str, Any]) -> tuple[Any, Any]:
+            fixed = [jax.lax.stop_gradient(p) for p in params]
             return self.loss(lambda x: model.stateless_call(params, frozen, x)[0],
-                             lambda x: model.stateless_call(target_params, target_frozen, x)[0], batch)
+                             lambda x: model.stateless_call(target_params, target_frozen, x)[0],
+                             lambda x: model.stateless_call(fixed, frozen, x)[0], batch)
 
         grad = jax.value_and_grad(loss, has_aux=True)
         tau = self.tau

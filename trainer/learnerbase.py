@@ -13,8 +13,9 @@ from typing import Any
 import keras
 import numpy as np
 
+from .actions import ActionSpec
 from .config import TrainerError
-from .rule import DoubleDQN, Forward, Rule, td_loss
+from .rule import DoubleDQN, Forward, Nets, Rule, td_loss
 from .stacks import one_of
 
 __all__ = ["MAX_GRAD_NORM", "TRAIN_FIELDS", "Forward", "Learner", "WeightsInModel", "target_update", "td_loss"]
@@ -36,32 +37,49 @@ class Learner(abc.ABC):
     backend: str
 
     def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer, *, target_every: int,
-                 tau: float, rule: Rule | None = None) -> None:
+                 tau: float, rule: Rule | None = None, actions: ActionSpec | None = None, seed: int = 0) -> None:
+        """``actions``: what the model acts in (the number of its Q-values when None); ``seed``
+        seeds the noise a rule's loss reads (``Rule.noise_shape``), drawn per block from the
+        gradient step count, so a resumed run draws what it would have drawn."""
         self.model, self.optimizer = model, optimizer
         self.target_every = max(1, int(target_every))
         self.tau = float(tau)
         self.rule = rule if rule is not None else DoubleDQN()
+        # (a value rule's loss and argmax do not read the number of actions: one stands in when not given)
+        self.actions = actions if actions is not None else ActionSpec(n=1)
+        self.seed = int(seed)
+        self.noise = self.rule.noise_shape(self.actions)
         optimizer.build(model.trainable_variables)
 
-    def loss(self, online: Forward, target: Forward, batch: dict[str, Any]) -> tuple[Any, tuple[Any, Any]]:
+    def loss(self, online: Forward, target: Forward, fixed: Forward, batch: dict[str, Any]) -> tuple[Any, tuple[Any, Any]]:
         """The rule's loss of one batch (what each backend's compiled step differentiates)."""
-        return self.rule.loss(online, target, batch)
+        return self.rule.loss(Nets(online, target, fixed, self.actions), batch)
+
+    def with_noise(self, block: dict[str, Any]) -> dict[str, Any]:
+        """The block's fields the step reads, with the rule's noise (``(k, batch, *noise_shape)``
+        float32, from the seed and the gradient step count) where it has some."""
+        fields = {name: block[name] for name in TRAIN_FIELDS}
+        if self.noise is not None:
+            k, batch = (int(d) for d in tuple(block["reward"].shape)[:2])
+            rng = np.random.default_rng((self.seed, self.train_steps))
+            fields["noise"] = rng.standard_normal((k, batch, *self.noise), dtype=np.float32)
+        return fields
 
     # Acting -------------------------------------------------------------------------------------
 
     @abc.abstractmethod
     def q_values(self, stacks: Any) -> np.ndarray:
         """Q-values of ``(n, frame_stack, *frame_shape)`` stacks (a dict of them for a Dict store), in
-        one forward pass (the rule's ``values`` of the model's outputs)."""
+        one forward pass (the rule's ``values`` of the model's outputs: a policy's parameters for SAC)."""
 
-    def act(self, stack: Any) -> int:
+    def act(self, stack: Any) -> Any:
         """The greedy action for one stack ``(frame_stack, *frame_shape)`` (or dict of them)."""
-        return int(np.argmax(self.q_values(one_of(stack))[0]))
+        return self.actions.one(self.act_batch(one_of(stack)))
 
-    def act_batch(self, stacks: Any) -> np.ndarray:
+    def act_batch(self, stacks: Any, rng: np.random.Generator | None = None) -> np.ndarray:
         """The greedy actions for ``(n, frame_stack, *frame_shape)`` stacks (or a dict of them), in one
-        forward pass."""
-        return np.argmax(self.q_values(stacks), axis=1)
+        forward pass; with ``rng``, the rule's exploring ones (a policy's samples: ``Rule.pick``)."""
+        return self.rule.pick(self.q_values(stacks), self.actions, rng)
 
     # Learning -----------------------------------------------------------------------------------
 

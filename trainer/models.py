@@ -27,6 +27,7 @@ from keras import layers
 
 from replaystore.format import nesting
 
+from .actions import ActionSpec
 from .config import TrainerError
 from .rule import DoubleDQN, Rule
 from .stacks import StackSpec
@@ -203,7 +204,8 @@ class Loading:
                                        safe_mode=self.safe_mode)
 
 
-def check_reloads(model: Any, stacks: StackSpec, loading: Loading) -> None:
+def check_reloads(model: Any, stacks: StackSpec, loading: Loading, rule: Rule | None = None,
+                  actions: ActionSpec | None = None) -> None:
     """Refuse, before anything runs, a model that saves but does not load back as the same function
     (a ``Lambda`` of a Python lambda in safe mode, or without an ``output_shape``; a custom layer
     neither registered nor in ``custom_objects``): ``DQN.load`` of a checkpoint would fail after a
@@ -216,6 +218,8 @@ def check_reloads(model: Any, stacks: StackSpec, loading: Loading) -> None:
             model.save(path)
             again = loading.load(path)
             probe = stacks.random(2, np.random.default_rng(0))
+            if rule is not None and actions is not None:
+                probe = rule.inputs(probe, actions)
             before, after = (keras.tree.flatten(m(probe)) for m in (model, again))  # (predict would donate JAX state)
             same = all(np.allclose(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b), rtol=1e-5, atol=1e-5)
                        for a, b in zip(before, after, strict=True))
@@ -232,7 +236,7 @@ def check_reloads_once(agent: Any) -> None:
     if not agent.reloads:
         assert agent.stacks is not None
         agent.built().sync_model()  # (the model's variables take the learner's weights: on JAX they were donated)
-        check_reloads(agent.model, agent.stacks, agent.loading)
+        check_reloads(agent.model, agent.stacks, agent.loading, agent.rule, agent.actions)
         agent.reloads = True
 
 
@@ -260,21 +264,27 @@ def _reload_fix(exc: BaseException, loading: Loading) -> str:
             "and DQN.load")
 
 
-def check_model(model: Any, stacks: StackSpec, n_actions: int, rule: Rule | None = None) -> None:
+def check_model(model: Any, stacks: StackSpec, actions: ActionSpec | int, rule: Rule | None = None) -> None:
     """Refuse, with one line saying why and what to do, a model ``DQN`` cannot train on these stacks
     (``(batch, frame_stack, *frame_shape)`` arrays, or a dict of them) and actions: not a Keras model, one that cannot take the
     stacks, one whose output is not what the learning ``rule`` reads (double DQN's: one Q-value per
     action), one with nothing to train, or one with state that training updates outside its
     trainable weights (the loss would leave it stale)."""
     rule = rule if rule is not None else DoubleDQN()
+    actions = ActionSpec.of(actions)
     if not isinstance(model, keras.Model):
+        ready = (f"{actions.n} Q-values (replaystore.trainer.nature_cnn, mlp and dict_mlp are ready-made)"
+                 if actions.discrete else "a policy and two critics (replaystore.trainer.sac_mlp and sac_model make one)")
         raise ModelError(f"the model is a {type(model).__name__}, not a keras.Model; build one that maps "
-                         f"stacks of {stacks.describe()} to {n_actions} Q-values (replaystore.trainer.nature_cnn, mlp "
-                         "and dict_mlp are ready-made)")
-    probe = stacks.zeros(2)
+                         f"stacks of {stacks.describe()} to {ready}")
+    probe = rule.inputs(stacks.zeros(2), actions)
     try:
         out = model(probe)  # builds a subclassed model
     except Exception as exc:  # noqa: BLE001 - whatever the model raised, said in one line
+        if not actions.discrete:
+            raise ModelError(f"the model cannot take {rule.name.upper()}'s inputs for stacks of {stacks.describe()} "
+                             f"and {actions.describe()} ({type(exc).__name__}: {_first_line(exc)[:200]}); "
+                             f"{rule.output_help(actions)}") from exc
         if stacks.keyed:
             given = f"batches of {stacks.describe()}"
             what = ("a dict of stacks (one keras.Input named after each key)" if stacks.tree is None else
@@ -284,10 +294,12 @@ def check_model(model: Any, stacks: StackSpec, n_actions: int, rule: Rule | None
             what = "that stack (frames oldest first; scale and transpose inside the model)"
         raise ModelError(f"the model cannot take the store's stacks, {given} ({type(exc).__name__}: "
                          f"{str(exc).splitlines()[0][:200]}); its input must be {what}") from exc
-    shape = tuple(int(d) for d in keras.ops.shape(out))
-    if shape != (2, *rule.output_shape(n_actions)):
-        raise ModelError(f"the model outputs shape {shape[1:]} per stack, but the environment has {n_actions} actions: "
-                         f"{rule.output_help(n_actions)}")
+    wanted = rule.output_shape(actions)
+    shapes = [tuple(int(d) for d in keras.ops.shape(part))[1:] for part in keras.tree.flatten(out)]
+    if shapes != (wanted if isinstance(wanted, list) else [wanted]):
+        shown = shapes[0] if len(shapes) == 1 else shapes
+        raise ModelError(f"the model outputs shape {shown} per stack, but the environment has {actions.describe()}: "
+                         f"{rule.output_help(actions)}")
     if not model.trainable_variables:
         raise ModelError("the model has no trainable weights; DQN learns its Q-values by gradient steps")
     frozen = [v.value for v in model.non_trainable_variables]

@@ -51,7 +51,7 @@ def save(agent: Any, directory: Path) -> Path:
     doc = {"config": dataclasses.asdict(agent.config), "store": store_ref(agent.location, directory),
            "optimizer": keras.optimizers.serialize(agent.optimizer), "buffer_size": agent.replay.buffer_size,
            "frame_stack": agent.replay.frame_stack, "storage_options": agent.replay.storage_options,
-           "stacks": agent.stacks.to_json(agent.n_actions) if agent.stacks is not None else None,
+           "stacks": agent.stacks.to_json(agent.actions.to_json()) if agent.stacks is not None else None,
            "holds": agent.holds, "best": agent.best[1] if agent.best is not None else None,
            "rule": None if isinstance(agent.rule, DoubleDQN) else rule_to_json(agent.rule)}
     if agent.best is not None:

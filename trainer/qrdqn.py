@@ -21,8 +21,9 @@ from typing import Any
 
 from keras import ops
 
+from .actions import ActionSpec
 from .config import TrainerError
-from .rule import Forward, Rule, chosen, whole_number
+from .rule import Nets, Rule, chosen, whole_number
 
 #: The most quantiles a head may have (the paper's 200 and Dopamine's are well inside).
 MAX_QUANTILES = 1024
@@ -37,20 +38,20 @@ class QRDQN(Rule):
     def __init__(self, n_quantiles: int = 200) -> None:
         self.n_quantiles = whole_number("n_quantiles", n_quantiles, least=1, most=MAX_QUANTILES)
 
-    def output_shape(self, n_actions: int) -> tuple[int, ...]:
-        return (n_actions, self.n_quantiles)
+    def output_shape(self, actions: ActionSpec) -> tuple[int, ...]:
+        return (actions.n, self.n_quantiles)
 
-    def output_help(self, n_actions: int) -> str:
-        n = self.n_quantiles
+    def output_help(self, actions: ActionSpec) -> str:
+        n, n_actions = self.n_quantiles, actions.n
         return (f"QR-DQN's model gives {n} quantiles per action, shape ({n_actions}, {n}) per stack "
                 f"(Dense({n_actions * n}) then Reshape(({n_actions}, {n})))")
 
     def values(self, outputs: Any) -> Any:
         return ops.mean(outputs, axis=-1)
 
-    def loss(self, online: Forward, target: Forward, batch: dict[str, Any]) -> tuple[Any, tuple[Any, Any]]:
-        quantiles = chosen(online(batch["obs"]), batch["action"])  # (batch, n)
-        following = target(batch["next_obs"])  # (batch, n_actions, n)
+    def loss(self, nets: Nets, batch: dict[str, Any]) -> tuple[Any, tuple[Any, Any]]:
+        quantiles = chosen(nets.online(batch["obs"]), batch["action"])  # (batch, n)
+        following = nets.target(batch["next_obs"])  # (batch, n_actions, n)
         greedy = ops.argmax(ops.mean(following, axis=-1), axis=1)
         next_quantiles = chosen(following, greedy)
         targets = ops.stop_gradient(ops.expand_dims(batch["reward"], 1)

@@ -1,27 +1,48 @@
-"""A learning rule: what turns a Q-network's output into actions, and a batch into a loss. The
+"""A learning rule: what turns a model's output into actions, and a batch into a loss. The
 learners (learner.py, one per Keras backend) compile a rule's ``loss`` into their gradient steps
-and act through its ``values``; the target network (a hard copy every ``target_every`` gradient
-steps, or Polyak's ``tau``: ``learnerbase.target_update``) and the store's batches are the same
-for every rule. A rule is data (its ``get_config``, saved in ``agent.json``) plus pure functions in
-``keras.ops``, so it runs unchanged on TensorFlow, JAX and PyTorch.
+and act through its ``values`` and ``pick``; the target network (a hard copy every ``target_every``
+gradient steps, or Polyak's ``tau``: ``learnerbase.target_update``) and the store's batches are the
+same for every rule. A rule is data (its ``get_config``, saved in ``agent.json``) plus pure
+functions in ``keras.ops``, so it runs unchanged on TensorFlow, JAX and PyTorch.
 
 ``DoubleDQN`` is ``DQN``'s own rule (the default). Another rule is one module: a subclass with a
-``name``, its model's ``output_shape``, ``values`` and ``loss`` (qrdqn.py, quantile regression), and
-its line in rules.py, which maps the names saved in ``agent.json`` back to the classes.
+``name``, its model's ``output_shape``, ``values`` and ``loss`` (qrdqn.py, quantile regression;
+sac.py, soft actor-critic on Box actions, which also sets ``discrete``, ``inputs``, ``pick``,
+``noise_shape`` and ``defaults``), and its line in rules.py, which maps the names saved in
+``agent.json`` back to the classes.
+
+The loss sees the model three ways (``Nets``): ``online`` (the weights being learned), ``target``
+(the target weights, no gradient) and ``fixed`` (the online weights with no gradient to them, while
+gradients still flow through its inputs: an actor learns through a critic it does not change). The
+loss's gradient is taken with respect to every trainable weight at once, so a rule of several
+networks keeps each network's loss to its own weights with ``fixed`` and ``stop_gradient``.
 """
 
 from __future__ import annotations
 
 import abc
+import dataclasses
 import operator
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+import numpy as np
 from keras import ops
 
+from .actions import ActionSpec
 from .config import TrainerError
 
-Forward = Callable[[Any], Any]  # stacks -> the network's output
+Forward = Callable[[Any], Any]  # the model's inputs (stacks) -> the network's output
+
+
+@dataclasses.dataclass(frozen=True)
+class Nets:
+    """The model as one batch's loss sees it (see the module's docstring), and the actions it learns."""
+
+    online: Forward
+    target: Forward
+    fixed: Forward
+    actions: ActionSpec
 
 
 class Rule(abc.ABC):
@@ -29,25 +50,56 @@ class Rule(abc.ABC):
     records) and take their hyperparameters as keywords, returned by ``get_config``."""
 
     name: ClassVar[str]
+    #: The actions it learns: a Discrete space's (True) or a Box's (False).
+    discrete: ClassVar[bool] = True
+    #: Whether the default optimizer clips the global gradient norm (``learnerbase.MAX_GRAD_NORM``).
+    clips: ClassVar[bool] = True
 
     @abc.abstractmethod
-    def output_shape(self, n_actions: int) -> tuple[int, ...]:
-        """The model's output for one stack."""
+    def output_shape(self, actions: ActionSpec) -> tuple[int, ...] | list[tuple[int, ...]]:
+        """The model's output for one stack (a list: one shape per output of a model of several)."""
 
     @abc.abstractmethod
-    def output_help(self, n_actions: int) -> str:
+    def output_help(self, actions: ActionSpec) -> str:
         """What the model's last layers must be, for an error message."""
 
     @abc.abstractmethod
     def values(self, outputs: Any) -> Any:
-        """Q-values ``(batch, n_actions)`` from the model's outputs (acting picks their argmax)."""
+        """What acting reads from the model's outputs: Q-values ``(batch, n_actions)`` (``pick``
+        takes their argmax), or a policy's parameters."""
 
     @abc.abstractmethod
-    def loss(self, online: Forward, target: Forward, batch: dict[str, Any]) -> tuple[Any, tuple[Any, Any]]:
+    def loss(self, nets: Nets, batch: dict[str, Any]) -> tuple[Any, tuple[Any, Any]]:
         """The loss of one batch (``obs``, ``next_obs``, ``action``, ``reward``, ``discount``: the
         store's ``gamma**k``, 0 after a termination; ``weight``: prioritized replay's importance
-        weights, else ones), given the online and the target network's forward passes; returns it
-        and (the mean Q(s, a), a priority per transition: ``|td|`` or its kind)."""
+        weights, else ones; ``noise``: standard normal draws of ``noise_shape`` per transition,
+        for a rule that has one), given the model's forward passes; returns it and (the mean
+        Q(s, a), a priority per transition: ``|td|`` or its kind)."""
+
+    def inputs(self, stacks: Any, actions: ActionSpec) -> Any:
+        """What the model takes to act on ``stacks`` (the stacks themselves, unless the model also
+        takes actions)."""
+        return stacks
+
+    def pick(self, values: np.ndarray, actions: ActionSpec, rng: np.random.Generator | None) -> np.ndarray:
+        """Actions from ``values`` (numpy): the greedy ones, or with ``rng`` the ones to explore with
+        (a value rule explores epsilon-greedily instead: explore.py, and draws nothing here)."""
+        return np.argmax(values, axis=1)
+
+    def noise_shape(self, actions: ActionSpec) -> tuple[int, ...] | None:
+        """The shape of the standard normal noise a transition's loss reads (``batch["noise"]``), or None."""
+        return None
+
+    def defaults(self) -> dict[str, Any]:
+        """Hyperparameters this rule learns with unless they are given (``DQNConfig``'s names)."""
+        return {}
+
+    def check_actions(self, actions: ActionSpec, where: str) -> None:
+        """Refuse actions this rule does not learn (``where`` names whose they are)."""
+        if actions.discrete != self.discrete:
+            kind = "a Discrete action space (one Q-value per action)" if self.discrete else "Box actions"
+            other = "rule=SAC() for Box actions" if self.discrete else "DQN's rule or QRDQN for Discrete actions"
+            raise TrainerError(f"{where} {actions.describe()}; {self.name.upper()} learns {kind}: use {other}")
 
     def get_config(self) -> dict[str, Any]:
         """The keywords that make this rule again (``agent.json``)."""
@@ -99,17 +151,17 @@ class DoubleDQN(Rule):
     def __init__(self, cql_alpha: float = 0.0) -> None:
         self.cql_alpha = float(cql_alpha)
 
-    def output_shape(self, n_actions: int) -> tuple[int, ...]:
-        return (n_actions,)
+    def output_shape(self, actions: ActionSpec) -> tuple[int, ...]:
+        return (actions.n,)
 
-    def output_help(self, n_actions: int) -> str:
-        return f"its last layer must give one Q-value per action (Dense({n_actions}))"
+    def output_help(self, actions: ActionSpec) -> str:
+        return f"its last layer must give one Q-value per action (Dense({actions.n}))"
 
     def values(self, outputs: Any) -> Any:
         return outputs
 
-    def loss(self, online: Forward, target: Forward, batch: dict[str, Any]) -> tuple[Any, tuple[Any, Any]]:
-        return td_loss(online, target, batch, cql_alpha=self.cql_alpha)
+    def loss(self, nets: Nets, batch: dict[str, Any]) -> tuple[Any, tuple[Any, Any]]:
+        return td_loss(nets.online, nets.target, batch, cql_alpha=self.cql_alpha)
 
     def get_config(self) -> dict[str, Any]:
         return {"cql_alpha": self.cql_alpha}

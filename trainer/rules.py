@@ -9,8 +9,9 @@ from typing import Any
 from .config import TrainerError
 from .qrdqn import QRDQN
 from .rule import DoubleDQN, Rule
+from .sac import SAC
 
-RULES: dict[str, type[Rule]] = {rule.name: rule for rule in (DoubleDQN, QRDQN)}
+RULES: dict[str, type[Rule]] = {rule.name: rule for rule in (DoubleDQN, QRDQN, SAC)}
 
 
 def check_rule(rule: Any) -> Rule:

@@ -205,27 +205,28 @@ class StackSpec:
             return False
         return other == self
 
-    def to_json(self, n_actions: int) -> dict[str, Any]:
+    def to_json(self, actions: Any) -> dict[str, Any]:
         """``agent.json``'s ``stacks``: ``shape`` and ``dtype`` (one array), or ``entries`` (a Dict),
         and a nested one's ``tree`` (format/nesting.py's, as lists)."""
         if self.keyed:
-            doc = {"frame_stack": self.frame_stack, "actions": n_actions,
+            doc = {"frame_stack": self.frame_stack, "actions": actions,
                    "entries": [[key, list(shape), dtype.name] for key, shape, dtype in self.entries]}
             if self.tree is not None:
                 doc["tree"] = self.tree
             return doc
-        return {"shape": list(self.shape), "dtype": self.dtype.name, "actions": n_actions}
+        return {"shape": list(self.shape), "dtype": self.dtype.name, "actions": actions}
 
     @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> tuple[StackSpec, int]:
-        """``to_json``'s document back (KeyError, TypeError or ValueError if it is damaged)."""
+    def from_json(cls, doc: Mapping[str, Any]) -> tuple[StackSpec, Any]:
+        """``to_json``'s document back, with its ``actions`` as given (KeyError, TypeError or
+        ValueError if it is damaged)."""
         if "entries" in doc:
             entries = tuple((str(key), tuple(int(d) for d in shape), np.dtype(dtype)) for key, shape, dtype in doc["entries"])
             if not entries:
                 raise ValueError("no entries")
             tree = _tree_from_json(doc["tree"], len(entries)) if doc.get("tree") is not None else None
-            return cls(int(doc["frame_stack"]), entries, True, tree), int(doc["actions"])
-        return cls.single(tuple(int(d) for d in doc["shape"]), np.dtype(doc["dtype"])), int(doc["actions"])
+            return cls(int(doc["frame_stack"]), entries, True, tree), doc["actions"]
+        return cls.single(tuple(int(d) for d in doc["shape"]), np.dtype(doc["dtype"])), doc["actions"]
 
 
 def _tree_from_json(doc: Any, n_leaves: int) -> nesting.Nesting:

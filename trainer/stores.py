@@ -12,6 +12,7 @@ from typing import Any
 from replaystore import ReplayStore, StoreLockedError, StoreNotFoundError
 from replaystore.storage.where import is_url, normalized
 
+from .actions import ActionSpec
 from .config import TrainerError
 from .stacks import StackSpec
 
@@ -83,17 +84,25 @@ def same_frames(stored: Any, observation_space: Any) -> bool:
 
 def check_for_eval(store: ReplayStore, observation_space: Any, action_space: Any) -> None:
     """Refuse an evaluation env whose frames or actions are not the store's (so not the model's)."""
-    if not same_frames(store.observation_space, observation_space) or action_space.n != store.action_space.n:
+    if not same_frames(store.observation_space, observation_space) or not same_actions(store.action_space, action_space):
         raise TrainerError(f"the evaluation env gives frames of {observation_space} with {action_space}, but {store.path} "
                            f"holds {store.observation_space} with {store.action_space}: evaluate on the env the "
                            "store was written from (with its wrappers, but without a frame stack)")
 
 
-def check_for_network(observation_space: Any, action_space: Any, stacks: StackSpec, n_actions: int) -> None:
-    """Refuse an env (to evaluate on) whose frames or actions are not the Q-network's."""
-    if not stacks.takes_frames_of(observation_space) or int(action_space.n) != n_actions:
+def same_actions(stored: Any, action_space: Any) -> bool:
+    """Whether an env acting in ``action_space`` takes the actions a store of ``stored`` keeps."""
+    try:
+        return ActionSpec.of_space(stored) == ActionSpec.of_space(action_space)
+    except TrainerError:
+        return False
+
+
+def check_for_network(observation_space: Any, action_space: Any, stacks: StackSpec, actions: ActionSpec) -> None:
+    """Refuse an env (to evaluate on) whose frames or actions are not the model's."""
+    if not stacks.takes_frames_of(observation_space) or not actions.matches(action_space):
         raise TrainerError(f"the env gives frames of {observation_space} with {action_space}, but this agent's "
-                           f"Q-network takes stacks of {stacks.describe()} and gives {n_actions} Q-values: evaluate "
+                           f"model takes stacks of {stacks.describe()} and acts in {actions.describe()}: evaluate "
                            "on the env it learned from (with its wrappers, but without a frame stack)")
 
 
@@ -167,13 +176,16 @@ class AgentStore:
         self.stacks: StackSpec | None = None  # the Q-network's stacks, once made
         self.switch(store)
 
-    def check_learnable(self, observation_space: Any, action_space: Any) -> None:
-        """Refuse spaces a Q-network cannot be made for: actions that are not Discrete (every
-        observation space a store keeps is stacked: trainer/stacks.py)."""
-        if not hasattr(action_space, "n"):
-            where = f"{self.store.path} holds" if self.store is not None else "the environment has"
-            raise TrainerError(f"{where} actions of {action_space}; DQN needs a Discrete action space (one Q-value "
-                               "per action)")
+    def check_learnable(self, observation_space: Any, action_space: Any, rule: Any) -> ActionSpec:
+        """The actions, refused where ``rule`` cannot learn them (a Discrete space for DQN's rules,
+        a bounded Box for SAC's; every observation space a store keeps is stacked: trainer/stacks.py)."""
+        where = f"{self.store.path} holds" if self.store is not None else "the environment has"
+        try:
+            actions = ActionSpec.of_space(action_space)
+        except TrainerError as exc:
+            raise TrainerError(f"{where} {exc}") from None
+        rule.check_actions(actions, where)
+        return actions
 
     def switch(self, store: ReplayStore | str | Path) -> None:
         """Use ``store`` from now on (the current one is closed first)."""
