@@ -18,28 +18,27 @@ from replaystore.trainer.args import Args, TrainerError
 from replaystore.trainer.cli import main
 from replaystore.trainer.cmdline import parse
 from replaystore.trainer.config import linear_schedule
-from replaystore.trainer.envs import FrameStacker
-from replaystore.trainer.stacks import StackSpec
+from replaystore.trainer.stacks import push_frames, stacks_of
 
 
 def test_agent_stacks_are_the_stores_stacks(store_path: Path) -> None:
-    """What the agent saw at every step is bit for bit what sample() returns for that transition,
-    including episodes that end mid-stack and restart from the next observation (a lost life)."""
+    """What the agent saw at every step (acting's stacks: ``stacks_of``, ``push_frames``) is bit for
+    bit what sample() returns for that transition, including episodes that end mid-stack and restart
+    from the next observation (a lost life)."""
     store = make_store(store_path, capacity=256, frame_stack=4, shard_len=32, chunk_len=8)
-    stacker = FrameStacker(StackSpec.single((4, *frame(0).shape), np.uint8))
     rng = np.random.default_rng(0)
     seen: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     obs = frame(0)
-    stacker.reset(obs)
+    stacks = stacks_of(obs[None], 4)
     for t in range(200):
         nxt = frame(t + 1)
         end = rng.random() < 0.15
-        before = stacker.stack.copy()
+        before = stacks[0].copy()
         store.add(obs, 0, 0.0, nxt, end, False)
         slot = (store.added - 2) % store.capacity
-        after = stacker.reset(nxt) if end else stacker.push(nxt)
+        push_frames(stacks, nxt[None], np.array([end]))
         if not end:
-            seen[slot] = (before, after.copy())
+            seen[slot] = (before, stacks[0].copy())
         else:
             # next_obs of a terminal move: the store stacks it onto the ending episode
             seen[slot] = (before, np.concatenate([before[1:], nxt[None]]))

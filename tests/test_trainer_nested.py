@@ -23,8 +23,7 @@ from goal_env import NestedBitFlip, Rooms
 from replaystore import ReplayStore
 from replaystore.trainer import DQN, TrainerError, dict_mlp, load_run, mlp
 from replaystore.trainer.cli import main
-from replaystore.trainer.envs import FrameStacker
-from replaystore.trainer.stacks import StackSpec
+from replaystore.trainer.stacks import StackSpec, push_frames, stacks_of, tree_map
 
 
 def box(*shape: int, dtype: Any = np.float32) -> gym.spaces.Box:
@@ -68,21 +67,21 @@ def test_the_agents_stacks_are_the_stores(tmp_path: Path, env: gym.Env) -> None:
         assert spec.tree is not None and spec.keys == ("cards/0", "cards/1/d", "cards/1/seen", "pos")
         assert spec.describe() == "{cards: ((3,) int64, {d: (3, 2, 2) int16, seen: (3, 3) int8}), pos: (3, 2) float32}"
     store = ReplayStore.create(tmp_path / "n.zarr", 512, env.observation_space, env.action_space, 3)
-    stacker = FrameStacker(spec)
     seen: dict[int, tuple[list[np.ndarray], list[np.ndarray]]] = {}
     obs, _ = env.reset(seed=0)
-    stacker.reset(obs)
+    batch_of = lambda tree: tree_map(lambda f: np.asarray(f)[None], tree)  # noqa: E731 - one env's frames as a batch of one
+    stacks = stacks_of(batch_of(obs), 3)
     for step in range(300):
         nxt, reward, terminated, truncated, _ = env.step(step % 3)
-        before = [a.copy() for a in leaf_arrays(spec, stacker.stack)]
+        before = [a[0].copy() for a in leaf_arrays(spec, stacks)]
         store.add(obs, step % 3, reward, nxt, terminated, truncated)
         pushed = [np.concatenate([a[1:], f[None]]) for a, f in zip(before, leaf_arrays(spec, nxt), strict=True)]
         seen[(store.added - 2) % store.capacity] = (before, pushed)
         if terminated or truncated:
             obs, _ = env.reset()
-            stacker.reset(obs)
+            push_frames(stacks, batch_of(obs), np.array([True]))
         else:
-            stacker.push(nxt)
+            push_frames(stacks, batch_of(nxt), np.array([False]))
             obs = nxt
     batch = store.sample(200, rng=np.random.default_rng(1))
     for i, slot in enumerate(batch.index):

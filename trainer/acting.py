@@ -1,18 +1,19 @@
 """Acting into the store: where a run's env steps come from. ``DQN.fit`` has one loop (run.py) over a
-source of steps, and a single env, a vector env and Ray actor processes (actors.py) are its three
-sources, each with ``step(act, epsilon, rng) -> (env steps taken, [(game return, length) of each
-episode that ended])`` and ``close()``.
+source of steps, and a vector env (one env is a vector of one) and Ray actor processes (actors.py)
+are its sources, each with ``step(act, epsilon, rng) -> (env steps taken, [(game return, length) of
+each episode that ended])`` and ``close()``.
 
-- ``EnvActing``: one gymnasium env; each move goes to the store with ``store.add``.
 - ``VectorActing``: a vector env of N envs (gymnasium's, or ale-py's ``AtariVectorEnv``), one stream
   of the store each; one forward pass picks every env's action and ``store.add_batch`` writes their
-  moves (the vector env's autoreset rows are recognised and skipped).
+  moves (the vector env's autoreset rows are recognised and skipped). One env is acted in as
+  gymnasium's ``SyncVectorEnv`` of it (``acting_on``), drawing from the run's generator what a
+  single env drew before: one draw a move, and a second only when it explores.
 - ``PipelinedActing``: a ``HalvedVectorEnv``'s two halves, each a ``VectorActing`` on its rows of
   the streams, in turn: one half's envs step while the other's moves are written and its next
   actions picked (the forward pass on a GPU was 41-57% of acting time when it waited for the envs).
 
-Both act epsilon-greedily (a policy: on its own samples, explore.py) on frame stacks built exactly as the store builds them at sample time (the
-episode's first frame repeated as padding). With ``clip_reward`` the store learns from the sign of
+Both act epsilon-greedily (a policy: on its own samples, explore.py) on frame stacks built
+exactly as the store builds them at sample time (the episode's first frame repeated as padding). With ``clip_reward`` the store learns from the sign of
 the reward; with ``terminal_on_life_loss`` a lost life (``info["lives"]``) ends the store's episode
 while the game goes on. The returns reported are raw game scores over all lives (what the
 environment's episode returned), not the store's per-life episodes. A store with extras gets each
@@ -23,17 +24,18 @@ from __future__ import annotations
 
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 
 from replaystore import ReplayStore
 
 from .actions import ActionSpec
 from .config import TrainerError
-from .envs import FrameStacker, vector_frames
+from .envs import vector_frames
 from .explore import Act, epsilon_greedy, exploring, lives_in, lost_life
-from .stacks import StackSpec, one_of, push_frames, stacks_of
+from .stacks import push_frames, stacks_of
 
-__all__ = ["Act", "EnvActing", "PipelinedActing", "VectorActing", "acting_on", "exploring", "info_extras"]
+__all__ = ["Act", "PipelinedActing", "VectorActing", "acting_on", "exploring", "info_extras"]
 
 
 def info_extras(store: ReplayStore, info: Any, n: int | None = None) -> dict[str, Any] | None:
@@ -60,65 +62,17 @@ def info_extras(store: ReplayStore, info: Any, n: int | None = None) -> dict[str
     return out
 
 
-class EnvActing:
-    """One env acting epsilon-greedily into the one stream ``store`` writes."""
-
-    def __init__(self, env: Any, store: ReplayStore, *, clip_reward: bool, terminal_on_life_loss: bool,
-                 seed: int) -> None:
-        self.env, self.store = env, store
-        self.clip, self.life_loss = clip_reward, terminal_on_life_loss
-        self.actions = ActionSpec.of_space(env.action_space)
-        self.stacker = FrameStacker(StackSpec.of_space(env.observation_space, store.frame_stack))
-        self.obs, info = env.reset(seed=seed)
-        env.action_space.seed(seed)
-        self.stacker.reset(self.obs)
-        self.lives = lives_in(info)
-        self.ep_return, self.ep_length = 0.0, 0
-
-    waits = True  # the run waits here while a decoupled learner is too far behind
-
-    def attach(self, learning: Any) -> None:
-        pass
-
-    def step(self, act: Act, epsilon: float, rng: np.random.Generator) -> tuple[int, list[tuple[float, int]]]:
-        action = self.actions.one(epsilon_greedy(act, one_of(self.stacker.stack), None, self.actions, epsilon, rng))
-        next_obs, reward, terminated, truncated, info = self.env.step(action)
-        lives = lives_in(info)
-        lost = lost_life(self.lives, lives)
-        self.lives = lives
-        end = bool(terminated) or (self.life_loss and lost)
-        self.store.add(self.obs, action, float(np.sign(reward)) if self.clip else float(reward), next_obs, end,
-                       bool(truncated) and not end, extras=info_extras(self.store, info))
-        self.ep_return += float(reward)
-        self.ep_length += 1
-        ended = []
-        if terminated or truncated:
-            ended.append((self.ep_return, self.ep_length))
-            self.ep_return, self.ep_length = 0.0, 0
-            self.obs, info = self.env.reset()
-            self.lives = lives_in(info)
-            self.stacker.reset(self.obs)
-        elif end:  # a lost life: the store's episode ends, the game goes on
-            self.obs = next_obs
-            self.stacker.reset(self.obs)
-        else:
-            self.obs = next_obs
-            self.stacker.push(self.obs)
-        return 1, ended
-
-    def close(self) -> None:
-        pass  # the env is the caller's
-
-
 class VectorActing:
     """A vector env's N envs acting epsilon-greedily into the N streams ``store`` writes (in
     ``store.writing`` order), its autoreset in next-step mode."""
 
     def __init__(self, envs: Any, store: ReplayStore, *, clip_reward: bool, terminal_on_life_loss: bool,
-                 seed: int, owned: bool = False, streams: range | None = None) -> None:
+                 seed: int, owned: bool = False, streams: range | None = None, single: bool = False) -> None:
         """``owned``: ``close()`` closes ``envs`` too (they were made for this acting). ``streams``: the
-        rows of the store's streams these envs write (``add_batch``'s ``streams``; default: all)."""
-        self.envs, self.store, self.owned = envs, store, owned
+        rows of the store's streams these envs write (``add_batch``'s ``streams``; default: all).
+        ``single``: ``envs`` is one env made a vector of one (``acting_on``): a reset row draws
+        nothing and takes no forward pass, and a move draws as ``epsilon_greedy`` draws for one env."""
+        self.envs, self.store, self.owned, self.single = envs, store, owned, single
         self.n = int(envs.num_envs)
         self.streams = None if streams is None or len(streams) == len(store.writing) else list(streams)
         self.actions = ActionSpec.of_space(envs.single_action_space)
@@ -136,6 +90,7 @@ class VectorActing:
         self.resetting = np.zeros(self.n, dtype=bool)  # rows the vector env answers with a reset, not a move
         self.ep_return = np.zeros(self.n)
         self.ep_length = np.zeros(self.n, dtype=np.int64)
+        self.last: np.ndarray | None = None  # (one env: the actions of its last move)
 
     waits = True
 
@@ -148,7 +103,12 @@ class VectorActing:
 
     def choose(self, act: Act, epsilon: float, rng: np.random.Generator) -> np.ndarray:
         """Each env's next action: greedy on its stack, or random with probability ``epsilon``."""
-        return epsilon_greedy(act, self.stacks, self.n, self.actions, epsilon, rng)
+        if not self.single:
+            return epsilon_greedy(act, self.stacks, self.n, self.actions, epsilon, rng)
+        if self.resetting[0] and self.last is not None:
+            return self.last  # (the vector env resets the env and ignores it)
+        self.last = epsilon_greedy(act, self.stacks, None, self.actions, epsilon, rng)
+        return self.last
 
     def record(self, actions: np.ndarray, next_obs: Any, reward: np.ndarray, terminated: np.ndarray,
                truncated: np.ndarray, info: dict[str, Any]) -> tuple[int, list[tuple[float, int]]]:
@@ -230,8 +190,14 @@ class PipelinedActing:
             self.envs.close()
 
 
-def acting_on(env: Any, store: ReplayStore, config: Any, *, seed: int) -> EnvActing | VectorActing | PipelinedActing:
-    """The source of env steps for ``env`` (a ``HalvedVectorEnv``, another vector env, or one env),
-    acting with ``config``'s reward clipping and life loss."""
-    kind = PipelinedActing if hasattr(env, "halves") else VectorActing if hasattr(env, "num_envs") else EnvActing
-    return kind(env, store, clip_reward=config.clip_reward, seed=seed, terminal_on_life_loss=config.terminal_on_life_loss)
+def acting_on(env: Any, store: ReplayStore, config: Any, *, seed: int) -> VectorActing | PipelinedActing:
+    """The source of env steps for ``env`` (a ``HalvedVectorEnv``, another vector env, or one env:
+    a ``SyncVectorEnv`` of it, never closed here: the env is the caller's), acting with
+    ``config``'s reward clipping and life loss."""
+    how = {"clip_reward": config.clip_reward, "seed": seed, "terminal_on_life_loss": config.terminal_on_life_loss}
+    if hasattr(env, "halves"):
+        return PipelinedActing(env, store, **how)
+    if hasattr(env, "num_envs"):
+        return VectorActing(env, store, **how)
+    env.action_space.seed(seed)
+    return VectorActing(gym.vector.SyncVectorEnv([lambda: env]), store, single=True, **how)

@@ -1,16 +1,17 @@
 """Environments and the agent's frame stacks.
 
-``make_env`` builds any gymnasium env with a Discrete action space. ``ALE/...`` ids get the standard
+``make_env`` builds any gymnasium env. ``ALE/...`` ids get the standard
 Atari preprocessing (AtariPreprocessing on a ``frameskip=1`` base env: 84x84 gray, frame skip 4, up
 to 30 no-op starts, v5's sticky actions); rewards stay raw game scores. ``ATARI_SETTINGS`` are the
 ALE settings a run may change (``--env-kwargs``), the same on one env and on ale-py's vector env. Reward clipping and "terminal on life loss" are
 done by the acting (acting.py), which ends the *store's* episode at a lost life without resetting the
 game (like cleanrl's EpisodicLife).
 
-``FrameStacker`` builds the agent's observation exactly as the store builds a stack at sample time:
-the last ``k`` frames of the store's episode, the episode's first frame repeated as padding (the
-same as gymnasium's ``FrameStackObservation(padding_type="reset")``; tests/test_trainer.py checks it
-against ``store.sample``).
+The agent's frame stacks (stacks.py's ``stacks_of`` and ``push_frames``, for acting, evaluation and
+``act``) are built exactly as the store builds a stack at sample time: the last ``k`` frames of the
+store's episode, the episode's first frame repeated as padding (the same as gymnasium's
+``FrameStackObservation(padding_type="reset")``; tests/test_trainer.py checks it against
+``store.sample``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import numpy as np
 
 from .actions import ActionSpec
 from .config import TrainerError, image_frames
-from .stacks import StackSpec, tree_map
+from .stacks import StackSpec
 
 #: The observation spaces the trainer stacks: a Box's frames, or the ints of the others.
 STACKABLE = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiBinary, gym.spaces.MultiDiscrete)
@@ -249,33 +250,6 @@ def vector_frames(obs: Any) -> Any:
 def default_frame_stack(observation_space: Any) -> int:
     """4 for images (2-D or 3-D frames), 1 for vectors, a Discrete's int and a Dict's entries."""
     return 4 if image_frames(observation_space) else 1
-
-
-class FrameStacker:
-    """The last ``k`` frames of the current episode, oldest first (a Dict env's: each key's), in one
-    reused buffer (a dict of them)."""
-
-    def __init__(self, spec: StackSpec) -> None:
-        self.k = spec.frame_stack
-        self.stack = tree_map(lambda z: z[0], spec.zeros(1))
-
-    def reset(self, frame: Any) -> Any:
-        """Start an episode at ``frame``: every slot holds it (the store's padding)."""
-        def fill(stack: np.ndarray, f: Any) -> None:
-            stack[:] = f
-
-        tree_map(fill, self.stack, frame)
-        return self.stack
-
-    def push(self, frame: Any) -> Any:
-        """The episode moved on to ``frame``."""
-        def shift(stack: np.ndarray, f: Any) -> None:
-            if self.k > 1:
-                stack[:-1] = stack[1:]
-            stack[-1] = f
-
-        tree_map(shift, self.stack, frame)
-        return self.stack
 
 
 def stackable(space: Any) -> bool:

@@ -249,10 +249,10 @@ class JaxLearner(Learner):
         model, frozen, target_frozen = self.model, self.frozen, self.target_frozen
 
         def loss(params: list[Any], target_params: list[Any], batch: dict[str, Any]) -> tuple[Any, Any]:
-            fixed = [jax.lax.stop_gradient(p) for p in params]
             return self.loss(lambda x: model.stateless_call(params, frozen, x)[0],
                              lambda x: model.stateless_call(target_params, target_frozen, x)[0],
-                             lambda x: model.stateless_call(fixed, frozen, x)[0], batch)
+                             lambda x: model.stateless_call([jax.lax.stop_gradient(p) for p in params], frozen, x)[0],
+                             batch)
 
         grad = jax.value_and_grad(loss, has_aux=True)
         tau = self.tau
