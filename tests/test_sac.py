@@ -49,6 +49,24 @@ def test_the_squashed_log_probability_is_sb3s() -> None:
                                rtol=1e-4, atol=1e-4)
 
 
+def test_it_acts_uniformly_at_random_until_learning_starts(tmp_path: Path) -> None:
+    """SB3's warm-up: the first ``learning_starts`` moves are uniform over the Box, drawn from the
+    agent's generator (a draw for epsilon, then the action), the policy's after."""
+    agent = DQN(sac_mlp((1, 3), 1, hidden_sizes=(8,)), tmp_path / "replay.zarr", rule=SAC(), seed=6,
+                buffer_size=2_000, batch_size=16, learning_starts=250)
+    agent.fit(gym.make("Pendulum-v1"), 300)
+    agent.close()
+    rng = np.random.default_rng(6)
+    expected = []
+    for _ in range(250):
+        assert rng.random() < 1.0
+        expected.append(rng.uniform(-2.0, 2.0, (1, 1))[0])
+    with ReplayStore.open(tmp_path / "replay.zarr") as store:
+        moves = np.concatenate([e.action for e in store.iter_episodes()])
+    np.testing.assert_allclose(moves[:250], np.asarray(expected, np.float32), rtol=1e-6)
+    assert not np.allclose(moves[250:], rng.uniform(-2.0, 2.0, (50, 1)))
+
+
 def _batch(rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
     return {"obs": rng.normal(size=(n, 1, 3)).astype(np.float32), "next_obs": rng.normal(size=(n, 1, 3)).astype(np.float32),
             "action": rng.uniform(-2, 2, (n, 1)).astype(np.float32), "reward": rng.normal(size=n).astype(np.float32),

@@ -37,6 +37,7 @@ class ActorPlan:
     seed: int
     learning_starts: int
     batch_size: int
+    warmup: bool = False  # uniform random moves until learning_starts (the rule's warms_up)
     env_spec: Any = None  # gymnasium's EnvSpec of the env passed to fit (gym.make(spec) makes its copies)
     env_id: str = ""  # else the command line's id and keywords (envs.make_vector_env)
     env_kwargs: dict[str, Any] | None = None
@@ -97,4 +98,5 @@ def plan_for(agent: Any, actors: int, envs_per_actor: int, total_timesteps: int,
                      end_e=config.end_e, exploration_fraction=config.exploration_fraction,
                      clip_reward=config.clip_reward, terminal_on_life_loss=config.terminal_on_life_loss,
                      seed=config.seed, learning_starts=config.learning_starts, batch_size=config.batch_size,
+                     warmup=agent.rule.warms_up,
                      custom_objects=agent.loading.custom_objects, safe_mode=agent.loading.safe_mode, **how)

@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from .actorplan import ActorPlan
-from .config import TrainerError, linear_schedule
+from .config import TrainerError, epsilon_at
 from .stores import open_streams
 
 SYNC_STEPS = 50
@@ -168,7 +168,8 @@ class ActorProcess:
                     time.sleep(0.01)
                     continue
                 for _ in range(SYNC_STEPS):
-                    epsilon = linear_schedule(plan.start_e, plan.end_e, duration, total + pending)
+                    epsilon = epsilon_at(plan.start_e, plan.end_e, duration, total + pending,
+                                         warmup=plan.learning_starts if plan.warmup else 0)
                     moved, ended = self.acting.step(self.act, epsilon, self.rng)
                     pending += moved
                     episodes.extend(ended)

@@ -273,7 +273,8 @@ class DQN:
         evaluate = self._evaluator(eval_env, eval_episodes, eval_epsilon, eval_seed)
         run = Run(config, store, learning, state, hooks, act=exploring(learner, self.rng), rng=self.rng,
                   total_timesteps=total_timesteps, evaluate=evaluate, eval_frequency=eval_frequency,
-                  checkpoint=write, checkpoint_frequency=checkpoint_frequency, should_stop=stop)
+                  checkpoint=write, checkpoint_frequency=checkpoint_frequency, should_stop=stop,
+                  warmup=self.rule.warms_up)
         hooks.train_begin()
 
         def body() -> None:

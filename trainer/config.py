@@ -241,6 +241,12 @@ def linear_schedule(start_e: float, end_e: float, duration: float, t: int) -> fl
     return max(slope * t + start_e, end_e)
 
 
+def epsilon_at(start_e: float, end_e: float, duration: float, t: int, *, warmup: int = 0) -> float:
+    """Epsilon at env step ``t``: 1 (uniform random moves) before ``warmup`` steps (a rule that acts
+    at random until learning starts: SAC, as SB3's), else ``linear_schedule``'s."""
+    return 1.0 if t < warmup else linear_schedule(start_e, end_e, duration, t)
+
+
 def check_count(name: str, value: Any, *, least: int) -> None:
     """Refuse ``value`` unless it is an integer >= ``least``, naming the argument."""
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < least:

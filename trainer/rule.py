@@ -54,6 +54,8 @@ class Rule(abc.ABC):
     discrete: ClassVar[bool] = True
     #: Whether the default optimizer clips the global gradient norm (``learnerbase.MAX_GRAD_NORM``).
     clips: ClassVar[bool] = True
+    #: Whether acting takes uniform random moves until ``learning_starts`` (SB3's and cleanrl's SAC).
+    warms_up: ClassVar[bool] = False
 
     @abc.abstractmethod
     def output_shape(self, actions: ActionSpec) -> tuple[int, ...] | list[tuple[int, ...]]:

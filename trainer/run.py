@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from .callbacks import Hooks
-from .config import DQNConfig, linear_schedule
+from .config import DQNConfig, epsilon_at
 from .evaluation import Played
 from .feeding import Learning
 from .state import RunState
@@ -60,8 +60,10 @@ class Run:
                  act: Callable[[np.ndarray], np.ndarray], rng: np.random.Generator, total_timesteps: int,
                  evaluate: Callable[[], Played] | None, eval_frequency: int,
                  checkpoint: Callable[[], object] | None, checkpoint_frequency: int,
-                 should_stop: Callable[[], bool]) -> None:
+                 should_stop: Callable[[], bool], warmup: bool = False) -> None:
+        """``warmup``: uniform random moves until ``learning_starts`` (the rule's ``warms_up``)."""
         self.config, self.store, self.learning, self.state, self.hooks = config, store, learning, state, hooks
+        self.warmup = config.learning_starts if warmup else 0
         self.act, self.rng, self.total = act, rng, total_timesteps
         self.evaluate, self.eval_frequency = evaluate, eval_frequency
         self.checkpoint, self.checkpoint_frequency = checkpoint, checkpoint_frequency
@@ -80,7 +82,7 @@ class Run:
         self._pause_to_evaluate = source.waits
         self.begin_epoch()
         while step < self.total and not self.should_stop() and not self.hooks.stop_training:
-            epsilon = linear_schedule(config.start_e, config.end_e, duration, step)
+            epsilon = epsilon_at(config.start_e, config.end_e, duration, step, warmup=self.warmup)
             moved, ended = source.step(self.act, epsilon, self.rng)
             before = step
             step += moved

@@ -145,11 +145,13 @@ def squashed(policy: Any, noise: Any) -> tuple[Any, Any]:
 class SAC(Rule):
     """Soft actor-critic for ``Box`` actions (the model: ``sac_model`` or ``sac_mlp``); its
     hyperparameters are the agent's (``defaults``: SB3's, learning_rate 3e-4, batch_size 256, tau
-    0.005, learning from step 100, a gradient step per env step, no epsilon-random moves)."""
+    0.005, learning from step 100, a gradient step per env step, uniform random moves until then and
+    none after)."""
 
     name = "sac"
     discrete = False
     clips = False  # (SB3's SAC does not clip its gradients)
+    warms_up = True  # (uniform random moves until learning_starts, as SB3's)
 
     def output_shape(self, actions: ActionSpec) -> list[tuple[int, ...]]:
         return [(2, actions.size), (1,), (1,), (1,)]
