@@ -230,3 +230,16 @@ def test_a_sac_run_on_jax_resumes_on_pytorch(tmp_path: Path) -> None:
         lines.append(done.stdout.split()[-3:])
     assert lines[0][:2] == ["jax", "300"] and lines[1][:2] == ["torch", "500"]
     assert int(lines[1][2]) > int(lines[0][2]) > 0
+
+
+def test_sac_acts_in_a_vector_env_one_stream_each(tmp_path: Path) -> None:
+    envs = gym.make_vec("Pendulum-v1", 2, vectorization_mode="sync")
+    agent = DQN(sac_mlp((1, 3), 1, hidden_sizes=(8,)), tmp_path / "replay.zarr", rule=SAC(), seed=1, buffer_size=2_000,
+                batch_size=16)
+    agent.fit(envs, 300, eval_env=envs, eval_episodes=2)
+    assert agent.state.global_step == 300 and agent.train_steps > 0
+    actions = agent.act(np.zeros((2, 3), np.float32), restart=np.array([True, True]))
+    assert actions.shape == (2, 1) and np.abs(actions).max() <= 2.0
+    agent.close()
+    with ReplayStore.open(tmp_path / "replay.zarr") as store:
+        assert len(store) == 300 and [st.added for st in store.stream_states()] == [151, 151]  # (each: a first frame)

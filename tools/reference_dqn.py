@@ -28,6 +28,7 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,13 @@ QUANTILES = {"CartPole-v1": 10, "Acrobot-v1": 25, "MountainCar-v0": 25}
 
 #: rl-baselines3-zoo's hyperparams/sac.yml (SB3's SAC defaults otherwise: batch 256, buffer 1M, learning
 #: from step 100, tau 0.005, gamma 0.99, a gradient step per env step, ent_coef "auto", 256x256 networks)
-ZOO_SAC: dict[str, dict[str, Any]] = {"Pendulum-v1": {"n_timesteps": 20_000, "learning_rate": 1e-3}}
+#: LunarLanderContinuous-v3 needs Box2D (pip install box2d pygame); "lin_" is SB3's linear decay to 0
+ZOO_SAC: dict[str, dict[str, Any]] = {
+    "Pendulum-v1": {"n_timesteps": 20_000, "learning_rate": 1e-3},
+    "LunarLanderContinuous-v3": {"n_timesteps": 500_000, "learning_rate": "lin_7.3e-4", "batch_size": 256,
+                                 "buffer_size": 1_000_000, "gamma": 0.99, "tau": 0.01, "learning_starts": 10_000,
+                                 "net_arch": [400, 300]},
+}
 
 
 def ours(zoo: dict[str, Any]) -> dict[str, Any]:
@@ -101,15 +108,15 @@ def sb3_network(n_inputs: int, n_actions: int, quantiles: int = 0) -> Any:
                              dense(256, 256, "relu"), *head])
 
 
-def sac_network(n_inputs: int, size: int, *, torch_init: bool = True) -> Any:
-    """SB3's SAC networks as ``sac_model``'s parts: an actor and two critics of 256x256 ReLU, each
-    layer initialized as PyTorch's ``nn.Linear`` is (``torch_init``; else Keras' own, ``sac_mlp``)."""
+def sac_network(n_inputs: int, size: int, *, torch_init: bool = True, net_arch: Sequence[int] = (256, 256)) -> Any:
+    """SB3's SAC networks as ``sac_model``'s parts: an actor and two critics of ``net_arch`` ReLU
+    layers, each initialized as PyTorch's ``nn.Linear`` is (``torch_init``; else Keras' own, ``sac_mlp``)."""
     import keras
 
     from replaystore.trainer import sac_mlp, sac_model
 
     if not torch_init:
-        return sac_mlp((1, n_inputs), size)
+        return sac_mlp((1, n_inputs), size, hidden_sizes=net_arch)
 
     def dense(units: int, fan_in: int, activation: str | None = None) -> Any:
         bound = 1 / fan_in ** 0.5
@@ -117,15 +124,19 @@ def sac_network(n_inputs: int, size: int, *, torch_init: bool = True) -> Any:
                                   kernel_initializer=keras.initializers.VarianceScaling(1 / 3, "fan_in", "uniform"),
                                   bias_initializer=keras.initializers.RandomUniform(-bound, bound))
 
+    def layers(fan_in: int) -> list[Any]:
+        sizes = [fan_in, *net_arch]
+        return [dense(units, fan, "relu") for fan, units in zip(sizes[:-1], sizes[1:], strict=True)]
+
     def critic(name: str) -> Any:
         stack, action = keras.Input((1, n_inputs), name="stack"), keras.Input((size,), name="action")
         x = keras.layers.Concatenate()([keras.layers.Flatten()(stack), action])
-        x = dense(256, 256, "relu")(dense(256, n_inputs + size, "relu")(x))
-        return keras.Model([stack, action], dense(1, 256)(x), name=name)
+        for layer in layers(n_inputs + size):
+            x = layer(x)
+        return keras.Model([stack, action], dense(1, net_arch[-1])(x), name=name)
 
-    actor = keras.Sequential([keras.Input((1, n_inputs)), keras.layers.Flatten(), dense(256, n_inputs, "relu"),
-                              dense(256, 256, "relu"), dense(2 * size, 256), keras.layers.Reshape((2, size))],
-                             name="actor")
+    actor = keras.Sequential([keras.Input((1, n_inputs)), keras.layers.Flatten(), *layers(n_inputs),
+                              dense(2 * size, net_arch[-1]), keras.layers.Reshape((2, size))], name="actor")
     return sac_model(actor, critic("critic"), critic("critic_twin"))
 
 
@@ -133,7 +144,11 @@ def sac_child(run: dict[str, Any], steps: int) -> list[float]:
     """One SAC run (SB3's, or ours on SB3's schedule) and its final greedy returns."""
     import gymnasium as gym
 
-    zoo = ZOO_SAC[run["env"]]
+    zoo = dict(ZOO_SAC[run["env"]])
+    net_arch, rate = tuple(zoo.pop("net_arch", (256, 256))), zoo.pop("learning_rate")
+    settings = {k: v for k, v in zoo.items() if k != "n_timesteps"}  # (the same names in SB3's SAC and ours)
+    linear = isinstance(rate, str)
+    rate = float(rate[4:]) if linear else rate
     if run["lib"] == "sb3":
         import torch
         import triton  # noqa: F401  (as in child)
@@ -141,7 +156,9 @@ def sac_child(run: dict[str, Any], steps: int) -> list[float]:
         from stable_baselines3.common.evaluation import evaluate_policy
 
         torch.set_num_threads(1)
-        model = SB3SAC("MlpPolicy", gym.make(run["env"]), seed=run["seed"], learning_rate=zoo["learning_rate"])
+        model = SB3SAC("MlpPolicy", gym.make(run["env"]), seed=run["seed"],
+                       learning_rate=(lambda progress: rate * progress) if linear else rate,
+                       policy_kwargs={"net_arch": list(net_arch)}, **settings)
         model.learn(steps)
         eval_env = gym.make(run["env"])
         eval_env.reset(seed=10_000 + run["seed"])
@@ -156,12 +173,19 @@ def sac_child(run: dict[str, Any], steps: int) -> list[float]:
     env = gym.make(run["env"])
     n_inputs, size = int(env.observation_space.shape[0]), int(env.action_space.shape[0])
     where = Path(tempfile.mkdtemp(prefix="reference-")) / "replay.zarr"
+    buffer_size = settings.pop("buffer_size", 1_000_000)
+    optimizer = None
+    if linear:  # SB3's lin_: rate * (1 - t / steps) at env step t, gradient steps from learning_starts on
+        starts = settings.get("learning_starts", 100)
+        optimizer = keras.optimizers.Adam(keras.optimizers.schedules.PolynomialDecay(
+            rate * (1 - starts / steps), decay_steps=max(1, steps - starts), end_learning_rate=0.0))
     if run["lib"] == "defaults":
-        agent = DQN(sac_network(n_inputs, size, torch_init=False), where, rule=SAC(), seed=run["seed"],
-                    learning_rate=zoo["learning_rate"])
+        agent = DQN(sac_network(n_inputs, size, torch_init=False, net_arch=net_arch), where, rule=SAC(),
+                    seed=run["seed"], learning_rate=rate, optimizer=optimizer, buffer_size=buffer_size, **settings)
     else:  # SB3's schedule: one gradient step after each env step, in lockstep
-        agent = DQN(sac_network(n_inputs, size), where, rule=SAC(), seed=run["seed"],
-                    learning_rate=zoo["learning_rate"], replay_ratio=0, steps_per_call=1)
+        agent = DQN(sac_network(n_inputs, size, net_arch=net_arch), where, rule=SAC(), seed=run["seed"],
+                    learning_rate=rate, optimizer=optimizer, buffer_size=buffer_size, replay_ratio=0,
+                    steps_per_call=1, **settings)
     agent.fit(env, steps)
     returns = agent.evaluate(gym.make(run["env"]), episodes=run["episodes"], seed=10_000 + run["seed"])
     agent.close()

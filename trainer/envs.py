@@ -1,6 +1,6 @@
 """Environments and the agent's frame stacks.
 
-``make_env`` builds any gymnasium env. ``ALE/...`` ids get the standard
+``make_env`` builds any gymnasium env with a Discrete action space (the command line's). ``ALE/...`` ids get the standard
 Atari preprocessing (AtariPreprocessing on a ``frameskip=1`` base env: 84x84 gray, frame skip 4, up
 to 30 no-op starts, v5's sticky actions); rewards stay raw game scores. ``ATARI_SETTINGS`` are the
 ALE settings a run may change (``--env-kwargs``), the same on one env and on ale-py's vector env. Reward clipping and "terminal on life loss" are
@@ -111,8 +111,9 @@ def make_env(env_id: str, kwargs: dict[str, Any] | None = None, *, render: bool 
                            "it, or put its folder on PYTHONPATH") from exc
     if not isinstance(env.action_space, gym.spaces.Discrete):
         env.close()
-        raise TrainerError(f"{env_id} has action space {env.action_space}; DQN needs a Discrete action space "
-                           "(try CartPole-v1 or an ALE/... game)")
+        raise TrainerError(f"{env_id} has action space {env.action_space}; replaystore-train learns by DQN, which "
+                           "needs a Discrete action space (try CartPole-v1 or an ALE/... game; for Box actions, "
+                           "SAC in Python: DQN(..., rule=SAC()), docs/trainer.md)")
     if render and "rgb_array" not in (env.metadata.get("render_modes") or ()):
         env.close()
         raise TrainerError(f"{env_id} cannot show its screen: its render modes are {env.metadata.get('render_modes')}, "
