@@ -193,7 +193,7 @@ def test_unbounded_box_actions_are_refused() -> None:
 
 
 def test_box_actions_round_trip_through_agent_json() -> None:
-    spec = ActionSpec.of_space(gym.spaces.Box(np.array([-1.0, 0.0]), np.array([1.0, 3.0]), dtype=np.float32))
+    spec = ActionSpec.of_space(gym.spaces.Box(np.array([-1.0, 0.0], np.float32), np.array([1.0, 3.0], np.float32)))
     assert ActionSpec.from_json(json.loads(json.dumps(spec.to_json()))) == spec
     assert ActionSpec.from_json(4) == ActionSpec(n=4) == ActionSpec.of_space(gym.spaces.Discrete(4))
     unit = np.array([[-1.0, -1.0], [1.0, 1.0], [0.0, 0.0]], np.float32)

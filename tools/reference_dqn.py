@@ -7,9 +7,10 @@ Goal: our median >= SB3's on each env. With ``--algo qrdqn`` the same for QR-DQN
 ``QRDQN`` with the zoo's hyperparams/qrdqn.yml (dqn.yml's values for these envs, and
 ``n_quantiles``), beside ``DQN(..., rule=QRDQN(n_quantiles))`` with sb3-contrib's optimizer (Adam,
 epsilon ``0.01 / batch_size``, no gradient clipping) and its quantile network. With ``--algo sac``
-(``--envs Pendulum-v1``) SB3's ``SAC`` with the zoo's hyperparams/sac.yml beside ``DQN(...,
+(on Pendulum-v1; ``--envs LunarLanderContinuous-v3`` with Box2D installed) SB3's ``SAC`` with the zoo's hyperparams/sac.yml beside ``DQN(...,
 rule=SAC())`` with the same hyperparameters and SB3's networks (``sac_network``), a gradient step
-after each env step as SB3 takes it. The lib ``defaults`` is ours as a user meets it: the
+after each env step as SB3 takes it, each final agent scored on the same start states
+(``greedy_games``). The lib ``defaults`` is ours as a user meets it: the
 README's model (256x256, Keras' initialization) and no hyperparameter given but the seed, so the
 classic-control preset (config.PRESETS) and a 1M-step store, on the same budget.
 docs/benchmarks.md, "DQN beside Stable-Baselines3", has the tables.
@@ -153,18 +154,13 @@ def sac_child(run: dict[str, Any], steps: int) -> list[float]:
         import torch
         import triton  # noqa: F401  (as in child)
         from stable_baselines3 import SAC as SB3SAC
-        from stable_baselines3.common.evaluation import evaluate_policy
 
         torch.set_num_threads(1)
         model = SB3SAC("MlpPolicy", gym.make(run["env"]), seed=run["seed"],
                        learning_rate=(lambda progress: rate * progress) if linear else rate,
                        policy_kwargs={"net_arch": list(net_arch)}, **settings)
         model.learn(steps)
-        eval_env = gym.make(run["env"])
-        eval_env.reset(seed=10_000 + run["seed"])
-        returns, _ = evaluate_policy(model, eval_env, n_eval_episodes=run["episodes"], deterministic=True,
-                                     return_episode_rewards=True)
-        return [float(r) for r in returns]
+        return greedy_games(lambda obs, first: model.predict(obs, deterministic=True)[0], run)
     import keras
 
     from replaystore.trainer import DQN, SAC
@@ -187,8 +183,27 @@ def sac_child(run: dict[str, Any], steps: int) -> list[float]:
                     learning_rate=rate, optimizer=optimizer, buffer_size=buffer_size, replay_ratio=0,
                     steps_per_call=1, **settings)
     agent.fit(env, steps)
-    returns = agent.evaluate(gym.make(run["env"]), episodes=run["episodes"], seed=10_000 + run["seed"])
+    returns = greedy_games(lambda obs, first: agent.act(obs, restart=first), run)
     agent.close()
+    return returns
+
+
+def greedy_games(act: Any, run: dict[str, Any]) -> list[float]:
+    """The returns of ``run["episodes"]`` greedy games, game ``i`` started from ``reset(seed=10_000 *
+    run seed + i)``: the same start states for both libraries' agents of a seed (a Pendulum game's
+    return depends on where the pendulum starts as much as on the agent).
+    ``act(obs, first)``: the agent's greedy action, ``first`` at a game's first observation."""
+    import gymnasium as gym
+
+    env, returns = gym.make(run["env"]), []
+    for game in range(run["episodes"]):
+        obs, _ = env.reset(seed=10_000 * run["seed"] + game)
+        total, first, done = 0.0, True, False
+        while not done:
+            obs, reward, terminated, truncated, _ = env.step(act(obs, first))
+            total, first, done = total + float(reward), False, bool(terminated or truncated)
+        returns.append(total)
+    env.close()
     return returns
 
 
@@ -270,7 +285,7 @@ def main() -> int:
     if args.child:
         child(json.loads(args.child))
         return 0
-    envs = args.envs or ",".join(ZOO_SAC if args.algo == "sac" else ZOO)
+    envs = args.envs or ("Pendulum-v1" if args.algo == "sac" else ",".join(ZOO))  # (Box2D's env: by name)
     runs = [{"env": e, "lib": lib, "seed": int(s), "scale": args.scale, "episodes": args.episodes,
              **({"backend": args.backend} if lib != "sb3" else {}), **({"algo": args.algo} if args.algo != "dqn" else {})}
             for e in envs.split(",") for s in args.seeds.split(",") for lib in args.libs.split(",")]
