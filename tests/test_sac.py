@@ -88,7 +88,8 @@ def test_one_step_moves_each_network_by_its_own_loss_only() -> None:
     noise = np.random.default_rng((7, 0)).standard_normal((1, 16, 2, 1), dtype=np.float32)[0]
     actor, critic, twin, entropy = (model.get_layer(name) for name in ("actor", "critic", "critic_twin",
                                                                        "entropy_weight"))
-    before = {v.path: np.array(v.numpy()) for v in model.trainable_variables}
+    before = {id(v): np.array(v.numpy()) for v in model.trainable_variables}  # (by the variable: two layers
+    # of a long-lived process's models may share a name, and so a path)
     obs, next_obs, taken = (tf.constant(x) for x in (batch["obs"], batch["next_obs"], batch["action"] / 2.0))
     log_alpha = entropy.log_alpha
     alpha = float(np.exp(log_alpha.numpy()))
@@ -101,18 +102,18 @@ def test_one_step_moves_each_network_by_its_own_loss_only() -> None:
         td2 = twin([obs, taken])[:, 0] - y
         critics_loss = 0.5 * tf.reduce_mean(batch["weight"] * (td1 ** 2 + td2 ** 2))
     critic_vars = critic.trainable_variables + twin.trainable_variables
-    expected = dict(zip([v.path for v in critic_vars], tape.gradient(critics_loss, critic_vars), strict=True))
+    expected = dict(zip([id(v) for v in critic_vars], tape.gradient(critics_loss, critic_vars), strict=True))
     with tf.GradientTape() as tape:
         action, log_prob = squashed(actor(obs), noise[:, 0])
         q_pi = tf.minimum(critic([obs, action]), twin([obs, action]))[:, 0]
         actor_loss = tf.reduce_mean(alpha * log_prob - q_pi)
-    expected.update(zip([v.path for v in actor.trainable_variables],
+    expected.update(zip([id(v) for v in actor.trainable_variables],
                         tape.gradient(actor_loss, actor.trainable_variables), strict=True))
-    expected[log_alpha.path] = -np.mean(log_prob.numpy() - 1.0)  # d/d log_alpha of -log_alpha * (log_prob - size)
+    expected[id(log_alpha)] = -np.mean(log_prob.numpy() - 1.0)  # d/d log_alpha of -log_alpha * (log_prob - size)
     learner.train_block({k: v[None] for k, v in batch.items()})
     assert sorted(expected) == sorted(before)
     for var in model.trainable_variables:
-        np.testing.assert_allclose(before[var.path] - var.numpy(), np.asarray(expected[var.path]), rtol=2e-3, atol=2e-5,
+        np.testing.assert_allclose(before[id(var)] - var.numpy(), np.asarray(expected[id(var)]), rtol=2e-3, atol=2e-5,
                                    err_msg=var.path)
 
 
@@ -243,3 +244,34 @@ def test_sac_acts_in_a_vector_env_one_stream_each(tmp_path: Path) -> None:
     agent.close()
     with ReplayStore.open(tmp_path / "replay.zarr") as store:
         assert len(store) == 300 and [st.added for st in store.stream_states()] == [151, 151]  # (each: a first frame)
+
+
+def test_networks_whose_layers_share_names_keep_their_own_targets() -> None:
+    """The actor's and critics' layers may share names (and so variable paths): the checkpoint's
+    target weights go back to their own variables (learners map them by variable, not by path)."""
+    def actor() -> keras.Model:
+        stack = keras.Input((1, 3))
+        x = keras.layers.Dense(8, activation="relu", name="fc")(keras.layers.Flatten()(stack))
+        return keras.Model(stack, keras.layers.Reshape((2, 1))(keras.layers.Dense(2, name="out")(x)), name="actor")
+
+    def critic(name: str) -> keras.Model:
+        stack, action = keras.Input((1, 3)), keras.Input((1,))
+        x = keras.layers.Concatenate()([keras.layers.Flatten()(stack), action])
+        return keras.Model([stack, action], keras.layers.Dense(1, name="out")(keras.layers.Dense(8, name="fc")(x)),
+                           name=name)
+
+    from replaystore.trainer import sac_model
+
+    model = sac_model(actor(), critic("critic"), critic("twin"))
+    assert len({v.path for v in model.trainable_variables}) < len(model.trainable_variables)
+    learner = make_learner(model, keras.optimizers.Adam(1e-2), stack_shape=(1, 3), dtype=np.float32, target_every=1,
+                           tau=0.5, rule=SAC(), actions=PENDULUM)
+    learner.train_block({k: v[None] for k, v in _batch(np.random.default_rng(0), 16).items()})
+    state = learner.state()
+    again = make_learner(sac_model(actor(), critic("critic"), critic("twin")), keras.optimizers.Adam(1e-2),
+                         stack_shape=(1, 3), dtype=np.float32, target_every=1, tau=0.5, rule=SAC(), actions=PENDULUM)
+    again.load_state(state)
+    for part in ("online", "target", "optimizer"):
+        for a, b in zip(state[part], again.state()[part], strict=True):
+            np.testing.assert_array_equal(a, b)
+    assert not all(np.array_equal(t, o) for t, o in zip(state["target"], state["online"], strict=True))

@@ -274,16 +274,16 @@ class JaxLearner(Learner):
         return int(np.asarray(self.opt_vars[self._iteration]))
 
     def _in_model_order(self, params: list[Any], frozen: list[Any]) -> list[np.ndarray]:
-        by_path = dict(zip([v.path for v in self.model.trainable_variables], params, strict=True))
-        by_path.update(zip([v.path for v in self.model.non_trainable_variables], frozen, strict=True))
-        return [np.asarray(by_path[v.path]) for v in self.model.weights]
+        by_var = dict(zip([id(v) for v in self.model.trainable_variables], params, strict=True))
+        by_var.update(zip([id(v) for v in self.model.non_trainable_variables], frozen, strict=True))
+        return [np.asarray(by_var[id(v)]) for v in self.model.weights]
 
     def online_weights(self) -> list[np.ndarray]:
         return self._in_model_order(self.params, self.frozen)
 
     def set_online_weights(self, weights: list[np.ndarray]) -> None:
-        by_path = {v.path: w for v, w in zip(self.model.weights, weights, strict=True)}
-        self.params = [ops.convert_to_tensor(by_path[v.path]) for v in self.model.trainable_variables]
+        by_var = {id(v): w for v, w in zip(self.model.weights, weights, strict=True)}
+        self.params = [ops.convert_to_tensor(by_var[id(v)]) for v in self.model.trainable_variables]
 
     def sync_model(self) -> None:
         for var, value in zip(self.model.trainable_variables, self.params, strict=True):
@@ -304,6 +304,6 @@ class JaxLearner(Learner):
         for var, value in zip(self.optimizer.variables, state["optimizer"], strict=True):
             var.assign(value)
         self._from_model()
-        target = {v.path: w for v, w in zip(self.model.weights, state["target"], strict=True)}
-        self.target_params = [ops.convert_to_tensor(target[v.path]) for v in self.model.trainable_variables]
-        self.target_frozen = [ops.convert_to_tensor(target[v.path]) for v in self.model.non_trainable_variables]
+        target = {id(v): w for v, w in zip(self.model.weights, state["target"], strict=True)}
+        self.target_params = [ops.convert_to_tensor(target[id(v)]) for v in self.model.trainable_variables]
+        self.target_frozen = [ops.convert_to_tensor(target[id(v)]) for v in self.model.non_trainable_variables]

@@ -168,19 +168,19 @@ class WeightsInModel(Learner):
         pass
 
     def state(self) -> dict[str, list[np.ndarray]]:
-        by_path = {v.path: self._array(t) for v, t in zip(self.model.trainable_variables, self.target, strict=True)}
-        by_path.update({v.path: self._array(t)
+        by_var = {id(v): self._array(t) for v, t in zip(self.model.trainable_variables, self.target, strict=True)}
+        by_var.update({id(v): self._array(t)
                         for v, t in zip(self.model.non_trainable_variables, self.target_frozen, strict=True)})
-        return {"online": self.online_weights(), "target": [by_path[v.path] for v in self.model.weights],
+        return {"online": self.online_weights(), "target": [by_var[id(v)] for v in self.model.weights],
                 "optimizer": [self._array(v.value) for v in self.optimizer.variables]}
 
     def load_state(self, state: dict[str, list[np.ndarray]]) -> None:
         self.check_state(state)
         self.model.set_weights(state["online"])
-        target = {v.path: w for v, w in zip(self.model.weights, state["target"], strict=True)}
+        target = {id(v): w for v, w in zip(self.model.weights, state["target"], strict=True)}
         for t, v in zip(self.target, self.model.trainable_variables, strict=True):
-            self._assign(t, target[v.path])
+            self._assign(t, target[id(v)])
         for t, v in zip(self.target_frozen, self.model.non_trainable_variables, strict=True):
-            self._assign(t, target[v.path])
+            self._assign(t, target[id(v)])
         for var, value in zip(self.optimizer.variables, state["optimizer"], strict=True):
             var.assign(value)
