@@ -77,7 +77,17 @@ def _batch(rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
 def test_one_step_moves_each_network_by_its_own_loss_only() -> None:
     """With SGD at rate 1, the step's change of each weight is minus its gradient: the critics' by
     the critics' loss, the actor's by the actor's through the critics, the entropy weight's by its
-    own, each loss worked out here as SB3 writes it, from the model's parts."""
+    own, each loss worked out here as SB3 writes it, from the model's parts. In a fresh process: in
+    two CI rehearsals' long-lived xdist workers the actor's or a critic's first kernel moved by a
+    third of this, which a fresh process never showed (the cause is not found yet)."""
+    done = subprocess.run([sys.executable, "-c", "import test_sac; test_sac.one_step_check()"], capture_output=True,
+                          text=True, timeout=300, check=False, cwd=Path(__file__).parent,
+                          env={**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def one_step_check() -> None:
+    """``test_one_step_moves_each_network_by_its_own_loss_only``'s check, in the process it runs in."""
     import tensorflow as tf
 
     keras.utils.set_random_seed(1)
